@@ -1,0 +1,54 @@
+# fractune: `make demo` and `make test` each install first, so either is one command on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+FMNIST_DIR := /usr/share/datasets/fashion-mnist
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: install data browser demo test bench lint clean
+
+install: $(STAMP) data
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+# The embedded default data set: Debian's dataset-fashion-mnist, installed when missing and apt is usable.
+data:
+	@if [ -d "$(FMNIST_DIR)" ] && ls $(FMNIST_DIR)/*ubyte* >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  echo "installing Debian package dataset-fashion-mnist"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
+	else echo "warning: $(FMNIST_DIR) missing and apt-get unavailable; pass --data-dir to fractune" >&2; fi
+
+# Headless Chromium for the browser tests (tests/dashboards/test_browser.py): Debian's chromium and
+# chromium-driver, installed when missing and apt is usable (Playwright cannot download browsers here).
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  echo "installing Debian packages chromium chromium-driver"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "warning: /usr/bin/chromium missing and apt-get unavailable; the browser tests will fail" >&2; fi
+
+demo: install
+	$(BIN)/fractune sweep search_spaces/demo.yaml
+
+test: install browser
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python bench/engine_overhead.py
+	$(BIN)/python bench/dfq_step.py
+	$(BIN)/python bench/dfq_modes_accuracy.py
+	$(BIN)/python bench/sweep_overhead.py
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

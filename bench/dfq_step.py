@@ -1,0 +1,84 @@
+"""DFQ training-step time: gated ResNet-38 (batch 64, the paper's seven options incl. skip, 4-bit weights) in
+``masked`` mode (the reference: every option for every sample) and ``routed`` mode (each sample only at its
+option), against the plain FP32 ResNet-38, in one process with interleaved timing.
+
+The choices are drawn uniformly at random per sample and block (fixed seed, the same for both modes): every
+option is in use in every block, the hardest case for routing (a trained gate concentrates its choices). The
+step is the full DFQ step: gated forward, CE + sign * beta * cost, backward, SGD. Target: routed <= 2.0x FP32
+(the reference implementation measures about 10x FP32 on this machine). Last stdout line: one JSON object
+with ``masked_ratio`` and ``routed_ratio``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from bench._common import emit, interleaved, machine  # noqa: E402
+from engine.gate import cost_per_sample, option_kappa  # noqa: E402
+from engine.models import LayerMap, build_model  # noqa: E402
+from engine.models.gated import GatedModel  # noqa: E402
+from engine.precision import FP32, Precision  # noqa: E402
+from engine.schedule_config import OPTION_PRESETS, parse_option  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet38")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    options = [parse_option(o, 4) for o in OPTION_PRESETS["paper"]]
+    x = torch.randn(args.batch, 3, 32, 32)
+    y = torch.randint(0, 10, (args.batch,))
+
+    plain = build_model(args.model, 3, 10)
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+
+    def fp32_step() -> None:
+        loss = F.cross_entropy(plain(x, FP32), y)
+        plain_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        plain_opt.step()
+
+    def gated(execution: str):
+        torch.manual_seed(1)
+        backbone = build_model(args.model, 3, 10)
+        backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision(8, 8, 16)))
+        model = GatedModel(backbone, options, execution)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        gen = torch.Generator().manual_seed(2)
+        forced = torch.randint(0, len(options), (args.batch, len(backbone.blocks)), generator=gen)
+        kappa, omega = option_kappa(options, 4), torch.ones(len(backbone.blocks))
+
+        def step() -> None:
+            logits, trace = model(x, forced)
+            loss = F.cross_entropy(logits, y) + 0.128 * cost_per_sample(trace, kappa, omega).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        return step
+
+    t = interleaved({"fp32": fp32_step, "masked": gated("masked"), "routed": gated("routed")}, args.rounds,
+                    args.steps, warmup=1)
+    out = {"bench": "dfq_step", "model": args.model, "batch": args.batch, "options": len(options),
+           "fp32_step_s": t["fp32"], "masked_step_s": t["masked"], "routed_step_s": t["routed"],
+           "masked_ratio": t["masked"] / t["fp32"], "routed_ratio": t["routed"] / t["fp32"], "target_routed": 2.0,
+           **machine()}
+    print(f"{args.model} batch {args.batch}, {len(options)} options: FP32 {t['fp32'] * 1e3:.0f} ms, masked "
+          f"{t['masked'] * 1e3:.0f} ms ({out['masked_ratio']:.2f}x), routed {t['routed'] * 1e3:.0f} ms "
+          f"({out['routed_ratio']:.2f}x; target <= 2.0x)")
+    emit(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Custom autograd functions beside the quantization math (algorithms.md 1.2-1.5).
+
+``qconv2d`` / ``qlinear`` are one autograd node per quantized layer:
+
+* forward: ``A_q = Qa(A)``, ``W_q = Qw(W)``, ``Y = op(A_q, W_q)``; ``A_q`` and ``W_q`` are saved;
+* backward: ``G_q = Qg(dL/dY)`` (per tensor, stochastic rounding), then the EB pass
+  ``dL/dA = W_q^T G_q`` and the GC pass ``dL/dW = A_q^T G_q`` both consume the quantized error, and both
+  results pass straight through to the fp32 tensors (the reference's pure straight-through estimator,
+  no clipping mask). dL/dA and dL/dW are not re-quantized.
+
+One node instead of three (two STEs and a gradient hook) keeps the per-layer Python and autograd
+overhead small; the numbers are those of the three-node formulation. ``quantize_grad`` is the gradient
+node on its own (identity forward, quantized backward), for code that needs it apart from a layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine import quant, scratch
+from engine.precision import FULL_BITS
+
+
+def _q_input(x: torch.Tensor, bits: int, act_range: tuple[float, float] | None) -> torch.Tensor:
+    if bits >= FULL_BITS:
+        return x
+    if act_range is None:
+        return quant.quantize_tensor(x, bits)
+    return quant.quantize(x, bits, act_range[0], act_range[1])
+
+
+def _q_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
+    return w if bits >= FULL_BITS else quant.quantize_weight(w, bits)
+
+
+def _q_grad(g: torch.Tensor, bits: int, reuse: bool = False) -> torch.Tensor:
+    """``reuse``: the result is consumed before the caller returns, so it may live in a scratch buffer."""
+    if bits >= FULL_BITS:
+        return g
+    return quant.quantize_tensor(g, bits, stochastic=True, out=scratch.like(g, "grad") if reuse else None)
+
+
+class _QConv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, act_bits, act_range, weight_bits, grad_bits, stride, padding, dilation, groups):
+        xq, wq = _q_input(x, act_bits, act_range), _q_weight(w, weight_bits)
+        ctx.save_for_backward(xq, wq)
+        ctx.conf = (grad_bits, None if b is None else list(b.shape), stride, padding, dilation, groups)
+        return F.conv2d(xq, wq, b, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, g):
+        xq, wq = ctx.saved_tensors
+        grad_bits, bias_sizes, stride, padding, dilation, groups = ctx.conf
+        g = _q_grad(g.contiguous(), grad_bits, reuse=True)  # only convolution_backward reads it
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias_sizes is not None and ctx.needs_input_grad[2]]
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            g, xq, wq, bias_sizes, list(stride), list(padding), list(dilation), False, [0, 0], groups, mask)
+        return gx, gw, gb, None, None, None, None, None, None, None, None
+
+
+class _QLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, act_bits, act_range, weight_bits, grad_bits):
+        xq, wq = _q_input(x, act_bits, act_range), _q_weight(w, weight_bits)
+        ctx.save_for_backward(xq, wq)
+        ctx.conf = (grad_bits, b is not None)
+        return F.linear(xq, wq, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        xq, wq = ctx.saved_tensors
+        grad_bits, has_bias = ctx.conf
+        g = _q_grad(g, grad_bits, reuse=True)  # only the products below read it
+        gx = g @ wq if ctx.needs_input_grad[0] else None
+        g2 = g.reshape(-1, g.shape[-1])
+        gw = g2.t() @ xq.reshape(-1, xq.shape[-1]) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0) if has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None, None, None
+
+
+def qconv2d(x, w, b, act_bits: int, act_range, weight_bits: int, grad_bits: int, stride, padding, dilation, groups):
+    """Quantized conv2d; ``act_range`` is (lo, hi) for the activation quantizer or None (batch min/max)."""
+    return _QConv2d.apply(x, w, b, act_bits, act_range, weight_bits, grad_bits, stride, padding, dilation, groups)
+
+
+def qlinear(x, w, b, act_bits: int, act_range, weight_bits: int, grad_bits: int):
+    return _QLinear.apply(x, w, b, act_bits, act_range, weight_bits, grad_bits)
+
+
+class _GradQuantize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, bits: int) -> torch.Tensor:
+        ctx.bits = bits
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _q_grad(grad, ctx.bits), None
+
+
+def quantize_grad(y: torch.Tensor, bits: int) -> torch.Tensor:
+    """Identity forward; backward quantizes dL/dy to ``bits`` (per tensor, stochastic rounding)."""
+    return _GradQuantize.apply(y, bits)

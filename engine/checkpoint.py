@@ -1,0 +1,37 @@
+"""Save and restore everything a resumed run needs: model, optimizer, schedule state, BitOPs totals,
+history, position and RNG state. One file, ``state.pt``, loaded with ``weights_only=True`` (only tensors,
+numbers, strings, lists and dicts: nothing is unpickled as code)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.errors import CheckpointError
+
+FILENAME = "state.pt"
+FORMAT = 1
+
+
+def save(directory: str | Path, state: dict) -> Path:
+    path = Path(directory) / FILENAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"format": FORMAT, **state}, tmp)
+    tmp.replace(path)  # atomic: a killed save never leaves a half-written checkpoint
+    return path
+
+
+def load(directory: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    path = Path(directory)
+    path = path / FILENAME if path.is_dir() else path
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint: {path} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint: {path} is unreadable ({type(exc).__name__}: {exc})") from None
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint: {path} has format {state.get('format')!r}; expected {FORMAT}")
+    return state

@@ -1,0 +1,344 @@
+"""The one experiment configuration, validated once at the boundary (architecture rule 4).
+
+``ExperimentConfig`` is a frozen pydantic model with ``extra="forbid"`` at every level; schedule kinds are
+a discriminated union on ``kind``. ``load_config(path, overrides)`` reads YAML with ``safe_load``, applies
+``--set key.path=value`` overrides and turns every validation problem into a ``ConfigError`` that names
+the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from engine.config_types import Bits, Strict
+from engine.errors import ConfigError
+from engine.models import MODELS
+from engine.models.base import LayerMap
+from engine.precision import Precision
+from engine.schedule_config import (
+    CPTSchedule,
+    DFQSchedule,
+    FP32Schedule,
+    FracTrainSchedule,
+    PFQSchedule,
+    StaticSchedule,
+)
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+DATASETS = ("fashion-mnist", "digits", "cifar10", "cifar100", "imagenet")
+
+
+class DebugConfig(Strict):
+    """Fault injection, for testing a deployment's failure handling (docs/reliability.md). Leave unset."""
+
+    nan_loss_at_iteration: int | None = Field(None, ge=0)  # the loss becomes NaN at this iteration
+    sleep_per_iteration: float = Field(0.0, ge=0.0, le=10.0)  # slow a run down (to kill it mid-epoch)
+
+
+class ModelConfig(Strict):
+    name: str = "resnet20"
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in MODELS:
+            raise PydanticCustomError("unknown_model", f"allowed: {', '.join(sorted(MODELS))}")
+        return v
+
+
+class DataConfig(Strict):
+    dataset: Literal["fashion-mnist", "digits", "cifar10", "cifar100", "imagenet"] = "fashion-mnist"
+    data_dir: str | None = None  # default: the Debian package's folder for fashion-mnist
+    download: bool = False  # torchvision download for CIFAR (needs network access)
+    batch_size: int = Field(128, ge=1, le=65536)
+    eval_batch_size: int = Field(1000, ge=1, le=65536)
+    val_fraction: float = Field(0.1, ge=0.0, lt=0.9)  # held out of the training set for model selection
+    split_seed: int = Field(0, ge=0)  # fixed, so every seed of a sweep sees the same split
+    train_subset: int | None = Field(None, ge=1)  # use only the first N training samples (quick runs)
+    test_subset: int | None = Field(None, ge=1)
+    augment: bool = True
+    num_workers: int = Field(0, ge=0, le=64)  # DataLoader workers (ImageNet folders only)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        # Ray trials run in another working directory: resolve relative paths now (ecosystem.md 7.3).
+        return None if v is None else str(Path(v).expanduser().resolve())
+
+
+class OptimConfig(Strict):
+    epochs: int = Field(1, ge=1, le=100000)
+    iterations: int | None = Field(None, ge=1)  # a budget in optimizer steps; overrides epochs
+    lr: float = Field(0.1, gt=0.0, le=100.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(1e-4, ge=0.0, le=1.0)
+    nesterov: bool = False
+    lr_schedule: Literal["piecewise", "cosine", "constant"] = "piecewise"
+    milestones: tuple[float, ...] = (0.5, 0.75)  # fractions of the run (paper: epochs 80 and 120 of 160)
+    gamma: float = Field(0.1, gt=0.0, le=1.0)
+    warmup_iters: int = Field(0, ge=0)  # reference --warm_up: a constant lr for the first iterations
+    warmup_lr: float = Field(0.01, gt=0.0)
+
+    @field_validator("milestones")
+    @classmethod
+    def _fractions(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0.0 < x < 1.0 for x in v) or list(v) != sorted(v):
+            raise PydanticCustomError("milestones", "allowed: increasing fractions of the run, each in (0, 1)")
+        return v
+
+
+class QuantConfig(Strict):
+    quantize_stem: bool | None = None  # None: the reference (quantized on CIFAR models, fp32 on ImageNet)
+    quantize_fc: bool = False  # the reference keeps the FC in fp32
+    quantize_head: bool = True  # MobileNetV2's 1x1 head conv (static methods)
+    act_momentum: float = Field(0.9, ge=0.0, lt=1.0)  # EMA weight on the OLD running range (reference)
+    depthwise_act_bits: Bits = 8  # MobileNetV2 depthwise convs: fixed, not scheduled (reference 8/16)
+    depthwise_weight_bits: Bits = 8
+    depthwise_grad_bits: Bits = 16
+
+
+GATED_KINDS = ("dfq", "fractrain")
+
+Schedule = Annotated[
+    FP32Schedule | StaticSchedule | PFQSchedule | CPTSchedule | DFQSchedule | FracTrainSchedule,
+    Field(discriminator="kind"),
+]
+
+
+class ExperimentConfig(Strict):
+    name: str = Field("experiment", pattern=NAME_PATTERN)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optim: OptimConfig = OptimConfig()
+    quant: QuantConfig = QuantConfig()
+    schedule: Schedule = FP32Schedule()
+    debug: DebugConfig = DebugConfig()
+
+    @property
+    def gated(self) -> bool:
+        """DFQ and FracTrain: a gate picks the blocks' precision per input."""
+        return self.schedule.kind in GATED_KINDS
+
+    def layer_map(self, stem_default: bool) -> LayerMap:
+        """The explicit layer-precision map of this run (algorithms.md 1.7). Gated methods keep the stem,
+        the MobileNetV2 head conv and the FC in fp32, as the reference's DFQ models do."""
+        q = self.quant
+        dw = Precision(q.depthwise_act_bits, q.depthwise_weight_bits, q.depthwise_grad_bits)
+        if self.gated:
+            return LayerMap(stem=False, fc=False, head=False, depthwise=dw)
+        stem = stem_default if q.quantize_stem is None else q.quantize_stem
+        return LayerMap(stem=stem, fc=q.quantize_fc, head=q.quantize_head, depthwise=dw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading, overrides and error translation
+
+
+def _set_path(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ConfigError.single(dotted, value, f"{key} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def apply_overrides(tree: dict, overrides: list[str] | None) -> dict:
+    """``key.path=value`` strings; values are parsed as YAML scalars/lists (``8``, ``0.1``, ``[3,4]``)."""
+    for item in overrides or []:
+        if "=" not in item or not re.match(r"^[A-Za-z_][\w.-]*=", item):
+            raise ConfigError.single("--set", item, "expected key.path=value")
+        key, raw = item.split("=", 1)
+        _set_path(tree, key, yaml.safe_load(raw) if raw != "" else None)
+    return tree
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError.single("config", str(path), "expected an existing YAML file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "?"
+        raise ConfigError.single("yaml", f"{p.name} {where}", f"malformed YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError.single("config", type(data).__name__, "expected a mapping of settings at the top level")
+    return data
+
+
+def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[tuple[str, object, str]]:
+    """Turn pydantic errors into ``(field, value, allowed)`` triples."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        loc = _clean_loc(err["loc"], model)
+        field = ".".join([prefix] + loc if prefix else loc) or "config"
+        value = err.get("input")
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            allowed = _allowed_keys(model, loc[:-1])
+            msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
+        elif kind == "literal_error":
+            msg = f"allowed: {err['ctx']['expected']}"
+        elif kind in ("union_tag_invalid", "union_tag_not_found"):
+            ctx = err.get("ctx", {})
+            field = f"{field}.{ctx.get('discriminator', 'kind').strip(chr(39))}"
+            value = ctx.get("tag")
+            msg = f"allowed: {ctx.get('expected_tags', '')}"
+        elif kind.startswith("greater_than") or kind.startswith("less_than"):
+            msg = _bounds_msg(model, loc) or err["msg"]
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            msg = msg[0].lower() + msg[1:] if msg else msg
+        problems.append((field, value, msg))
+    return problems
+
+
+def _clean_loc(loc: tuple, model: type[BaseModel]) -> list[str]:
+    """Drop discriminator tags (``schedule.static.fw`` -> ``schedule.fw``); keep list indices."""
+    out: list[str] = []
+    node: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            out.append(str(part))
+            continue
+        fields = getattr(node, "model_fields", None)
+        if fields is not None and part not in fields and _union_member(node, out, part) is not None:
+            node = _union_member(node, out, part)
+            continue
+        out.append(str(part))
+        node = _field_model(node, part)
+    return out
+
+
+def _field_model(node: Any, name: str) -> Any:
+    fields = getattr(node, "model_fields", None)
+    if not fields or name not in fields:
+        return None
+    ann = fields[name].annotation
+    return _first_model(ann)
+
+
+def _first_model(ann: Any) -> Any:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _union_member(_node: Any, _path: list[str], tag: str) -> Any:
+    for cls in _SCHEDULE_KINDS():
+        if cls.model_fields["kind"].default == tag:
+            return cls
+    return None
+
+
+def _SCHEDULE_KINDS() -> list[type[BaseModel]]:  # noqa: N802
+    ann = ExperimentConfig.model_fields["schedule"].annotation
+    return [a for a in getattr(ann, "__args__", ()) if isinstance(a, type)]
+
+
+def _allowed_keys(model: type[BaseModel], loc: list[str]) -> list[str]:
+    node: Any = model
+    for part in loc:
+        if part.isdigit():
+            continue
+        nxt = _field_model(node, part)
+        if nxt is None:
+            nxt = _union_member(node, [], part)
+        node = nxt
+        if node is None:
+            return []
+    return sorted(getattr(node, "model_fields", {}).keys())
+
+
+def _bounds_msg(model: type[BaseModel], loc: list[str]) -> str | None:
+    node: Any = model
+    for part in loc[:-1]:
+        node = _field_model(node, part) or node
+    fields = getattr(node, "model_fields", {})
+    info = fields.get(loc[-1]) if loc else None
+    if info is None:
+        return None
+    lo = hi = None
+    for meta in info.metadata:
+        for attr in ("ge", "gt"):
+            if getattr(meta, attr, None) is not None:
+                lo = f"{'>=' if attr == 'ge' else '>'} {getattr(meta, attr)}"
+        for attr in ("le", "lt"):
+            if getattr(meta, attr, None) is not None:
+                hi = f"{'<=' if attr == 'le' else '<'} {getattr(meta, attr)}"
+    parts = [p for p in (lo, hi) if p]
+    return f"allowed: {' and '.join(parts)}" if parts else None
+
+
+def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
+    """Checks that need more than one section (the run's length comes from optim and data)."""
+    from engine.data import iterations_per_epoch  # lazy: data.py imports this module
+
+    problems = []
+    sched = cfg.schedule
+    total = cfg.optim.iterations or cfg.optim.epochs * iterations_per_epoch(cfg.data)
+    if sched.kind == "cpt" and sched.num_cycles > total:
+        problems.append(("schedule.num_cycles", sched.num_cycles,
+                         f"allowed: <= the run's {total} iterations (a cycle needs at least one iteration)"))
+    if cfg.gated:
+        if cfg.quant.quantize_stem or cfg.quant.quantize_fc:
+            problems.append(("quant.quantize_stem" if cfg.quant.quantize_stem else "quant.quantize_fc", True,
+                             f"allowed: null/false with schedule.kind {sched.kind} (the stem and FC stay fp32)"))
+        problems += _target_problems(cfg)
+    return problems
+
+
+def _target_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
+    """A cp target the options cannot reach (every sample at the cheapest or the dearest option)."""
+    from engine.gate import option_kappa
+
+    sched = cfg.schedule
+    kappa = option_kappa(sched.option_precisions(cfg.model.name), sched.weight_bits)
+    lo, hi = 100 * float(kappa.min()) / 3, 100 * float(kappa.max()) / 3
+    allowed = f"allowed: {lo:.3f}..{hi:.3f} (percent of FP32 over the gated blocks with options " \
+              f"{', '.join(sched.option_names(cfg.model.name))} at {sched.weight_bits}-bit weights)"
+    if sched.kind == "dfq":
+        return [] if lo <= sched.target_cp <= hi else [("schedule.target_cp", sched.target_cp, allowed)]
+    field = "schedule.cp0" if sched.cp_total is None else "schedule.cp_total"
+    value = sched.cp0 if sched.cp_total is None else sched.cp_total
+    bad = [t for t in sched.targets() if not lo <= t <= hi]
+    return [(field, value, f"stage targets {bad} unreachable; {allowed}")] if bad else []
+
+
+def parse_config(tree: dict, source: str | None = None) -> ExperimentConfig:
+    try:
+        cfg = ExperimentConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(validation_problems(exc, ExperimentConfig), source) from None
+    problems = cross_field_problems(cfg)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    tree = apply_overrides(read_yaml(path), overrides)
+    return parse_config(tree, source=None)

@@ -1,0 +1,52 @@
+"""One exception hierarchy for the whole project (architecture rule 10).
+
+Every error a user can cause is a ``FractuneError``; the CLI prints ``str(err)`` as one line per
+problem and exits 2. Messages name the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+
+class FractuneError(Exception):
+    """Base class of every error fractune raises on purpose."""
+
+    exit_code = 2
+
+    def lines(self) -> list[str]:
+        return [str(self)]
+
+
+class ConfigError(FractuneError):
+    """One or more invalid settings. ``problems`` holds one ``(field, value, allowed)`` per error."""
+
+    def __init__(self, problems: list[tuple[str, object, str]], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        super().__init__("; ".join(self.lines()))
+
+    @classmethod
+    def single(cls, field: str, value: object, allowed: str, source: str | None = None) -> ConfigError:
+        return cls([(field, value, allowed)], source)
+
+    def lines(self) -> list[str]:
+        prefix = f"{self.source}: " if self.source else ""
+        return [f"{prefix}{field}: got {_short(value)}; {allowed}" for field, value, allowed in self.problems]
+
+
+class DataError(FractuneError):
+    """A data set cannot be read (missing files, wrong folder)."""
+
+
+class CheckpointError(FractuneError):
+    """A checkpoint is missing, unreadable or from an incompatible run."""
+
+
+class TrainingDiverged(FractuneError):
+    """The training loss became NaN or infinite."""
+
+    exit_code = 1
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

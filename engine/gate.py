@@ -1,0 +1,109 @@
+"""DFQ's gate, cost term and cp controller (FracTrain 3.2; algorithms.md 3.2, 3.4, 3.5).
+
+Gate (SkipNet-style recurrent gate): for block ``l`` the embedding of its input ``h_{l-1}`` (global average
+pool -> 1x1 conv C->gate_dim -> ReLU -> 1x1 conv gate_dim->embed_dim; the 1x1 convs on a pooled vector are
+linear layers) is one time step of a single LSTM shared over depth (state zeroed per forward, carried block
+to block); a linear layer and a softmax give ``p_l`` over the K precision options, per sample. The choice is
+``u_l = onehot(argmax p_l)`` in train and eval (no sampling), and the straight-through mask is
+``m_l = u_l + p_l - sg(p_l)``: the forward value is the one-hot, the backward the softmax Jacobian.
+Options a block cannot take (skip on a stride-2 MobileNetV2 block) get probability 0.
+
+Cost term, per sample (the reference's batch sum made independent of the batch size, 10.4):
+``c_i = sum_l omega_l sum_k m_ilk kappa_k / mean(omega)`` with ``kappa_k = (a_k w + g_k w + a_k g_k) / 1024``
+(the FW, EB and GC effective MACs of one MAC; 0 for skip), and ``loss = CE + s * beta * mean_i c_i``.
+cp over the gated blocks is ``100 * sum_l omega_l sum_k u_lk kappa_k / (3 sum_l omega_l)`` per sample.
+The sign ``s`` is the reference's bang-bang rule on the current batch's cp against the target T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.precision import Precision
+
+
+class Embedding(nn.Module):
+    def __init__(self, channels: int, gate_dim: int, embed_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(channels, gate_dim)
+        self.fc2 = nn.Linear(gate_dim, embed_dim)
+        for fc in (self.fc1, self.fc2):  # He-normal, fan-out, as the reference's 1x1 gate convs
+            nn.init.normal_(fc.weight, 0.0, (2.0 / fc.out_features) ** 0.5)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, embed_dim)
+        return self.fc2(F.relu(self.fc1(h.mean(dim=(2, 3)))))
+
+
+class RecurrentGate(nn.Module):
+    def __init__(self, block_channels: list[int], num_options: int, allowed: torch.Tensor,
+                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16):
+        super().__init__()
+        self.embeds = nn.ModuleList(Embedding(c, gate_dim, embed_dim) for c in block_channels)
+        self.lstm = nn.LSTM(embed_dim, hidden_dim)
+        self.proj = nn.Linear(hidden_dim, num_options)
+        nn.init.normal_(self.proj.weight, 0.0, (2.0 / (hidden_dim * num_options)) ** 0.5)
+        # (L, K) bool: which options each block may take
+        self.register_buffer("allowed", allowed.clone(), persistent=False)
+
+    def step(self, block: int, h: torch.Tensor, state):
+        """p_l for block ``block`` from its input ``h``; returns (probabilities (B, K), LSTM state)."""
+        out, state = self.lstm(self.embeds[block](h).unsqueeze(0), state)
+        logits = self.proj(out[0]).masked_fill(~self.allowed[block], float("-inf"))
+        return torch.softmax(logits, dim=-1), state
+
+
+def straight_through(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(choice (B,), mask (B, K)): the mask's value is one-hot(argmax p), its gradient that of p."""
+    choice = p.argmax(dim=-1)  # ties go to the first option (the reference's numpy argmax gave multi-hot)
+    hard = F.one_hot(choice, p.shape[-1]).to(p.dtype)
+    return choice, hard + (p - p.detach())  # grouped so the value is exactly one-hot
+
+
+@dataclass
+class GateTrace:
+    """One forward's gate decisions: masks (B, L, K) with straight-through gradients, hard choices (B, L)."""
+
+    masks: torch.Tensor
+    choices: torch.Tensor
+    probs: torch.Tensor
+
+
+def option_kappa(options: list[Precision], weight_bits: int) -> torch.Tensor:
+    """kappa_k: effective MACs of the three passes per MAC, relative to one 32x32 MAC (3.4)."""
+    vals = []
+    for o in options:
+        vals.append(0.0 if o.skip else (o.act * weight_bits + o.grad * weight_bits + o.act * o.grad) / 1024.0)
+    return torch.tensor(vals)
+
+
+def cost_per_sample(trace: GateTrace, kappa: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """c_i = sum_l omega_l sum_k m_ilk kappa_k / mean(omega), differentiable through the masks: (B,)."""
+    return torch.einsum("blk,k,l->b", trace.masks, kappa.to(trace.masks), omega.to(trace.masks)) / omega.mean()
+
+
+def gated_cp(choices: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor) -> float:
+    """cp (percent of fp32) over the gated blocks, from hard choices (B, L); the reference's formula."""
+    k = kappa.to(omega.device)[choices]  # (B, L)
+    return float(100.0 * (k * omega).sum() / (3.0 * omega.sum() * choices.shape[0]))
+
+
+def sign_dfq(cp: float, target: float, relax: float = 0.0) -> float:
+    """DFQ's sign rule: -1 below T - r, +1 at or above T + r, -0.1 / +0.1 inside the relax band."""
+    if cp < target - relax:
+        return -1.0
+    if cp >= target + relax:
+        return 1.0
+    return 0.1 if cp >= target else -0.1
+
+
+def sign_fractrain(cp: float, target: float, band: float = 0.0) -> float:
+    """FracTrain's rule: -1 below T, +1 at or above T + band, 0 in between."""
+    if cp < target:
+        return -1.0
+    if cp >= target + band:
+        return 1.0
+    return 0.0

@@ -1,0 +1,95 @@
+"""Quantized layers that take their precision at call time (algorithms.md 1.5).
+
+``QConv2d(x, prec)`` / ``QLinear(x, prec)``:
+
+1. every component of ``prec`` at 32 bits -> the plain fp32 op, no quantization and no running-range
+   update (an exact bypass: ``QConv2d(x, FP32) == F.conv2d(x, W)``);
+2. otherwise ``W_q = Qw(W)`` (per output channel, nearest), ``A_q = Qa(A)`` (per tensor; train mode uses
+   the batch min/max and updates the running range, eval mode uses the running range), ``Y = op(A_q, W_q)``,
+   and a gradient node on ``Y`` quantizes dL/dY to ``prec.grad`` bits in backward (stochastic rounding).
+
+Each component is bypassed on its own when it is 32 bits. The running range follows the reference's
+EMA convention: ``run = m * run + (1 - m) * batch`` with ``m`` (``act_momentum``) the weight on the *old*
+value, both buffers starting at 0 (algorithms.md 1.3).
+
+``role`` and ``block`` label the layer for the layer-precision map and BitOPs accounting: role is one of
+``stem``, ``body``, ``depthwise``, ``head``, ``fc``; ``block`` is the residual block index or None.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import autograd, quant
+from engine.errors import ConfigError
+from engine.precision import FP32, FULL_BITS, Precision
+
+ROLES = ("stem", "body", "depthwise", "head", "fc")
+
+
+class _Quantized:
+    """Mixin: the role labels and the activation running range of a quantized layer."""
+
+    role: str
+    block: int | None
+
+    def _init_quant(self, role: str, block: int | None, act_momentum: float) -> None:
+        if role not in ROLES:
+            raise ConfigError.single("layer.role", role, f"allowed: {', '.join(ROLES)}")
+        self.role, self.block, self.act_momentum = role, block, act_momentum
+        self.register_buffer("run_lo", torch.zeros(()))
+        self.register_buffer("run_range", torch.zeros(()))
+
+    def _act_range(self, x: torch.Tensor, bits: int) -> tuple[float, float] | None:
+        """(lo, hi) for the input quantizer: the batch range in train mode (updating the running range),
+        the running range in eval mode."""
+        if bits >= FULL_BITS:
+            return None
+        if self.training:
+            lo, hi = quant.tensor_range(x)
+            with torch.no_grad():
+                m = self.act_momentum
+                self.run_lo.mul_(m).add_((1 - m) * lo)
+                self.run_range.mul_(m).add_((1 - m) * (hi - lo))
+            return lo, hi
+        lo = float(self.run_lo)
+        return lo, lo + float(self.run_range)
+
+    def _check(self, prec: Precision) -> None:
+        if prec.skip:
+            raise ValueError(f"{type(self).__name__} cannot run at SKIP; skipping is decided per block")
+
+    def extra_repr(self) -> str:  # shown by print(model)
+        return f"{super().extra_repr()}, role={self.role}, block={self.block}"
+
+
+class QConv2d(_Quantized, nn.Conv2d):
+    def __init__(self, *args, role: str = "body", block: int | None = None, act_momentum: float = 0.9, **kw):
+        nn.Conv2d.__init__(self, *args, **kw)
+        self._init_quant(role, block, act_momentum)
+
+    def forward(self, x: torch.Tensor, prec: Precision = FP32) -> torch.Tensor:
+        self._check(prec)
+        if prec.is_fp32:
+            return self._conv_forward(x, self.weight, self.bias)
+        return autograd.qconv2d(x, self.weight, self.bias, prec.act, self._act_range(x, prec.act), prec.weight,
+                                prec.grad, self.stride, self.padding, self.dilation, self.groups)
+
+
+class QLinear(_Quantized, nn.Linear):
+    def __init__(self, *args, role: str = "fc", block: int | None = None, act_momentum: float = 0.9, **kw):
+        nn.Linear.__init__(self, *args, **kw)
+        self._init_quant(role, block, act_momentum)
+
+    def forward(self, x: torch.Tensor, prec: Precision = FP32) -> torch.Tensor:
+        self._check(prec)
+        if prec.is_fp32:
+            return F.linear(x, self.weight, self.bias)
+        return autograd.qlinear(x, self.weight, self.bias, prec.act, self._act_range(x, prec.act), prec.weight,
+                                prec.grad)
+
+
+def quantized_layers(model: nn.Module) -> list[tuple[str, _Quantized]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, _Quantized)]

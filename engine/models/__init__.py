@@ -1,0 +1,19 @@
+"""Model zoo: CIFAR ResNets (8..110, 164), MobileNetV2, ImageNet ResNet-18/34, a tiny test net.
+
+``build_model(name, in_channels, num_classes, act_momentum)`` looks a name up in ``MODELS``.
+"""
+
+from __future__ import annotations
+
+from engine.errors import ConfigError
+from engine.models import mobilenetv2, resnet_cifar, resnet_imagenet  # noqa: F401  (registration)
+from engine.models.base import MODELS, LayerInfo, LayerMap, QModel
+
+
+def build_model(name: str, in_channels: int, num_classes: int, act_momentum: float = 0.9) -> QModel:
+    if name not in MODELS:
+        raise ConfigError.single("model.name", name, f"allowed: {', '.join(sorted(MODELS))}")
+    return MODELS[name](in_channels=in_channels, num_classes=num_classes, act_momentum=act_momentum)
+
+
+__all__ = ["MODELS", "LayerInfo", "LayerMap", "QModel", "build_model"]

@@ -1,0 +1,114 @@
+"""The quantization math (algorithms.md section 1.1): small pure functions on tensors.
+
+Asymmetric min/max affine quantization, simulated ("fake quant": quantize then dequantize):
+
+    qmax = 2^b - 1,  s = max((hi - lo) / qmax, 1e-8),  u = (x - lo) / s
+    u <- u + n,  n ~ U(-0.5, 0.5)    (stochastic rounding only)
+    u <- round(clamp(u, 0, qmax))    (clamp first, then round half-to-even, as the reference)
+    x_q = u * s + lo
+
+``lo`` acts as the zero point, so 0 is generally not exactly representable (reference behaviour).
+Ranges: weights per output channel, activations and gradients per tensor (sections 1.2-1.4).
+Per-tensor ranges are Python floats and every op after the first works in place on one buffer (fresh,
+or scratch where the result is consumed at once): the overhead of quantized training is a handful of
+memory passes per layer, not a graph of small ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine import scratch
+
+STEP_FLOOR = 1e-8
+NOISE_LEVELS = 1 << 16
+
+
+def levels(bits: int) -> int:
+    """qmax = 2^b - 1 (unsigned levels 0..qmax)."""
+    return (1 << bits) - 1
+
+
+def tensor_range(x: torch.Tensor) -> tuple[float, float]:
+    """Global (lo, hi) of a tensor (one pass)."""
+    lo, hi = torch.aminmax(x.detach())
+    return float(lo), float(hi)
+
+
+def channel_range(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel (lo, hi) of a weight of shape (C_out, ...), shaped (C_out, 1, ..., 1)."""
+    lo, hi = torch.aminmax(w.detach().reshape(w.shape[0], -1), dim=1)
+    shape = (w.shape[0],) + (1,) * (w.dim() - 1)
+    return lo.reshape(shape), hi.reshape(shape)
+
+
+def noise_words(like: torch.Tensor, reuse: bool = False) -> torch.Tensor:
+    """Integers v uniform on [-2^15, 2^15), shaped like ``like``: n = (v + 0.5) / 2^16 ~ U(-0.5, 0.5).
+
+    On CPU torch's only generator (mt19937) costs ~4.5 ns per float32 and dominated the overhead of
+    quantized training; one 64-bit draw here feeds four 16-bit values. The noise is symmetric with 65536
+    levels, so rounding stays unbiased to within 2^-17 of a quantization step.
+    ``reuse``: draw into a per-thread scratch buffer (CPU only), for callers that consume the words at once.
+    The full 64-bit range (``to=None``) is a plain mt19937 draw; an explicit ``to`` costs a 64-bit modulo.
+    """
+    n = like.numel()
+    words = scratch.buffer("noise", ((n + 3) // 4,), torch.int64, like.device) if reuse else None
+    if words is None:
+        words = torch.empty((n + 3) // 4, dtype=torch.int64, device=like.device)
+    words.random_(-(2**63), None)
+    return words.view(torch.int16)[:n].view(like.shape)
+
+
+def uniform_noise(like: torch.Tensor) -> torch.Tensor:
+    """Float noise ~ U(-0.5, 0.5) at the resolution ``quantize`` uses (for tests and analysis)."""
+    return noise_words(like).to(torch.float32).add_(0.5).div_(NOISE_LEVELS)
+
+
+def quantize(
+    x: torch.Tensor,
+    bits: int,
+    lo: float | torch.Tensor,
+    hi: float | torch.Tensor,
+    stochastic: bool = False,
+    noise: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fake-quantize ``x`` to ``bits`` over [lo, hi]: floats, or tensors that broadcast against x.
+
+    ``noise`` (floats in [-0.5, 0.5) shaped like x) may be passed to make stochastic rounding
+    reproducible; otherwise 16-bit noise is drawn from torch's global generator (``noise_words``).
+    ``out``: a contiguous float buffer shaped like x to write the result into (e.g. a scratch buffer).
+    """
+    qmax = levels(bits)
+    drawn = stochastic and noise is None
+    if isinstance(lo, torch.Tensor):  # per-channel ranges (weights: small tensors)
+        step = ((hi - lo) / qmax).clamp_min(STEP_FLOOR)
+        u = torch.sub(x.detach(), lo, out=out).div_(step)
+        if drawn:
+            u.add_(0.5 / NOISE_LEVELS)
+    else:  # per-tensor: u = x * (1/s) - lo/s in one pass (torch.add: addcmul with 0-d tensors is ~5x slower)
+        step = max((hi - lo) / qmax, STEP_FLOOR)
+        inv = 1.0 / step
+        offset = -lo * inv + (0.5 / NOISE_LEVELS if drawn else 0.0)  # the +0.5 of n = (v + 0.5) / 2^16
+        u = torch.add(x.new_full((), offset), x.detach(), alpha=inv, out=out)
+    if noise is not None and stochastic:
+        u.add_(noise)
+    elif drawn:  # n = (v + 0.5) / 2^16, added without materialising a float noise tensor
+        u.add_(noise_words(u, reuse=True), alpha=1.0 / NOISE_LEVELS)
+    u.clamp_(0, qmax).round_()
+    if isinstance(lo, torch.Tensor):
+        return u.mul_(step).add_(lo)
+    return torch.add(u.new_full((), lo), u, alpha=step, out=u)  # u * s + lo, one pass
+
+
+def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """Weights: per output channel, nearest rounding, range taken fresh at every call (1.2)."""
+    lo, hi = channel_range(w)
+    return quantize(w, bits, lo, hi)
+
+
+def quantize_tensor(x: torch.Tensor, bits: int, stochastic: bool = False, out: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """Per-tensor min/max quantization (activations in train mode, gradients in backward)."""
+    lo, hi = tensor_range(x)
+    return quantize(x, bits, lo, hi, stochastic=stochastic, out=out)

@@ -1,0 +1,260 @@
+"""The ``schedule`` section of an experiment: one class per ``kind`` (a discriminated union in config.py).
+
+fp32 / static (section 1), pfq (FracTrain PFQ, algorithms.md 2), cpt (+ its precision range test, 5),
+dfq (FracTrain DFQ, 3) and fractrain (PFQ's indicator scheduling DFQ's cp target, 4). Defaults follow the
+reference code; the options it lacks are fields that default to its behaviour.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from engine.config_types import Bits, Strict, increasing_fractions
+from engine.precision import SKIP, Precision
+
+
+class FP32Schedule(Strict):
+    """Full precision: the reference point of every cost ratio."""
+
+    kind: Literal["fp32"] = "fp32"
+
+
+class StaticSchedule(Strict):
+    """FWn/BWm for the whole run (e.g. the SBM FW8/BW8 baseline); weights at ``fw`` unless set."""
+
+    kind: Literal["static"] = "static"
+    fw: Bits = 8
+    bw: Bits = 8
+    weight_bits: Bits | None = None
+
+    def precision(self) -> Precision:
+        return Precision.fwbw(self.fw, self.bw, self.weight_bits)
+
+
+class IndicatorSettings(Strict):
+    """PFQ's loss indicator (engine.indicator), shared by pfq and fractrain."""
+
+    epsilon: float = Field(0.15, gt=0.0, le=100.0)  # initial threshold (--initial_threshold; README 0.05)
+    alpha: float = Field(0.4, gt=0.0, le=1.0)  # threshold decay (--decay; README 0.3)
+    window: int = Field(5, ge=2, le=1000)  # K: the current window loss against the K-1 before it
+    scale_windows: int = Field(10, ge=1, le=10000)  # S = mean loss of the first windows, then frozen
+    decay_after: list[int] = Field(default_factory=lambda: [1, 2])  # turning points after which eps *= alpha
+    eval_every: int = Field(400, ge=1)  # the indicator's "epoch": 400 iterations in PFQ, 390 in FracTrain
+    eval_unit: Literal["iterations", "epochs"] = "iterations"
+    force_final_at: float | None = Field(None, gt=0.0, le=1.0)  # reach the last stage by this fraction
+
+
+class PFQSchedule(IndicatorSettings):
+    """Progressive fractional quantization (FracTrain 3.1): precision rises stage by stage.
+
+    ``manual`` switches stages at fractions of the run (uniform by default); ``auto`` switches at the loss
+    indicator's turning points with the reference's exact semantics.
+    """
+
+    kind: Literal["pfq"] = "pfq"
+    fw: list[Bits] = Field(default_factory=lambda: [3, 4, 6, 8], min_length=1)  # FW bits per stage
+    bw: list[Bits] = Field(default_factory=lambda: [6, 6, 8, 8], min_length=1)  # BW bits per stage
+    weight_bits: Bits | None = None  # None: weights at the stage's FW bits (the reference)
+    mode: Literal["auto", "manual"] = "auto"
+    switch_at: list[float] | None = None  # manual: where stages 2.. start (fractions); None: uniform stages
+    num_turning_points: int | None = Field(None, ge=0)  # None: one per stage switch (len(fw) - 1)
+
+    @field_validator("bw")
+    @classmethod
+    def _same_length(cls, v: list[int], info: ValidationInfo) -> list[int]:
+        fw = info.data.get("fw")
+        if fw is not None and len(fw) != len(v):
+            raise PydanticCustomError("stages", f"allowed: one entry per stage, like schedule.fw ({len(fw)} stages)")
+        return v
+
+    @field_validator("switch_at")
+    @classmethod
+    def _switches(cls, v: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        increasing_fractions(v, "switch_at")
+        fw = info.data.get("fw")
+        if v is not None and fw is not None and len(v) != len(fw) - 1:
+            raise PydanticCustomError("stages", f"allowed: {len(fw) - 1} fractions, one per stage after the first")
+        return v
+
+    @field_validator("num_turning_points")
+    @classmethod
+    def _turns(cls, v: int | None, info: ValidationInfo) -> int | None:
+        fw = info.data.get("fw")
+        if v is not None and fw is not None and v > len(fw) - 1:
+            raise PydanticCustomError("stages", f"allowed: <= {len(fw) - 1} (one fewer than the stages)")
+        return v
+
+    @property
+    def turning_points(self) -> int:
+        return len(self.fw) - 1 if self.num_turning_points is None else self.num_turning_points
+
+    def stage_precision(self, stage: int) -> Precision:
+        return Precision.fwbw(self.fw[stage], self.bw[stage], self.weight_bits)
+
+
+class PRTConfig(Strict):
+    """Precision range test (CPT 3.3; not in either reference repo): train from scratch, raising the forward
+    bits step by step; ``fw_min`` is the first bit width whose mean training accuracy gain over the previous
+    one exceeds ``threshold``."""
+
+    candidates: list[Bits] = Field(default_factory=lambda: [2, 3, 4, 5, 6, 7, 8], min_length=2)
+    iterations_per_bit: int = Field(50, ge=1)
+    window: int = Field(20, ge=1)  # iterations averaged at the end of each bit width
+    threshold: float = Field(0.01, ge=0.0, le=1.0)  # accuracy gain that marks the switching point
+    bw: Bits = 8  # gradient bits during the test
+
+    @field_validator("candidates")
+    @classmethod
+    def _ascending(cls, v: list[int]) -> list[int]:
+        if list(v) != sorted(set(v)):
+            raise PydanticCustomError("prt", "allowed: strictly increasing bit widths")
+        return v
+
+    @field_validator("window")
+    @classmethod
+    def _fits(cls, v: int, info: ValidationInfo) -> int:
+        per_bit = info.data.get("iterations_per_bit")
+        if per_bit is not None and v > per_bit:
+            raise PydanticCustomError("prt", f"allowed: <= iterations_per_bit ({per_bit})")
+        return v
+
+
+class CPTSchedule(Strict):
+    """Cyclic precision training (CPT): cosine cycles of the forward bits per iteration."""
+
+    kind: Literal["cpt"] = "cpt"
+    fw_min: Bits | Literal["auto"] = 3  # "auto": chosen by the precision range test before training
+    fw_max: Bits = 8
+    bw_min: Bits = 8  # gradient bits: fixed at 8 by default (bw_min == bw_max), cyclic when bw_min < bw_max
+    bw_max: Bits = 8
+    num_cycles: int = Field(32, ge=1)  # the paper's 32 (the reference script's default is 1)
+    rounding: Literal["rint", "ceil"] = "rint"  # rint: the reference code; ceil: the paper's formula
+    weight_bits: Bits | None = None  # None: weights at the forward bits (the reference)
+    prt: PRTConfig = PRTConfig()
+
+    @field_validator("fw_max")
+    @classmethod
+    def _fw_range(cls, v: int, info: ValidationInfo) -> int:
+        lo = info.data.get("fw_min")
+        if isinstance(lo, int) and lo > v:
+            raise PydanticCustomError("range", f"allowed: >= fw_min ({lo})")
+        return v
+
+    @field_validator("bw_max")
+    @classmethod
+    def _bw_range(cls, v: int, info: ValidationInfo) -> int:
+        lo = info.data.get("bw_min")
+        if lo is not None and lo > v:
+            raise PydanticCustomError("range", f"allowed: >= bw_min ({lo})")
+        return v
+
+
+# ---------------------------------------------------------------------------------------------------
+# DFQ and FracTrain
+
+OPTION_PRESETS = {
+    "paper": ["skip", "2/6", "3/6", "4/6", "4/12", "6/8", "6/12"],  # supplement, ResNet-38/74
+    "paper_mobilenetv2": ["skip", "4/8", "6/8", "6/10", "8/8"],  # supplement, MobileNetV2
+    "reference": ["3/6", "4/6", "4/8", "6/8", "6/12"],  # hard-coded in train_dfq.py / train_frac.py
+    "cap8": ["skip", "2/6", "3/6", "4/6", "4/8", "6/8"],  # every option <= 8 bits (the reviewers' fairness point)
+}
+
+
+def parse_option(text: str, weight_bits: int) -> Precision:
+    """``skip`` or ``FW/BW`` (e.g. ``4/12``); weights at the schedule's fixed ``weight_bits``."""
+    if text.strip().lower() == "skip":
+        return SKIP
+    fw, bw = (int(x) for x in text.split("/"))
+    return Precision(fw, weight_bits, bw)
+
+
+class GatedSettings(Strict):
+    """What DFQ and FracTrain share: the options, the gate, the cost term and the execution mode."""
+
+    options: str | list[str] = "paper"  # a preset name (paper, reference, cap8) or a list like [skip, 4/8]
+    weight_bits: Bits = 4  # fixed for every option (README: 4 on CIFAR, 6 on ImageNet)
+    beta: float = Field(0.128, ge=0.0, le=1000.0)  # per sample: the reference's 1e-3 x batch 128
+    block_cost: Literal["uniform", "macs"] | None = None  # omega_l; None: the reference (uniform for ResNets)
+    execution: Literal["masked", "routed"] = "masked"  # masked: the reference (every option for every sample)
+    gate_dim: int = Field(32, ge=1, le=4096)
+    embed_dim: int = Field(16, ge=1, le=4096)
+    hidden_dim: int = Field(16, ge=1, le=4096)
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, str):
+            if v not in ("paper", "reference", "cap8"):
+                raise PydanticCustomError("options", "allowed: a preset (paper, reference, cap8) or a list of "
+                                          "options such as [skip, 2/6, 4/8]")
+            return v
+        if not 2 <= len(v) <= 32 or len(set(v)) != len(v):
+            raise PydanticCustomError("options", "allowed: 2 to 32 distinct options")
+        for item in v:
+            try:
+                parse_option(str(item), 8)
+            except Exception:
+                raise PydanticCustomError("options", f"option {item!r}; allowed: skip or FW/BW with bits "
+                                          "1..32, e.g. 4/8") from None
+        return [str(x) for x in v]
+
+    def option_names(self, model_name: str) -> list[str]:
+        if isinstance(self.options, list):
+            return list(self.options)
+        if self.options == "paper" and model_name == "mobilenetv2":
+            return list(OPTION_PRESETS["paper_mobilenetv2"])
+        return list(OPTION_PRESETS[self.options])
+
+    def option_precisions(self, model_name: str) -> list[Precision]:
+        return [parse_option(o, self.weight_bits) for o in self.option_names(model_name)]
+
+    def omega_kind(self, model_name: str) -> str:
+        if self.block_cost is not None:
+            return self.block_cost
+        return "macs" if model_name == "mobilenetv2" else "uniform"
+
+
+class DFQSchedule(GatedSettings):
+    """Dynamic fractional quantization: a gate picks each block's precision per input, steered to a cp."""
+
+    kind: Literal["dfq"] = "dfq"
+    target_cp: float = Field(3.0, gt=0.0, le=100.0)  # percent of the FP32 cost over the gated blocks
+    relax: float = Field(0.0, ge=0.0, le=100.0)  # the reference's relax band around the target
+
+
+class FracTrainSchedule(GatedSettings, IndicatorSettings):
+    """FracTrain: PFQ's indicator raises DFQ's cp target at each turning point, cp_i = cp0 + i * cp_step."""
+
+    kind: Literal["fractrain"] = "fractrain"
+    cp0: float | None = Field(None, gt=0.0, le=100.0)  # first-stage target (--target_ratio); None: 1.5 (README)
+    cp_total: float | None = Field(None, gt=0.0, le=100.0, validate_default=True)  # or the overall cp (eq. 1)
+    cp_step: float = Field(0.5, ge=0.0, le=100.0)  # --target_ratio_step
+    num_turning_points: int = Field(3, ge=0, le=100)
+    band: float = Field(0.0, ge=0.0, le=100.0)  # --target_ratio_range: s = 0 inside [T, T + band)
+    loss: Literal["ce", "total"] = "ce"  # what the indicator reads; total = CE + cost term (the reference)
+    eval_every: int = Field(390, ge=1)  # the reference's FracTrain window
+
+    @field_validator("cp_total")
+    @classmethod
+    def _one_target(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None and info.data.get("cp0") is not None:
+            raise PydanticCustomError("targets", "allowed: cp0 or cp_total, not both")
+        return v
+
+    def first_target(self) -> float:
+        if self.cp_total is not None:
+            return cp0_for_total(self.cp_total, self.cp_step, self.num_turning_points + 1)
+        return 1.5 if self.cp0 is None else self.cp0
+
+    def targets(self) -> list[float]:
+        c0 = self.first_target()
+        return [c0 + i * self.cp_step for i in range(self.num_turning_points + 1)]
+
+
+def cp0_for_total(cp_total: float, step: float, stages: int) -> float:
+    """Supplement eq. 1: cp_total = mean of cp_0 + i * step over M stages, so cp_0 = cp_total - step (M-1)/2
+    (equal stage lengths assumed; the realised per-stage cp is measured and reported)."""
+    return cp_total - step * (stages - 1) / 2.0

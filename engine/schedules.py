@@ -1,0 +1,216 @@
+"""Precision as a function of training progress (architecture rule 5; algorithms.md 2 and 5).
+
+A runtime schedule answers ``precision(iteration)`` before every optimizer step and ``observe``s the loss
+after it. Static, manual PFQ and CPT are pure functions of the iteration; auto PFQ asks the one stateful
+piece, ``LossIndicator``, whose state travels in every checkpoint. ``SCHEDULES[kind]`` builds the runtime
+schedule from its config section (the keys are the config union's ``kind`` values). ``events`` records
+every stage switch (turning points, manual switches, forced final stages).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.errors import ConfigError
+from engine.indicator import LossIndicator
+from engine.precision import FP32, Precision
+
+
+@dataclass
+class ScheduleContext:
+    """What a schedule may know about the run: its length and the epoch length, in iterations."""
+
+    total_iterations: int
+    iterations_per_epoch: int
+
+
+class RunSchedule:
+    """Base runtime schedule: constant precision, no state."""
+
+    def __init__(self, prec: Precision):
+        self._prec = prec
+        self.events: list[dict] = []
+
+    def precision(self, iteration: int) -> Precision:  # noqa: ARG002
+        return self._prec
+
+    def observe(self, iteration: int, loss: float) -> None:
+        """Called after every iteration with the loss the schedule listens to."""
+
+    def epoch_metrics(self) -> dict[str, float]:
+        """Extra per-epoch metrics (stage, ...)."""
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"events": list(self.events)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.events = list(state.get("events", []))
+
+
+class ManualPFQ(RunSchedule):
+    """PFQ with stages switched at fixed fractions of the run (the supplement's manual PFQ)."""
+
+    def __init__(self, cfg, ctx: ScheduleContext):
+        super().__init__(cfg.stage_precision(0))
+        self.cfg = cfg
+        n = len(cfg.fw)
+        fractions = cfg.switch_at if cfg.switch_at is not None else [i / n for i in range(1, n)]
+        self.starts = [round(f * ctx.total_iterations) for f in fractions]
+
+    def stage(self, iteration: int) -> int:
+        return sum(1 for s in self.starts if iteration >= s)
+
+    def precision(self, iteration: int) -> Precision:
+        return self.cfg.stage_precision(self.stage(iteration))
+
+    def observe(self, iteration: int, loss: float) -> None:
+        if iteration + 1 in self.starts:
+            st = self.stage(iteration + 1)
+            self.events.append(_event(iteration + 1, st, self.cfg.stage_precision(st), "manual"))
+
+    def epoch_metrics(self) -> dict[str, float]:
+        return {"stage": float(len(self.events))}
+
+
+class AutoPFQ(RunSchedule):
+    """PFQ driven by the loss indicator; ``force_final_at`` optionally guarantees the last stage."""
+
+    def __init__(self, cfg, ctx: ScheduleContext):
+        super().__init__(cfg.stage_precision(0))
+        self.cfg = cfg
+        self.indicator = LossIndicator(cfg.epsilon, cfg.alpha, cfg.turning_points, cfg.window, cfg.scale_windows,
+                                       cfg.decay_after)
+        unit = ctx.iterations_per_epoch if cfg.eval_unit == "epochs" else 1
+        self.window_iters = cfg.eval_every * unit
+        self.force_at = None if cfg.force_final_at is None else math.ceil(cfg.force_final_at * ctx.total_iterations)
+        self.loss_sum, self.loss_count = 0.0, 0
+
+    @property
+    def stage(self) -> int:
+        return self.indicator.turning_points
+
+    def precision(self, iteration: int) -> Precision:
+        if self.force_at is not None and iteration >= self.force_at and not self.indicator.done:
+            self.indicator.force()
+            self.events.append(_event(iteration, self.stage, self.cfg.stage_precision(self.stage), "forced"))
+        return self.cfg.stage_precision(self.stage)
+
+    def observe(self, iteration: int, loss: float) -> None:
+        self.loss_sum += loss
+        self.loss_count += 1
+        if (iteration + 1) % self.window_iters:
+            return
+        window_loss = self.loss_sum / self.loss_count
+        self.loss_sum, self.loss_count = 0.0, 0
+        if self.indicator.update(window_loss):  # the new stage applies from the next iteration
+            ev = _event(iteration + 1, self.stage, self.cfg.stage_precision(self.stage), "turning point")
+            ev.update(window=self.indicator.windows_seen, epsilon=self.indicator.epsilon,
+                      distances=[round(d, 5) for d in self.indicator.last_distances])
+            self.events.append(ev)
+
+    def epoch_metrics(self) -> dict[str, float]:
+        return {"stage": float(self.stage), "pfq_epsilon": self.indicator.epsilon}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "indicator": self.indicator.state_dict(),
+                "loss_sum": self.loss_sum, "loss_count": self.loss_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.indicator.load_state_dict(state["indicator"])
+        self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
+
+
+def cyclic_bits(t: int, lo: int, hi: int, period: int, rounding: str = "rint") -> int:
+    """CPT's rising half-cosine inside each cycle: lo at the cycle start, about hi at its end (algorithms.md 5.2).
+
+    b(t) = round(lo + (hi - lo) * (1 - cos(pi * (t mod T) / T)) / 2), rint = half to even (the code),
+    ceil = the paper's formula.
+    """
+    x = lo + (hi - lo) * (1.0 - math.cos(math.pi * (t % period) / period)) / 2.0
+    if rounding == "ceil":
+        return int(math.ceil(x - 1e-9))
+    return int(round(x))  # Python's round is half-to-even, like numpy's rint
+
+
+class CPT(RunSchedule):
+    def __init__(self, cfg, ctx: ScheduleContext, fw_min: int | None = None):
+        fw_min = cfg.fw_min if fw_min is None else fw_min
+        if fw_min == "auto":
+            raise ConfigError.single("schedule.fw_min", "auto", "resolved by the precision range test before "
+                                     "training; pass the chosen value")
+        self.cfg, self.fw_min = cfg, int(fw_min)
+        self.period = ctx.total_iterations // cfg.num_cycles
+        if self.period < 1:
+            raise ConfigError.single("schedule.num_cycles", cfg.num_cycles,
+                                     f"allowed: <= the run's {ctx.total_iterations} iterations")
+        super().__init__(self.precision(0))
+
+    def precision(self, iteration: int) -> Precision:
+        c = self.cfg
+        fw = cyclic_bits(iteration, self.fw_min, c.fw_max, self.period, c.rounding)
+        bw = cyclic_bits(iteration, c.bw_min, c.bw_max, self.period, c.rounding)
+        return Precision.fwbw(fw, bw, c.weight_bits)
+
+    def epoch_metrics(self) -> dict[str, float]:
+        return {"cpt_fw_min": float(self.fw_min)}
+
+
+def _event(iteration: int, stage: int, prec: Precision, reason: str) -> dict:
+    return {"iteration": iteration, "stage": stage, "fw_bits": prec.act, "bw_bits": prec.grad,
+            "weight_bits": prec.weight, "reason": reason}
+
+
+SCHEDULES: dict[str, Callable[..., RunSchedule]] = {}
+
+
+def register_schedule(kind: str):
+    def deco(fn):
+        SCHEDULES[kind] = fn
+        return fn
+
+    return deco
+
+
+@register_schedule("fp32")
+def _fp32(cfg, ctx: ScheduleContext, **_) -> RunSchedule:
+    return RunSchedule(FP32)
+
+
+@register_schedule("static")
+def _static(cfg, ctx: ScheduleContext, **_) -> RunSchedule:
+    return RunSchedule(cfg.precision())
+
+
+@register_schedule("pfq")
+def _pfq(cfg, ctx: ScheduleContext, **_) -> RunSchedule:
+    return ManualPFQ(cfg, ctx) if cfg.mode == "manual" else AutoPFQ(cfg, ctx)
+
+
+@register_schedule("cpt")
+def _cpt(cfg, ctx: ScheduleContext, fw_min: int | None = None, **_) -> RunSchedule:
+    return CPT(cfg, ctx, fw_min)
+
+
+def build_schedule(cfg, ctx: ScheduleContext, **resolved) -> RunSchedule:
+    return SCHEDULES[cfg.kind](cfg, ctx, **resolved)
+
+
+@dataclass
+class PrecisionTrace:
+    """Mean forward/backward bits over a span of iterations (for per-epoch metrics)."""
+
+    fw_sum: float = 0.0
+    bw_sum: float = 0.0
+    n: int = 0
+
+    def add(self, fw: float, bw: float) -> None:
+        self.fw_sum += fw
+        self.bw_sum += bw
+        self.n += 1
+
+    def means(self) -> tuple[float, float]:
+        return (self.fw_sum / self.n, self.bw_sum / self.n) if self.n else (0.0, 0.0)

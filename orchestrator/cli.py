@@ -1,0 +1,198 @@
+"""The ``fractune`` command line. Every command that reports results takes ``--json`` (last stdout line is
+one JSON object). Bad input exits 2 with one line per problem on stderr, naming field, value and what is
+allowed; no traceback. Heavy imports (torch, ray, mlflow) happen inside the command that needs them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.errors import FractuneError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage + message)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="run one experiment in this process",
+                       description="Train one experiment config in this process and report accuracy and BitOPs.")
+    p.add_argument("config", help="experiment YAML (see examples/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a config field, e.g. --set schedule.fw=6 (repeatable)")
+    p.add_argument("--data-dir", help="folder holding the data set (overrides data.data_dir)")
+    p.add_argument("--checkpoint-dir", help="write a checkpoint here after every epoch")
+    p.add_argument("--resume", metavar="DIR", help="resume from a checkpoint folder written by --checkpoint-dir")
+    p.add_argument("--history", metavar="FILE", help="also write the per-epoch metrics as JSON lines")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object with the results")
+    p.set_defaults(func="orchestrator.commands_engine:cmd_train")
+
+
+def _add_cost(sub) -> None:
+    p = sub.add_parser("cost", help="training BitOPs of one iteration for one sample",
+                       description="Per-sample training cost of one iteration (FW + EB + GC passes) at a precision. "
+                       "By default every conv and linear layer runs at FW/BW; --stem/--fc fp32 reproduce a "
+                       "method's layer map (the reference keeps the FC, and in DFQ the stem, in fp32).")
+    p.add_argument("--model", required=True, help="model name, e.g. resnet38")
+    p.add_argument("--dataset", required=True, help="fashion-mnist, digits, cifar10, cifar100 or imagenet (sets "
+                   "the input shape and class count)")
+    p.add_argument("--precision", required=True, metavar="FW/BW", help="forward/backward bits, e.g. 8/8, or fp32")
+    p.add_argument("--weight-bits", type=int, help="weight bits (default: FW)")
+    p.add_argument("--stem", choices=["quantized", "fp32"], default="quantized")
+    p.add_argument("--fc", choices=["quantized", "fp32"], default="quantized")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_engine:cmd_cost")
+
+
+def _add_sweep(sub) -> None:
+    p = sub.add_parser("sweep", help="run a sweep on Ray Tune, tracked in MLflow",
+                       description="Run a sweep spec on Ray Tune (local Ray, or a running cluster with --address), "
+                       "log every trial to MLflow and print the Pareto front of accuracy vs training BitOPs. "
+                       "Exit code 1 if any trial errored.")
+    p.add_argument("spec", help="sweep spec YAML (see search_spaces/)")
+    p.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT (default: start local Ray)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)")
+    p.add_argument("--storage", help="Tune storage folder, shared by every node (default: $FRACTUNE_STORAGE or ./fractune_runs)")
+    p.add_argument("--resume", action="store_true", help="resume the latest unfinished sweep of this name")
+    p.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with a local cluster")
+    p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
+    p.add_argument("--report-dir", metavar="DIR", help="where the HTML report goes (default: "
+                   "./fractune_reports/SWEEP_ID); it is also logged on the sweep's parent run")
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML report at the end")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_sweep:cmd_sweep")
+
+
+_URI_HELP = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)"
+
+
+def _add_ablate(sub) -> None:
+    p = sub.add_parser("ablate", help="run an ablation: levels x seeds, mean/std, importance, verdicts, report",
+                       description="Run an ablation spec (a sweep spec with an ablation section: one factor at a "
+                       "time around a baseline, or a full grid; every point repeated over the seeds) on Ray Tune, "
+                       "then print per factor and level the mean and std over seeds of accuracy and training "
+                       "BitOPs, Optuna's parameter importance for each objective and a sensitivity verdict per "
+                       "factor, and write the HTML report. See docs/ablations.md. Exit code 1 if any trial errored.")
+    p.add_argument("spec", help="ablation spec YAML (e.g. search_spaces/pfq_sensitivity.yaml)")
+    p.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT (default: start local Ray)")
+    p.add_argument("--tracking-uri", help=_URI_HELP)
+    p.add_argument("--storage", help="Tune storage folder, shared by every node (default: $FRACTUNE_STORAGE or ./fractune_runs)")
+    p.add_argument("--resume", action="store_true", help="resume the latest unfinished ablation of this name")
+    p.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with a local cluster")
+    p.add_argument("--out", metavar="DIR", help="report folder (default: ./fractune_reports/SWEEP_ID)")
+    p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_ablate:cmd_ablate")
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="write a sweep's self-contained HTML report (+ PNGs) from MLflow",
+                       description="Write the HTML report of the latest sweep of this name (or --sweep-id) from its "
+                       "MLflow runs: accuracy vs training BitOPs with the Pareto front, sensitivity curves (ablations), "
+                       "parameter importance, precision over training of chosen runs, DFQ bit allocation heatmaps; "
+                       "matplotlib PNGs of the key plots. Logged under report/ on the sweep's parent run.")
+    p.add_argument("sweep", help="sweep name (the MLflow experiment)")
+    p.add_argument("--out", metavar="DIR", help="report folder (default: ./fractune_reports/SWEEP_ID)")
+    p.add_argument("--sweep-id", help="a specific sweep invocation, e.g. demo-20261123-101500")
+    p.add_argument("--tracking-uri", help=_URI_HELP)
+    p.add_argument("--run", dest="runs", action="append", metavar="RUN",
+                   help="a run (id, trial id or name) for the precision plot (repeatable; default: the Pareto front)")
+    p.add_argument("--no-log", action="store_true", help="write the files only, do not log them to MLflow")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="dashboards.report:cmd_report")
+
+
+def _add_ui(sub) -> None:
+    p = sub.add_parser("ui", help="start the MLflow UI for the sweep store on 127.0.0.1 and print its URL",
+                       description="Start `mlflow server --workers 1` on 127.0.0.1 for a sqlite store and print the "
+                       "URL (the sweep's runs page with --sweep); stays in the foreground until Ctrl-C. For an "
+                       "http(s) tracking URI (a server already) only the URL is printed.")
+    p.add_argument("--tracking-uri", help=_URI_HELP)
+    p.add_argument("--port", type=int, default=5000, help="port (default 5000; 0: any free port)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others expose the "
+                   "unauthenticated UI to the network)")
+    p.add_argument("--sweep", help="print the URL of this sweep's runs page")
+    p.add_argument("--json", action="store_true", help="once the server is up, a JSON line with the url")
+    p.set_defaults(func="dashboards.ui:cmd_ui")
+
+
+def _add_pareto(sub) -> None:
+    p = sub.add_parser("pareto", help="recompute a sweep's Pareto front from MLflow alone",
+                       description="Recompute the Pareto front (accuracy max, training BitOPs min) of the latest "
+                       "sweep of this name (or --sweep-id) from its MLflow runs.")
+    p.add_argument("sweep", help="sweep name (the MLflow experiment)")
+    p.add_argument("--sweep-id", help="a specific sweep invocation, e.g. demo-20261123-101500")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_sweep:cmd_pareto")
+
+
+def _add_validate(sub) -> None:
+    p = sub.add_parser("validate", help="check a sweep spec, ablation spec or experiment config; all errors, exit 2",
+                       description="Validate a sweep spec (every grid point and range end), an ablation spec (every "
+                       "level and point) or an experiment config.")
+    p.add_argument("file", help="sweep spec, ablation spec or experiment config YAML")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_sweep:cmd_validate")
+
+
+def _add_schedule(sub) -> None:
+    p = sub.add_parser("schedule", help="preview a precision schedule without training",
+                       description="Preview the precision schedule of an experiment config without training: "
+                       "iterations, mean FW/BW bits, occupancy and the global cost ratio (every layer at the "
+                       "schedule's bits) against FP32 and FW8/BW8. Auto PFQ is previewed with uniform stages.")
+    p.add_argument("config", help="experiment YAML")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p.add_argument("--plot", metavar="FILE.png", help="also plot the bits over iterations")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_engine:cmd_schedule")
+
+
+def _add_prt(sub) -> None:
+    p = sub.add_parser("prt", help="CPT's precision range test: choose fw_min",
+                       description="Run CPT's precision range test for a cpt config (schedule.prt settings) and "
+                       "report the chosen fw_min/fw_max with the per-bit training accuracy and gains.")
+    p.add_argument("config", help="experiment YAML with schedule.kind: cpt")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p.add_argument("--data-dir", help="folder holding the data set (overrides data.data_dir)")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_engine:cmd_prt")
+
+
+BUILDERS = [_add_train, _add_cost, _add_schedule, _add_prt, _add_sweep, _add_ablate, _add_pareto, _add_report,
+            _add_ui, _add_validate]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fractune", description="fractune: FracTrain (PFQ/DFQ) and CPT quantized training, "
+                     "swept on Ray Tune and tracked in MLflow.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    for add in BUILDERS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import os
+
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no INFO chatter (table creation) on stderr
+    module_name, func_name = args.func.split(":")
+    import importlib
+
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+        return int(func(args) or 0)
+    except FractuneError as err:
+        for line in err.lines():
+            print(f"fractune {args.command}: error: {line}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"fractune {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

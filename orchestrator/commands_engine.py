@@ -1,0 +1,164 @@
+"""Commands that need only the engine: ``train`` and ``cost`` (no Ray, no MLflow)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from engine.errors import ConfigError
+from orchestrator.output import emit_json, info, table
+
+SUMMARY_KEYS = ("accuracy", "val_accuracy", "best_val_accuracy", "epochs", "iterations", "train_gbitops",
+                "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds")
+GATED_KEYS = ("target_cp", "cp_last_epoch", "gate_bitops")
+EPOCH_KEYS = ("epoch", "loss", "train_accuracy", "val_accuracy", "accuracy", "cum_gbitops", "cp", "fw_bits",
+              "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
+
+
+def cmd_train(args) -> int:
+    from engine.config import load_config
+    from engine.data import check_available
+    from engine.train import train_and_evaluate
+
+    overrides = list(args.overrides)
+    if args.data_dir:
+        overrides.append(f"data.data_dir={args.data_dir}")
+    cfg = load_config(args.config, overrides)
+    check_available(cfg.data)
+    history_file = open(args.history, "w") if args.history else None  # noqa: SIM115
+    ckpt_dir = Path(args.checkpoint_dir).resolve() if args.checkpoint_dir else None
+
+    def report(metrics: dict, save) -> None:
+        info("epoch " + "  ".join(f"{k}={_short(metrics[k])}" for k in EPOCH_KEYS if k in metrics))
+        for ev in metrics.get("events", []):
+            what = f"target cp {ev['target_cp']}" if "target_cp" in ev else f"FW{ev['fw_bits']}/BW{ev['bw_bits']}"
+            info(f"  {ev['reason']} at iteration {ev['iteration']}: stage {ev['stage']} -> {what}")
+        if history_file:
+            history_file.write(json.dumps(metrics) + "\n")
+            history_file.flush()
+        if ckpt_dir is not None:
+            save(ckpt_dir)
+
+    info(f"training {cfg.name}: {cfg.model.name} on {cfg.data.dataset}, schedule {cfg.schedule.kind}, seed {cfg.seed}")
+    result = train_and_evaluate(cfg, report=report, resume_from=args.resume, progress=sys.stderr.isatty())
+    if history_file:
+        history_file.close()
+    m = result.metrics
+    table([{"metric": k, "value": m[k]} for k in SUMMARY_KEYS + GATED_KEYS if k in m])
+    if "bit_allocation" in m:
+        alloc = m["bit_allocation"]
+        print("\nbit allocation in the last epoch (fraction of inputs per option, per block):")
+        table([{"block": i, **{o: f for o, f in zip(alloc["options"], row)}, "mean_fw": fw, "mean_bw": bw}
+               for i, (row, fw, bw) in enumerate(zip(alloc["fractions"], alloc["mean_fw_bits"], alloc["mean_bw_bits"]))])
+    if args.json:
+        emit_json(m)
+    return 0
+
+
+def _short(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def parse_precision(text: str, weight_bits: int | None):
+    from engine.precision import FP32, Precision
+
+    if text.lower() == "fp32":
+        return FP32
+    parts = text.split("/")
+    try:
+        fw, bw = (int(p) for p in parts)
+        return Precision.fwbw(fw, bw, weight_bits)
+    except (ValueError, ConfigError):
+        raise ConfigError.single("--precision", text, "expected FW/BW with integer bits 1..32 (e.g. 8/8), or fp32; "
+                                 "--weight-bits 1..32") from None
+
+
+def cmd_cost(args) -> int:
+    from engine.config import DataConfig
+    from engine.cost import BitOpsCounter
+    from engine.data import INFO
+    from engine.models import LayerMap, build_model
+
+    if args.dataset not in INFO:
+        raise ConfigError.single("--dataset", args.dataset, f"allowed: {', '.join(INFO)}")
+    DataConfig(dataset=args.dataset)
+    info_ = INFO[args.dataset]
+    prec = parse_precision(args.precision, args.weight_bits)
+    model = build_model(args.model, info_.channels, info_.classes)
+    layer_map = LayerMap(stem=args.stem == "quantized", fc=args.fc == "quantized", head=True, depthwise=None)
+    model.set_layer_map(layer_map)
+    counter = BitOpsCounter(model.layer_table((info_.channels, info_.size, info_.size)), layer_map)
+    bitops, fp32 = counter.per_sample(prec), counter.fp32_per_sample()
+    out = {
+        "model": args.model,
+        "dataset": args.dataset,
+        "precision": str(prec),
+        "layers": len(counter.table),
+        "forward_macs_per_sample": counter.forward_macs,
+        "bitops_per_sample": bitops,
+        "fp32_bitops_per_sample": fp32,
+        "ratio_vs_fp32": bitops / fp32,
+    }
+    if not args.json:
+        table(counter.per_layer(prec), ["layer", "role", "block", "macs", "precision", "bitops"])
+        print()
+    table([{"metric": k, "value": v} for k, v in out.items()])
+    if args.json:
+        emit_json(out)
+    return 0
+
+
+def cmd_schedule(args) -> int:
+    from engine.config import load_config
+    from engine.preview import downsample, precision_series, preview
+
+    cfg = load_config(args.config, list(args.overrides))
+    out = preview(cfg)
+    rows = [{"metric": k, "value": v} for k, v in out.items() if not isinstance(v, dict)]
+    table(rows)
+    print("fw occupancy: " + ", ".join(f"{b} bits {100 * f:.1f}%" for b, f in out["fw_occupancy"].items()))
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        series, _ = precision_series(cfg)
+        x, fw, bw = downsample(series)
+        fig, ax = plt.subplots(figsize=(9, 3.2))
+        ax.step(x, fw, where="post", label="FW (activations/weights)")
+        ax.step(x, bw, where="post", label="BW (gradients)", alpha=0.7)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("bits")
+        ax.set_title(f"{cfg.name}: {cfg.schedule.kind}, cost {100 * out['cost_ratio_vs_fp32']:.3f}% of FP32")
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        plt.close(fig)
+        out["plot"] = str(Path(args.plot).resolve())
+        info(f"plot written to {out['plot']}")
+    if args.json:
+        emit_json(out)
+    return 0
+
+
+def cmd_prt(args) -> int:
+    from engine.config import load_config
+    from engine.data import check_available, load_data
+    from engine.train import pick_device, run_prt
+
+    cfg = load_config(args.config, list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else []))
+    if cfg.schedule.kind != "cpt":
+        raise ConfigError.single("schedule.kind", cfg.schedule.kind, "allowed: cpt (the test picks CPT's fw_min)")
+    check_available(cfg.data)
+    data = load_data(cfg.data)
+    result, _ = run_prt(cfg, data, pick_device(cfg.device))
+    out = result.as_dict()
+    table([{"fw_bits": int(b), "train_accuracy": a, "gain": result.gains.get(int(b), float("nan")),
+            "chosen": "<- fw_min" if int(b) == result.fw_min else ""} for b, a in out["accuracies"].items()])
+    print(f"fw_min = {result.fw_min}, fw_max = {result.fw_max} (threshold {cfg.schedule.prt.threshold}, "
+          f"{result.iterations} iterations)")
+    if args.json:
+        emit_json(out)
+    return 0

@@ -1,0 +1,85 @@
+"""Configs: YAML loading, overrides, and errors that name the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from engine.config import ExperimentConfig, load_config, parse_config
+from engine.errors import ConfigError
+from tests.conftest import ROOT, write_yaml
+
+
+def test_examples_load():
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        cfg = load_config(path)
+        assert isinstance(cfg, ExperimentConfig)
+
+
+def test_defaults_and_overrides(tmp_path):
+    p = write_yaml(tmp_path / "c.yaml", "schedule: {kind: static, fw: 6, bw: 8}\n")
+    cfg = load_config(p, ["schedule.fw=4", "optim.epochs=3", "optim.milestones=[0.3, 0.6]"])
+    assert cfg.schedule.fw == 4 and cfg.schedule.bw == 8 and cfg.optim.epochs == 3
+    assert cfg.optim.milestones == (0.3, 0.6)
+    assert cfg.model.name == "resnet20" and cfg.data.dataset == "fashion-mnist"
+    with pytest.raises(ValidationError):  # frozen
+        cfg.seed = 3
+
+
+def test_relative_data_dir_is_made_absolute():
+    cfg = parse_config({"data": {"data_dir": "some/rel"}})
+    assert cfg.data.data_dir.startswith("/")
+
+
+def _problems(tree):
+    with pytest.raises(ConfigError) as info:
+        parse_config(tree)
+    return info.value.lines()
+
+
+def test_unknown_key_names_allowed_keys():
+    (line,) = _problems({"optim": {"epochz": 3}})
+    assert line.startswith("optim.epochz: got 3; unknown key; allowed keys:") and "epochs" in line
+
+
+def test_bits_out_of_range():
+    (line,) = _problems({"schedule": {"kind": "static", "fw": 40}})
+    assert line == "schedule.fw: got 40; allowed: an integer 1..32"
+    (line,) = _problems({"schedule": {"kind": "static", "bw": 0}})
+    assert line == "schedule.bw: got 0; allowed: an integer 1..32"
+
+
+def test_wrong_types_unknown_model_dataset_kind():
+    lines = _problems({"model": {"name": "vgg"}, "data": {"dataset": "mnist", "batch_size": "big"},
+                       "optim": {"lr": -1}, "schedule": {"kind": "magic"}})
+    text = "\n".join(lines)
+    assert "model.name: got 'vgg'; allowed: " in text and "resnet38" in text
+    assert "data.dataset: got 'mnist'; allowed: 'fashion-mnist', 'digits'" in text
+    assert "data.batch_size: got 'big'" in text
+    assert "optim.lr: got -1; allowed: > 0.0 and <= 100.0" in text
+    assert "schedule.kind: got 'magic'; allowed: 'fp32', 'static'" in text
+    assert len(lines) == 5
+
+
+def test_malformed_yaml_and_missing_file(tmp_path):
+    p = write_yaml(tmp_path / "bad.yaml", "model: {name: resnet20\n")
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="expected an existing YAML file"):
+        load_config(tmp_path / "missing.yaml")
+    p = write_yaml(tmp_path / "list.yaml", "- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(p)
+
+
+def test_bad_override_syntax(tmp_path):
+    p = write_yaml(tmp_path / "c.yaml", "{}\n")
+    with pytest.raises(ConfigError, match="--set"):
+        load_config(p, ["no_equals_sign"])
+    with pytest.raises(ConfigError, match="seed: got {'x': 1}; input should be a valid integer"):
+        load_config(p, ["seed.x=1"])
+
+
+def test_name_pattern_blocks_path_tricks():
+    (line,) = _problems({"name": "../../etc"})
+    assert line.startswith("name: got '../../etc'")

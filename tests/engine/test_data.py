@@ -1,0 +1,67 @@
+"""Data sets: the embedded Fashion-MNIST, digits, splits, augmentation and clear errors for missing files."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import DataConfig
+from engine.data import FASHION_MNIST_DIR, INFO, _augment, iterations_per_epoch, load_data, split_sizes
+from engine.errors import DataError
+
+
+@pytest.mark.skipif(not FASHION_MNIST_DIR.is_dir(), reason="needs Debian's dataset-fashion-mnist (make install)")
+def test_fashion_mnist_from_the_debian_package():
+    d = load_data(DataConfig(val_fraction=0.1))
+    assert (len(d.train), len(d.val), len(d.test)) == (54000, 6000, 10000)
+    x, y = next(d.train.batches(16, shuffle=True, augment=True, generator=torch.Generator().manual_seed(0)))
+    assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32 and y.max() <= 9
+    assert split_sizes(DataConfig()) == (54000, 6000)
+    assert iterations_per_epoch(DataConfig(batch_size=128)) == 422
+
+
+def test_fashion_mnist_from_a_data_dir(tmp_path):
+    # a user's copy in idx format (uncompressed here), 20 training and 10 test images
+    def write(name, arr, magic):
+        header = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+        (tmp_path / name).write_bytes(header + arr.astype(np.uint8).tobytes())
+        assert magic
+
+    rng = np.random.default_rng(0)
+    write("train-images-idx3-ubyte", rng.integers(0, 255, (20, 28, 28)), 1)
+    write("train-labels-idx1-ubyte", rng.integers(0, 10, 20), 1)
+    with gzip.open(tmp_path / "t10k-images-idx3-ubyte.gz", "wb") as f:
+        arr = rng.integers(0, 255, (10, 28, 28)).astype(np.uint8)
+        f.write(bytes([0, 0, 8, 3]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape) + arr.tobytes())
+    write("t10k-labels-idx1-ubyte", rng.integers(0, 10, 10), 1)
+    d = load_data(DataConfig(data_dir=str(tmp_path), val_fraction=0.25))
+    assert (len(d.train), len(d.val), len(d.test)) == (15, 5, 10)
+
+
+def test_missing_data_says_how_to_get_it(tmp_path):
+    with pytest.raises(DataError) as info:
+        load_data(DataConfig(data_dir=str(tmp_path)))
+    msg = str(info.value)
+    assert "data.data_dir" in msg and "apt-get install dataset-fashion-mnist" in msg and "\n" not in msg
+    with pytest.raises(DataError, match="data.data_dir: .* holds no cifar10"):
+        load_data(DataConfig(dataset="cifar10", data_dir=str(tmp_path)))
+
+
+def test_digits_split_is_fixed_and_disjoint():
+    a = load_data(DataConfig(dataset="digits", val_fraction=0.1, split_seed=0))
+    b = load_data(DataConfig(dataset="digits", val_fraction=0.1, split_seed=0))
+    assert torch.equal(a.val.images, b.val.images)
+    assert len(a.train) + len(a.val) == INFO["digits"].train_size and len(a.test) == 360
+    sub = load_data(DataConfig(dataset="digits", train_subset=100, test_subset=50))
+    assert len(sub.train) == 100 and len(sub.test) == 50
+
+
+def test_augmentation_crops_and_flips_per_sample():
+    info = INFO["cifar10"]
+    x = torch.arange(2 * 3 * 32 * 32, dtype=torch.float32).reshape(2, 3, 32, 32).to(torch.uint8)
+    out = _augment(x.repeat(32, 1, 1, 1), info, torch.Generator().manual_seed(0))
+    assert out.shape == (64, 3, 32, 32)
+    assert len({tuple(o.flatten()[:40].tolist()) for o in out[::2]}) > 5  # different crops per sample

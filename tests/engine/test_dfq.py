@@ -1,0 +1,166 @@
+"""DFQ and FracTrain: the gate, skipping, cp by hand, masked vs routed, and the cp controller."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import parse_config
+from engine.cost import BitOpsCounter
+from engine.dfq import BlockCosts
+from engine.gate import (
+    GateTrace,
+    RecurrentGate,
+    cost_per_sample,
+    gated_cp,
+    option_kappa,
+    sign_dfq,
+    sign_fractrain,
+    straight_through,
+)
+from engine.models import LayerMap, build_model
+from engine.models.gated import GatedModel
+from engine.precision import FP32, SKIP, Precision
+from engine.schedule_config import cp0_for_total
+from engine.train import train_and_evaluate
+
+OPTS = [SKIP, Precision(4, 4, 8), Precision(6, 4, 12)]
+
+
+def toy(execution="masked", options=OPTS, seed=0):
+    torch.manual_seed(seed)
+    backbone = build_model("tiny", 1, 10)  # two blocks: 8 ch (identity shortcut), 16 ch stride 2 (projection)
+    backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
+    return GatedModel(backbone, options, execution)
+
+
+def test_gate_shapes_and_probabilities():
+    gate = RecurrentGate([8, 16], 3, torch.ones(2, 3, dtype=torch.bool))
+    h = torch.randn(5, 8, 6, 6)
+    p, state = gate.step(0, h, None)
+    assert p.shape == (5, 3) and torch.allclose(p.sum(1), torch.ones(5))
+    p2, _ = gate.step(1, torch.randn(5, 16, 3, 3), state)
+    assert p2.shape == (5, 3)
+    blocked = RecurrentGate([8], 3, torch.tensor([[False, True, True]]))
+    p3, _ = blocked.step(0, h, None)
+    assert torch.all(p3[:, 0] == 0)  # an option a block cannot take has probability 0
+
+
+def test_straight_through_value_and_gradient():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.0]], requires_grad=True)
+    p = torch.softmax(logits, -1)
+    choice, mask = straight_through(p)
+    assert choice.tolist() == [1, 0]
+    assert torch.equal(mask, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))  # forward: exactly one-hot
+    w = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    (mask * w).sum().backward()
+    ref = logits.detach().clone().requires_grad_(True)
+    (torch.softmax(ref, -1) * w).sum().backward()
+    assert torch.allclose(logits.grad, ref.grad)  # backward: the softmax Jacobian
+
+
+def test_a_skipped_block_costs_zero_and_passes_its_input():
+    model = toy().eval()
+    x = torch.randn(3, 1, 8, 8)
+    b0, b1 = model.blocks
+    with torch.no_grad():
+        h = model.backbone.features(x, FP32)
+        assert torch.equal(b0.skip(h), h)  # identity shortcut
+        assert torch.allclose(b1.skip(h), b1.proj_bn(b1.proj(h, FP32)))  # fp32 projection
+    counter = BitOpsCounter(model.backbone.layer_table((1, 8, 8)), model.backbone.layer_map)
+    costs = BlockCosts(counter, OPTS, 2, model.gate_macs())
+    proj = next(x for x in counter.table if x.name == "blocks.1.proj")
+    assert costs.table[0][0] == 0
+    assert costs.table[1][0] == 3 * proj.macs * 32 * 32
+    # block 0 at 4/8 with 4-bit weights: sum over its convs of M * (a w + g w + a g) = M * 80
+    m0 = sum(x.macs for x in counter.table if x.block == 0)
+    assert costs.table[0][1] == m0 * (4 * 4 + 8 * 4 + 4 * 8)
+
+
+def test_cp_by_hand_for_a_two_block_toy():
+    kappa = option_kappa(OPTS, weight_bits=4)
+    assert kappa.tolist() == pytest.approx([0.0, 80 / 1024, (24 + 48 + 72) / 1024])
+    choices = torch.tensor([[0, 1], [1, 2]])  # sample 1: skip, 4/8; sample 2: 4/8, 6/12
+    omega = torch.ones(2)
+    expected = 100 * (0 + 80 + 80 + 144) / 1024 / (3 * 2 * 2)
+    assert gated_cp(choices, kappa, omega) == pytest.approx(expected)
+    masks = torch.nn.functional.one_hot(choices, 3).float()
+    trace = GateTrace(masks, choices, masks)
+    assert cost_per_sample(trace, kappa, omega).tolist() == pytest.approx([80 / 1024, 224 / 1024])
+    # MAC-weighted blocks (block 1 twice the weight)
+    w = torch.tensor([1.0, 2.0])
+    assert gated_cp(choices, kappa, w) == pytest.approx(100 * (80 * 2 + 80 + 144 * 2) / 1024 / (3 * 3 * 2))
+
+
+def test_exact_bitops_of_choices():
+    model = toy()
+    counter = BitOpsCounter(model.backbone.layer_table((1, 8, 8)), model.backbone.layer_map)
+    costs = BlockCosts(counter, OPTS, 2, model.gate_macs())
+    choices = torch.tensor([[0, 1], [1, 2], [2, 2]])
+    t = costs.table
+    assert costs.batch_bitops(choices) == 3 * costs.fixed + t[0][0] + t[1][1] + t[0][1] + t[1][2] + t[0][2] + t[1][2]
+    fixed = sum(x.macs for x in counter.table if x.block is None) * 3072
+    assert costs.fixed == fixed  # stem and FC in fp32
+
+
+def test_masked_and_routed_agree_in_forward_for_the_same_choices():
+    masked = toy("masked").eval()
+    routed = toy("routed").eval()
+    routed.load_state_dict(masked.state_dict())
+    x = torch.randn(6, 1, 8, 8)
+    forced = torch.tensor([[0, 1], [1, 2], [2, 0], [1, 1], [0, 0], [2, 2]])
+    with torch.no_grad():
+        a, ta = masked(x, forced)
+        b, tb = routed(x, forced)
+    assert torch.equal(ta.choices, tb.choices)
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_cost_gradient_is_the_same_in_both_modes():
+    grads = []
+    x = torch.randn(4, 1, 8, 8)
+    for mode in ("masked", "routed"):
+        model = toy(mode).eval()  # eval: the same batch statistics, so the same gate inputs in both modes
+        _, trace = model(x)
+        cost_per_sample(trace, option_kappa(OPTS, 4), torch.ones(2)).mean().backward()
+        grads.append(model.gate.proj.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1])
+
+
+def test_sign_rules():
+    assert [sign_dfq(c, 3.0) for c in (2.9, 3.0, 3.1)] == [-1.0, 1.0, 1.0]
+    assert [sign_dfq(c, 3.0, 0.5) for c in (2.4, 2.8, 3.2, 3.6)] == [-1.0, -0.1, 0.1, 1.0]
+    assert [sign_fractrain(c, 3.0, 0.5) for c in (2.9, 3.2, 3.5)] == [-1.0, 0.0, 1.0]
+    assert cp0_for_total(2.25, 0.5, 4) == 1.5
+
+
+DIGITS = {"model": {"name": "resnet8"}, "data": {"dataset": "digits", "batch_size": 64}}
+
+
+def test_dfq_run_reports_cp_and_bit_allocation():
+    cfg = parse_config({**DIGITS, "optim": {"epochs": 3},
+                        "schedule": {"kind": "dfq", "target_cp": 2.0, "execution": "routed"}})
+    r = train_and_evaluate(cfg)
+    last = r.history[-1]
+    alloc = last["bit_allocation"]
+    assert alloc["options"] == ["skip", "2/6", "3/6", "4/6", "4/12", "6/8", "6/12"]
+    assert len(alloc["fractions"]) == 3 and all(sum(row) == pytest.approx(1.0) for row in alloc["fractions"])
+    assert last["target_cp"] == 2.0 and 0.0 <= last["cp_gated"] <= 100 * 144 / 3072
+    assert {f"alloc_fw_b{i:02d}" for i in range(3)} <= last.keys()
+    assert r.metrics["cp"] < 100 and r.metrics["train_bitops"] < r.metrics["fp32_bitops"]
+
+
+def test_fractrain_target_steps_up_at_turning_points(tmp_path):
+    cfg = parse_config({**DIGITS, "optim": {"epochs": 4},
+                        "schedule": {"kind": "fractrain", "cp0": 1.5, "cp_step": 0.5, "num_turning_points": 3,
+                                     "eval_every": 4, "epsilon": 5.0, "alpha": 1.0, "execution": "routed"}})
+    saved = {}
+    r = train_and_evaluate(cfg, report=lambda m, save: saved.setdefault(m["epoch"], save(tmp_path / str(m["epoch"]))))
+    events = [e for e in r.metrics["events"] if e["reason"] == "turning point"]
+    assert [e["target_cp"] for e in events] == [2.0, 2.5, 3.0]
+    targets = [h["target_cp"] for h in r.history]
+    assert targets == sorted(targets) and targets[-1] == 3.0
+    assert set(r.metrics["cp_per_stage"]) <= {"0", "1", "2", "3"} and r.metrics["targets"] == [1.5, 2.0, 2.5, 3.0]
+    resumed = train_and_evaluate(cfg, resume_from=tmp_path / "2")
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in r.history]
+    assert resumed.metrics["events"] == r.metrics["events"]

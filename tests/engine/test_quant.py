@@ -1,0 +1,173 @@
+"""The quantizer against hand-computed values (algorithms.md 1.1-1.5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import autograd, quant
+from engine.layers import QConv2d, QLinear
+from engine.precision import FP32, SKIP, Precision
+
+
+def test_levels_and_hand_computed_values():
+    # 2 bits over [0, 3]: qmax = 3, s = 1 -> values snap to 0, 1, 2, 3; round half to even (0.5 -> 0, 2.5 -> 2)
+    x = torch.tensor([0.0, 0.4, 0.5, 1.49, 2.5, 3.0])
+    q = quant.quantize(x, 2, 0.0, 3.0)
+    assert q.tolist() == [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]
+    # asymmetric: lo = -1, hi = 2, 2 bits -> s = 1, grid {-1, 0, 1, 2}; values outside are clamped first
+    q = quant.quantize(torch.tensor([-5.0, -0.6, 0.7, 9.0]), 2, -1.0, 2.0)
+    assert q.tolist() == [-1.0, -1.0, 1.0, 2.0]
+    # 0 is not on the grid in general: lo = -0.5, hi = 1, 1 bit -> grid {-0.5, 1}
+    assert quant.quantize(torch.tensor([0.0]), 1, -0.5, 1.0).item() == -0.5
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_error_bound_and_level_count(bits):
+    torch.manual_seed(0)
+    x = torch.randn(10000)
+    q = quant.quantize_tensor(x, bits)
+    step = (x.max() - x.min()).item() / (2**bits - 1)
+    assert (q - x).abs().max().item() <= step / 2 + 1e-5
+    assert q.unique().numel() <= 2**bits
+    assert q.min().item() == pytest.approx(x.min().item(), abs=1e-6)
+    assert q.max().item() == pytest.approx(x.max().item(), abs=1e-5)
+
+
+def test_step_floor_on_constant_tensor():
+    x = torch.full((5,), 3.0)
+    assert torch.equal(quant.quantize_tensor(x, 4), x)
+
+
+def test_stochastic_rounding_is_unbiased():
+    torch.manual_seed(0)
+    # 3 bits over [0, 7]: s = 1; 0.3 rounds up with probability 0.3
+    x = torch.full((200000,), 2.3)
+    q = quant.quantize(x, 3, 0.0, 7.0, stochastic=True)
+    assert set(q.unique().tolist()) == {2.0, 3.0}
+    assert q.mean().item() == pytest.approx(2.3, abs=0.005)
+    # many values: E[q] = x everywhere
+    x = torch.rand(50, 1000) * 7
+    mean = torch.stack([quant.quantize(x, 3, 0.0, 7.0, stochastic=True) for _ in range(400)]).mean(0)
+    assert (mean - x).abs().mean().item() < 0.02
+    nearest_err = (quant.quantize(x, 3, 0.0, 7.0) - x).abs().mean().item()
+    assert nearest_err > 0.2  # the stochastic mean is much closer than nearest rounding
+
+
+def test_noise_is_uniform_on_open_half_interval():
+    torch.manual_seed(1)
+    n = quant.uniform_noise(torch.empty(400000))
+    assert -0.5 < n.min().item() and n.max().item() < 0.5
+    assert n.mean().item() == pytest.approx(0.0, abs=0.003)
+    assert n.var().item() == pytest.approx(1 / 12, rel=0.02)
+
+
+def test_explicit_noise_reproduces_formula():
+    x = torch.tensor([0.2, 1.7])
+    noise = torch.tensor([0.35, -0.25])
+    # u = x + n (s = 1, lo = 0): 0.55 -> 1, 1.45 -> 1
+    assert quant.quantize(x, 3, 0.0, 7.0, stochastic=True, noise=noise).tolist() == [1.0, 1.0]
+
+
+def test_weights_are_quantized_per_output_channel():
+    w = torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, 10.0, 20.0, 30.0]])
+    q = quant.quantize_weight(w, 2)
+    assert torch.equal(q, w)  # each row's own 4-level grid holds its values exactly
+    q1 = quant.quantize_weight(w, 1)
+    assert q1.tolist() == [[0.0, 0.0, 3.0, 3.0], [0.0, 0.0, 30.0, 30.0]]
+
+
+def test_qconv_fp32_is_exact_conv():
+    torch.manual_seed(0)
+    conv = QConv2d(3, 8, 3, 1, 1, bias=False)
+    x = torch.randn(2, 3, 9, 9)
+    assert torch.equal(conv(x, FP32), F.conv2d(x, conv.weight, None, 1, 1))
+    lin = QLinear(5, 4)
+    z = torch.randn(3, 5)
+    assert torch.equal(lin(z, FP32), F.linear(z, lin.weight, lin.bias))
+
+
+def test_qconv_forward_uses_quantized_input_and_weight():
+    torch.manual_seed(0)
+    conv = QConv2d(3, 4, 3, 1, 1, bias=False)
+    x = torch.randn(2, 3, 6, 6)
+    y = conv(x, Precision(4, 3, 8))
+    xq = quant.quantize_tensor(x, 4)
+    wq = quant.quantize_weight(conv.weight, 3)
+    assert torch.allclose(y, F.conv2d(xq, wq, None, 1, 1), atol=1e-5)
+    assert not torch.allclose(y, F.conv2d(x, conv.weight, None, 1, 1), atol=1e-3)
+
+
+def test_running_range_ema_and_eval_mode():
+    conv = QConv2d(1, 1, 1, bias=False, act_momentum=0.9)
+    x = torch.tensor([[[[-1.0, 3.0]]]])
+    conv(x, Precision(8, 8, 8))
+    # run = 0.9 * 0 + 0.1 * batch value (weight on the OLD value, the reference's convention)
+    assert conv.run_lo.item() == pytest.approx(-0.1)
+    assert conv.run_range.item() == pytest.approx(0.4)
+    conv(x, Precision(8, 8, 8))
+    assert conv.run_lo.item() == pytest.approx(-0.19)
+    conv.eval()
+    before = (conv.run_lo.clone(), conv.run_range.clone())
+    with torch.no_grad():
+        conv(torch.tensor([[[[5.0, -5.0]]]]), Precision(8, 8, 8))
+    assert torch.equal(before[0], conv.run_lo) and torch.equal(before[1], conv.run_range)  # eval: no update
+    conv.train()
+    conv(x, FP32)  # fp32 bypass: no running-range update either
+    assert conv.run_lo.item() == pytest.approx(-0.19)
+
+
+def test_ste_gradients_pass_straight_through():
+    torch.manual_seed(0)
+    conv = QConv2d(2, 3, 3, 1, 1, bias=False)
+    x = torch.randn(2, 2, 5, 5, requires_grad=True)
+    y = conv(x, Precision(3, 3, 32))  # quantized forward, fp32 backward
+    g = torch.randn_like(y)
+    y.backward(g)
+    xq = quant.quantize_tensor(x.detach(), 3)
+    wq = quant.quantize_weight(conv.weight.detach(), 3)
+    # dL/dA = W_q^T g and dL/dW = A_q^T g, passed straight to the fp32 tensors (no clipping mask)
+    gx = torch.nn.grad.conv2d_input(x.shape, wq, g, padding=1)
+    gw = torch.nn.grad.conv2d_weight(xq, conv.weight.shape, g, padding=1)
+    assert torch.allclose(x.grad, gx, atol=1e-5)
+    assert torch.allclose(conv.weight.grad, gw, atol=1e-4)
+
+
+def test_gradient_quantization_in_backward_only():
+    torch.manual_seed(0)
+    lin = QLinear(6, 5, bias=False)
+    x = torch.randn(4, 6, requires_grad=True)
+    y_fp = F.linear(x, lin.weight)
+    y_q = lin(x, Precision(32, 32, 2))  # 2-bit errors, fp32 forward
+    assert torch.equal(y_fp, y_q)  # forward is the identity
+    g = torch.randn(4, 5)
+    y_q.backward(g)
+    # the error dL/dY reaching the EB pass took at most 4 distinct values (2 bits)
+    ge = x.grad @ torch.linalg.pinv(lin.weight.detach())
+    assert torch.unique(ge.round(decimals=4)).numel() <= 4
+    assert not torch.allclose(x.grad, g @ lin.weight.detach(), atol=1e-3)
+    # quantize_grad on its own: identity forward, quantized backward
+    z = torch.randn(1000, requires_grad=True)
+    out = autograd.quantize_grad(z, 1)
+    assert torch.equal(out, z)
+    out.backward(torch.randn(1000))
+    assert z.grad.unique().numel() <= 2
+
+
+def test_skip_is_refused_by_a_layer():
+    with pytest.raises(ValueError):
+        QConv2d(1, 1, 1)(torch.zeros(1, 1, 2, 2), SKIP)
+
+
+def test_precision_value_type():
+    assert str(Precision.fwbw(8, 8)) == "FW8/BW8"
+    assert str(Precision.fwbw(4, 8, 6)) == "FW4/BW8/W6"
+    assert FP32.is_fp32 and not Precision(32, 32, 8).is_fp32
+    assert Precision(8, 8, 8).bitops_per_mac() == 192 and SKIP.bitops_per_mac() == 0
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="precision.act"):
+        Precision(0, 8, 8)
+    with pytest.raises(ConfigError):
+        Precision(33, 8, 8)

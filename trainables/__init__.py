@@ -1,0 +1,1 @@
+"""Ray Tune adapters around the engine (thin: no model, data or search code here)."""
