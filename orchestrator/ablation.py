@@ -1,0 +1,158 @@
+"""Ablation analysis over finished trials: per-level mean/std, Optuna parameter importance, verdicts.
+
+Pure functions of a list of rows (one per finished trial: its point ``{path: value}``, ``seed``,
+``accuracy``, ``train_bitops``) and the design (``meta``: mode, factors' level labels, baseline, evaluator,
+verdict thresholds; ``search_spaces.ablation.LoadedAblation.meta``). Reports and ``fractune ablate`` call
+``analyse``; tests call the pieces on hand-built tables.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import pandas as pd
+
+from search_spaces.ablation import level_label
+
+OBJECTIVES = (("accuracy", "maximize"), ("train_bitops", "minimize"))
+
+
+def frame(rows: list[dict], factors: list[str]) -> pd.DataFrame:
+    """One row per trial with a finite accuracy and BitOPs; factor columns hold the level labels."""
+    records = []
+    for r in rows:
+        acc, cost = r.get("accuracy"), r.get("train_bitops")
+        if acc is None or cost is None or not (math.isfinite(acc) and math.isfinite(cost)):
+            continue
+        point = r.get("point") or {}
+        if any(f not in point for f in factors):
+            continue  # a trial of another design (e.g. a sweep of this name with other parameters)
+        records.append({**{f: level_label(point[f]) for f in factors}, "seed": r.get("seed"),
+                        "accuracy": float(acc), "train_bitops": float(cost), "run_id": r.get("run_id")})
+    return pd.DataFrame.from_records(records, columns=[*factors, "seed", "accuracy", "train_bitops", "run_id"])
+
+
+def level_stats(df: pd.DataFrame, meta: dict) -> dict[str, dict[str, dict]]:
+    """Per factor and level: mean and std (over seeds; ddof 1) of accuracy and BitOPs, and n.
+
+    ofat: a factor's curve uses the trials with every other factor at its baseline level (the baseline
+    point belongs to every curve). grid: marginal means over all trials at that level.
+    """
+    out: dict[str, dict[str, dict]] = {}
+    factors = list(meta["labels"])
+    for f in factors:
+        sub = df
+        if meta["mode"] == "ofat":
+            for other in factors:
+                if other != f:
+                    sub = sub[sub[other] == meta["baseline"][other]]
+        groups = sub.groupby(f, sort=False)[["accuracy", "train_bitops"]].agg(["mean", "std", "count"])
+        levels = {}
+        for label in meta["labels"][f]:  # the spec's order, not pandas' (levels are labels, not numbers)
+            if label not in groups.index:
+                continue
+            g = groups.loc[label]
+            levels[label] = {"accuracy_mean": g[("accuracy", "mean")], "accuracy_std": g[("accuracy", "std")],
+                             "train_bitops_mean": g[("train_bitops", "mean")],
+                             "train_bitops_std": g[("train_bitops", "std")], "n": int(g[("accuracy", "count")])}
+        out[f] = levels
+    return out
+
+
+def pooled_seed_std(df: pd.DataFrame, factors: list[str], column: str) -> float:
+    """sqrt(sum (n_i - 1) s_i^2 / sum (n_i - 1)) over the points (cells) run with two or more seeds; NaN if none."""
+    if df.empty:
+        return float("nan")
+    g = df.groupby(factors, sort=False)[column].agg(["var", "count"])
+    g = g[g["count"] >= 2]
+    dof = (g["count"] - 1).sum()
+    return math.sqrt(float(((g["count"] - 1) * g["var"]).sum() / dof)) if dof > 0 else float("nan")
+
+
+def verdict(level_means: list[float], pooled_std: float, thresholds: dict) -> dict:
+    """ratio = (max - min of the level means) / pooled seed std, compared with the two thresholds."""
+    means = [m for m in level_means if m is not None and math.isfinite(m)]
+    spread = max(means) - min(means) if len(means) >= 2 else float("nan")
+    if not math.isfinite(spread) or not math.isfinite(pooled_std):
+        return {"verdict": "undetermined", "range": spread, "ratio": float("nan"),
+                "why": "needs two levels with results and a point run with two or more seeds"}
+    ratio = spread / pooled_std if pooled_std > 0 else (math.inf if spread > 0 else 0.0)
+    word = ("sensitive" if ratio >= thresholds["sensitive"] else "moderate" if ratio >= thresholds["moderate"]
+            else "insensitive")
+    return {"verdict": word, "range": spread, "ratio": ratio}
+
+
+def verdict_rule(thresholds: dict) -> str:
+    m, s = thresholds["moderate"], thresholds["sensitive"]
+    return (f"ratio = (max - min of a factor's level means) / pooled within-point seed std; "
+            f"insensitive: ratio < {m:g}, moderate: {m:g} <= ratio < {s:g}, sensitive: ratio >= {s:g}")
+
+
+def _distribution(values: list[Any]):
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    if numeric and all(isinstance(v, int) for v in values):
+        return IntDistribution(min(values), max(values)), False
+    if numeric:
+        return FloatDistribution(float(min(values)), float(max(values))), False
+    return CategoricalDistribution(sorted({level_label(v) for v in values})), True
+
+
+def importances(rows: list[dict], factors: list[str], evaluator: str = "fanova") -> dict:
+    """Optuna's importance of each factor, for accuracy and for BitOPs separately, from an in-memory
+    two-objective study (accuracy maximize, BitOPs minimize) holding one trial per finished run."""
+    import optuna
+
+    usable = [r for r in rows if all(f in (r.get("point") or {}) for f in factors)
+              and math.isfinite(r.get("accuracy", math.nan)) and math.isfinite(r.get("train_bitops", math.nan))]
+    varied = [f for f in factors if len({level_label(r["point"][f]) for r in usable}) > 1]
+    out = {"evaluator": evaluator, "accuracy": {}, "train_bitops": {}, "trials": len(usable)}
+    if len(usable) < 3 or not varied:
+        out["note"] = "needs three or more finished trials and a factor with two or more levels"
+        return out
+    dists = {f: _distribution([r["point"][f] for r in usable]) for f in varied}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=[d for _, d in OBJECTIVES])
+    for r in usable:
+        params = {f: level_label(r["point"][f]) if cat else r["point"][f] for f, (_, cat) in dists.items()}
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions={f: d for f, (d, _) in dists.items()},
+            values=[r["accuracy"], r["train_bitops"]], user_attrs={"run_id": r.get("run_id")}))
+    # Each evaluator gets one objective through `target`. PED-ANOVA ranks low targets as good (it warns when
+    # given a target), so accuracy goes in negated; fANOVA and MDI are variance-based and sign-blind.
+    targets = {"accuracy": lambda t: -t.values[0], "train_bitops": lambda t: t.values[1]}
+    for name, target in targets.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            imp = optuna.importance.get_param_importances(study, evaluator=_evaluator(evaluator), target=target)
+        out[name] = {k: float(v) for k, v in imp.items()}
+    return out
+
+
+def _evaluator(name: str):
+    from optuna import importance as oi
+
+    if name == "ped_anova":
+        return oi.PedAnovaImportanceEvaluator()
+    if name == "mdi":
+        return oi.MeanDecreaseImpurityImportanceEvaluator(seed=0)
+    return oi.FanovaImportanceEvaluator(seed=0)
+
+
+def analyse(rows: list[dict], meta: dict) -> dict:
+    """Levels, pooled seed std, verdicts and importance of an ablation's finished trials."""
+    factors = list(meta["labels"])
+    df = frame(rows, factors)
+    levels = level_stats(df, meta)
+    pooled = {c: pooled_seed_std(df, factors, c) for c, _ in OBJECTIVES}
+    verdicts = {}
+    for f, lv in levels.items():
+        acc = verdict([s["accuracy_mean"] for s in lv.values()], pooled["accuracy"], meta["verdict"])
+        cost = verdict([s["train_bitops_mean"] for s in lv.values()], pooled["train_bitops"], meta["verdict"])
+        verdicts[f] = {**acc, "train_bitops_verdict": cost["verdict"], "train_bitops_ratio": cost["ratio"]}
+    return {"mode": meta["mode"], "trials": int(len(df)), "levels": levels, "pooled_seed_std": pooled,
+            "verdicts": verdicts, "verdict_rule": verdict_rule(meta["verdict"]),
+            "importance": importances(rows, factors, meta.get("importance", "fanova"))}

@@ -1,0 +1,69 @@
+"""``fractune ablate``: an ablation spec run as a grid sweep, then per-level statistics, importance, verdicts
+and the HTML report, all computed from the finished trials in MLflow."""
+
+from __future__ import annotations
+
+from orchestrator.output import emit_json, fmt, info, table
+
+
+def cmd_ablate(args) -> int:
+    from dashboards.data import load_sweep
+    from orchestrator import store
+    from orchestrator.ablation import analyse
+    from orchestrator.commands_sweep import load_for_cluster, write_report
+    from orchestrator.sweep import SweepOptions, run_sweep
+    from search_spaces.ablation import load_ablation
+
+    loaded = load_for_cluster(args.spec, args.address, args.dashboard, loader=load_ablation)
+    opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
+                        resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
+    out = run_sweep(loaded, opts)
+    meta = loaded.meta()
+    c = store.client(out["tracking_uri"])
+    if out["parent_run_id"]:
+        # The design travels with the sweep, so `fractune report` can rebuild the curves from MLflow alone.
+        c.log_dict(out["parent_run_id"], meta, "ablation.json")
+        c.set_tag(out["parent_run_id"], "fractune.ablation", meta["mode"])
+    data = load_sweep(out["tracking_uri"], out["sweep"], out["sweep_id"])
+    a = analyse(data.finished(), data.meta or meta)
+    print(f"\nablation {out['sweep_id']} ({meta['mode']}): {len(loaded.points)} points x {len(meta['seeds'])} seeds, "
+          f"{out['trials']} trials, {out['errored']} errored, {a['trials']} finished with results")
+    print_analysis(a)
+    for e in out["errors"]:
+        info(f"trial {e['trial_id']} errored: {e['error']}")
+    report = write_report(out, args.out, data=data)
+    print(f"\nMLflow: experiment {out['sweep']!r} (id {out['experiment_id']}), parent run {out['parent_run_id']}")
+    print(f"open the UI: {out['ui']}")
+    if args.json:
+        imp = a["importance"]
+        emit_json({k: out[k] for k in ("sweep", "sweep_id", "experiment_id", "parent_run_id", "trials", "errored",
+                                       "errors", "pareto", "tracking_uri", "storage", "wall_seconds")}
+                  | {"mode": meta["mode"], "factors": meta["labels"], "baseline": meta["baseline"],
+                     "importance": imp["accuracy"], "importance_train_bitops": imp["train_bitops"],
+                     "importance_evaluator": imp["evaluator"], "levels": a["levels"], "verdicts": a["verdicts"],
+                     "verdict_rule": a["verdict_rule"], "pooled_seed_std": a["pooled_seed_std"], **report})
+    return 1 if out["errored"] else 0
+
+
+def print_analysis(a: dict) -> None:
+    rows = [{"factor": f, "level": lv, "n": s["n"], "accuracy_mean": s["accuracy_mean"], "accuracy_std": s["accuracy_std"],
+             "gbitops_mean": s["train_bitops_mean"] / 1e9, "gbitops_std": _nan(s["train_bitops_std"]) / 1e9}
+            for f, levels in a["levels"].items() for lv, s in levels.items()]
+    print("\nper level (mean and std over seeds):")
+    table(rows)
+    imp = a["importance"]
+    print(f"\nparameter importance (Optuna, {imp['evaluator']} evaluator; accuracy and BitOPs separately):")
+    if imp["accuracy"]:
+        table([{"factor": f, "for_accuracy": imp["accuracy"].get(f), "for_bitops": imp["train_bitops"].get(f)}
+               for f in imp["accuracy"]])
+    else:
+        print(f"(none: {imp.get('note', '')})")
+    print("\nsensitivity verdicts:")
+    table([{"factor": f, "accuracy": v["verdict"], "range": v["range"], "ratio": fmt(v["ratio"], 3),
+            "bitops": v["train_bitops_verdict"], "bitops_ratio": fmt(v["train_bitops_ratio"], 3)}
+           for f, v in a["verdicts"].items()])
+    print(f"rule: {a['verdict_rule']}")
+
+
+def _nan(v) -> float:
+    return float("nan") if v is None else float(v)

@@ -1,0 +1,168 @@
+"""Commands of the sweep service: ``sweep``, ``pareto``, ``validate`` (``ablate``: commands_ablate)."""
+
+from __future__ import annotations
+
+from engine.errors import ConfigError
+from orchestrator.output import emit_json, info, table
+
+
+def _load_any(path: str):
+    """An ablation spec (has ``ablation``), a sweep spec (``parameters``/``base``/``search``...) or an
+    experiment config."""
+    from engine.config import load_config, read_yaml
+    from search_spaces.ablation import load_ablation
+    from search_spaces.spec import load_spec
+
+    tree = read_yaml(path)
+    if "ablation" in tree:
+        return "ablation", load_ablation(path)
+    if any(k in tree for k in ("parameters", "base", "search", "seeds", "budget", "resources")):
+        return "spec", load_spec(path)
+    return "config", load_config(path)
+
+
+def cmd_validate(args) -> int:
+    kind, obj = _load_any(args.file)
+    if kind in ("spec", "ablation"):
+        out = {"file": args.file, "kind": "sweep" if kind == "spec" else "ablation", "name": obj.name,
+               "trials": obj.num_trials(), "valid": True}
+    else:
+        from engine.data import check_available
+
+        if obj.data.data_dir:  # a folder named in the config must hold the data
+            check_available(obj.data)
+        out = {"file": args.file, "kind": "experiment", "name": obj.name, "valid": True}
+    print(f"{args.file}: valid {out['kind']} {out['name']!r}" + (f", {out['trials']} trials" if "trials" in out else ""))
+    if args.json:
+        emit_json(out)
+    return 0
+
+
+def pareto_table(front: list[dict]) -> None:
+    rows = [{"run_id": (r.get("run_id") or "")[:12], "accuracy": r["accuracy"], "train_gbitops": r["train_bitops"] / 1e9,
+             "cp": r.get("cp"), **{k: _short(v) for k, v in r["params"].items()}} for r in front]
+    table(rows)
+
+
+def _short(v) -> str:
+    text = str(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def load_for_cluster(path: str, address: str | None, dashboard: bool = False, loader=None):
+    """The spec's own errors and its resources checked against the cluster, reported together."""
+    from pydantic import ValidationError
+
+    from engine.config import read_yaml
+    from orchestrator.sweep import check_resources, init_ray
+    from search_spaces.spec import Resources, load_spec
+
+    problems, loaded = [], None
+    try:
+        loaded = (loader or load_spec)(path)
+    except ConfigError as err:
+        problems += err.problems
+    try:
+        res = Resources.model_validate(read_yaml(path).get("resources") or {})
+    except (ValidationError, ConfigError, AttributeError):
+        res = None
+    if res is not None:
+        init_ray(address, dashboard)
+        try:
+            check_resources(res.cpu, res.gpu)
+        except ConfigError as err:
+            problems += err.problems
+    if problems:
+        raise ConfigError(problems, path)
+    return loaded
+
+
+def cmd_sweep(args) -> int:
+    from orchestrator import store
+    from orchestrator.sweep import SweepOptions, run_sweep, storage_root
+
+    # before Ray starts: an unusable tracking store or storage folder is reported at once
+    uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
+    store.preflight(uri)
+    storage_root(args.storage)
+    loaded = load_for_cluster(args.spec, args.address, args.dashboard)
+    opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
+                        resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
+    out = run_sweep(loaded, opts)
+    print(f"\nsweep {out['sweep_id']}: {out['trials']} trials, {out['errored']} errored, "
+          f"{len(out['pareto'])} on the Pareto front (accuracy max, training BitOPs min)")
+    pareto_table(out["pareto"])
+    for e in out["errors"]:
+        info(f"trial {e['trial_id']} errored: {e['error']}")
+    storage_msgs = [t for t in (out["tracking"].get("storage_error"), out["tracking"].get("report_error")) if t]
+    if storage_msgs or any("No space left on device" in e["error"] for e in out["errors"]):
+        info(f"error: --storage {out['storage']}: the storage ran out of space or became unwritable "
+             f"({'; '.join(storage_msgs) or 'No space left on device'}); free space and rerun with --resume")
+    if not args.no_report:
+        out.update(write_report(out, args.report_dir, uri=uri))
+    print(f"\nMLflow: experiment {out['sweep']!r} (id {out['experiment_id']}), parent run {out['parent_run_id']}")
+    print(f"open the UI: {out['ui']}")
+    t = out["tracking"]
+    if t.get("failed_calls"):
+        gap = t.get("gap") or {}
+        info(f"tracking store unreachable for part of the sweep ({t['failed_calls']} failed calls, "
+             f"{gap.get('error', '')}); {t.get('backfilled', 0)} operations backfilled, {t.get('pending', 0)} pending")
+    if t.get("pending"):
+        info(f"warning: {t['pending']} tracking operations could not be written; the backlog and the Pareto "
+             f"summary are in {out['storage']}; run `fractune sweep {args.spec} --resume` to retry")
+    if args.json:
+        emit_json(out)
+    return 1 if out["errored"] or t.get("pending") else 0
+
+
+def write_report(out: dict, folder: str | None, data=None, uri: str | None = None) -> dict:
+    """The sweep's HTML report (``dashboards.report``), logged on its parent run. A report that cannot be
+    written is reported, not raised: the sweep's results are in MLflow either way (``fractune report``)."""
+    from dashboards.report import build_report
+
+    if out["parent_run_id"] is None:
+        return {"report": None, "report_error": "the sweep has no parent run"}
+    try:
+        rep = build_report(uri or out["tracking_uri"], out["sweep"], out["sweep_id"], folder, data=data)
+    except Exception as exc:  # noqa: BLE001  any failure here must not hide the sweep's own outcome
+        info(f"report failed ({type(exc).__name__}: {exc}); retry with: fractune report {out['sweep']} "
+             f"--sweep-id {out['sweep_id']} --tracking-uri {out['tracking_uri']}")
+        return {"report": None, "report_error": f"{type(exc).__name__}: {exc}"}
+    print(f"report: {rep['report']}" + (f" (MLflow artifact {rep['artifact']})" if rep["artifact"] else ""))
+    return {"report": rep["report"], "report_pngs": rep["pngs"], "report_artifact": rep["artifact"]}
+
+
+def cmd_pareto(args) -> int:
+    from orchestrator import store
+    from orchestrator.pareto import pareto_rows
+
+    uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
+    store.preflight(uri)
+    c = store.client(uri)
+    parent = store.sweep_parent(c, args.sweep, args.sweep_id)
+    if parent is None:
+        raise ConfigError.single("sweep", args.sweep, f"no sweep of that name in {uri}")
+    rows = []
+    for run in store.child_runs(c, parent):
+        if run.info.status != "FINISHED":
+            continue
+        m, p = run.data.metrics, run.data.params
+        swept = [s for s in run.data.tags.get("fractune.swept", "").split(",") if s]
+        params = {k: v for k, v in p.items() if any(k == s or k.startswith(s + ".") for s in swept)}
+        params["seed"] = p.get("seed")
+        rows.append({"run_id": run.info.run_id, "trial_id": run.data.tags.get(store.TRIAL_TAG),
+                     "accuracy": m.get("accuracy", float("nan")), "train_bitops": m.get("train_bitops", float("nan")),
+                     "cp": m.get("cum_cp"), "params": params})
+    front = pareto_rows(rows)
+    sweep_id = parent.data.tags.get(store.SWEEP_TAG)
+    print(f"sweep {sweep_id}: {len(rows)} finished trials, {len(front)} on the Pareto front")
+    pareto_table(front)
+    if args.json:
+        emit_json({"sweep": args.sweep, "sweep_id": sweep_id, "experiment_id": parent.info.experiment_id,
+                   "parent_run_id": parent.info.run_id, "trials": len(rows),
+                   "pareto": [{k: r[k] for k in ("run_id", "trial_id", "accuracy", "train_bitops", "cp", "params")}
+                              for r in front]})
+    return 0
+
+
+

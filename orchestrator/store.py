@@ -1,0 +1,141 @@
+"""The MLflow store of sweeps, without Ray: tracking URIs, the preflight check and the run queries.
+
+Split from ``tracking`` (the Tune callback, which needs ``ray.tune`` at import) so that the commands that
+only read a store (``pareto``, ``report``, ``ui``) start without importing Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PARENT_TAG = "mlflow.parentRunId"
+TRIAL_TAG = "ray_trial_id"
+SWEEP_TAG = "fractune.sweep_id"
+POINT_TAG = "fractune.point"  # JSON of the trial's swept values {dotted path: value}
+
+
+def default_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` or an absolute ``sqlite:///<cwd>/mlflow.db`` (trials run in another cwd)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
+
+
+def normalise_uri(uri: str) -> str:
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        rel = uri[len("sqlite:///"):]
+        return f"sqlite:///{Path(rel).expanduser().resolve()}"
+    if "://" not in uri:  # a bare path to a database file
+        return f"sqlite:///{Path(uri).expanduser().resolve()}"
+    return uri
+
+
+def redact(uri: str) -> str:
+    """A URI safe to print: credentials (user:password@) replaced by ***."""
+    import re
+
+    return re.sub(r"(?<=://)[^/@\s]+@", "***@", uri)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, path + "."))
+        else:
+            out[path] = "null" if value is None else str(value)
+    return out
+
+
+def ensure_experiment(c, name: str) -> str:
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            c.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    return c.create_experiment(name)
+
+
+def trial_error_text(trial) -> str:
+    """The trial's error trace: the local error file Tune just wrote, else the synced copy."""
+    path = trial.error_file
+    if path and Path(path).is_file():
+        return Path(path).read_text(errors="replace")
+    err = trial.get_error()
+    return str(err) if err else "trial failed (no error recorded)"
+
+
+def one_line_error(err: BaseException | str) -> str:
+    return _one_line(str(err))[:2000]
+
+
+def point_tag(values: dict) -> str:
+    """The swept values as JSON, so reports read them back typed (params are flattened strings); cut to
+    MLflow's tag limit, beyond which readers fall back to the flattened params."""
+    import json
+
+    text = json.dumps(values, sort_keys=True, default=str)
+    return text if len(text) <= 7000 else ""
+
+
+def client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def preflight(uri: str, timeout: float = 5.0) -> None:
+    """Fail before any trial when the tracking store cannot be used."""
+    from engine.errors import ConfigError
+
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:  # noqa: S310
+                if resp.status != 200:
+                    raise OSError(f"/health answered {resp.status}")
+        except (OSError, urllib.error.URLError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ConfigError.single("--tracking-uri", uri, f"MLflow server unreachable ({reason})") from None
+        return
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.parent.is_dir() or not os.access(db.parent, os.W_OK):
+            raise ConfigError.single("--tracking-uri", uri, f"folder {db.parent} must exist and be writable")
+    try:
+        client(uri).search_experiments(max_results=1)
+    except Exception as exc:  # mlflow raises many types; the message is what matters
+        raise ConfigError.single("--tracking-uri", uri, f"tracking store unusable ({_one_line(str(exc))})") from None
+
+
+def _one_line(text: str) -> str:
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    errors = [x for x in lines if "Error" in x or "error" in x]
+    return (errors[-1] if errors else (lines[-1] if lines else text))
+
+
+def sweep_parent(c, experiment: str, sweep_id: str | None = None):
+    """The parent run of ``sweep_id``, or of the latest sweep of the experiment."""
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    flt = "tags.`fractune.kind` = 'sweep'"
+    if sweep_id:
+        flt += f" and tags.`{SWEEP_TAG}` = '{sweep_id}'"
+    runs = c.search_runs([exp.experiment_id], filter_string=flt, order_by=["attributes.start_time DESC"],
+                         max_results=1)
+    return runs[0] if runs else None
+
+
+def child_runs(c, parent) -> list:
+    out, token = [], None
+    while True:
+        page = c.search_runs([parent.info.experiment_id],
+                             filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'", max_results=1000,
+                             page_token=token)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out

@@ -1,0 +1,341 @@
+"""Run a sweep on Ray Tune: local Ray by default, ``address`` to attach to a running cluster.
+
+Only ``ray.tune.*`` APIs. Storage is absolute; every sweep invocation gets an id ``<name>-<timestamp>`` so a
+second run never overwrites the first, and ``resume`` restores the latest unfinished one with
+``Tuner.restore``. Resources are checked against the cluster before ``fit()`` (a trial larger than every
+node would stay PENDING forever), and after ``fit()`` trial errors are surfaced, not swallowed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError, FractuneError
+from search_spaces.spec import LoadedSpec, resolve_trial_config
+
+OBJECTIVES = (("accuracy", "max"), ("train_bitops", "min"))
+
+
+class SweepError(FractuneError):
+    exit_code = 1
+
+
+@dataclass
+class SweepOptions:
+    address: str | None = None
+    tracking_uri: str | None = None
+    storage: str | None = None
+    resume: bool = False
+    dashboard: bool = False
+    progress: bool = True
+
+
+def storage_root(storage: str | None) -> Path:
+    root = Path(storage or os.environ.get("FRACTUNE_STORAGE") or "fractune_runs").expanduser().resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError.single("--storage", str(root), f"must be a writable folder ({exc.strerror})") from None
+    return root
+
+
+def storage_problem(root: Path) -> str | None:
+    """A one-line description when the storage folder is full or no longer writable, else None."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(root).free
+        probe = root / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        return f"--storage {root}: not writable any more ({exc.strerror}); free space and rerun with --resume"
+    if free < 1 << 20:
+        return (f"--storage {root}: No space left on device ({free} bytes free); free space and rerun with "
+                "--resume")
+    return None
+
+
+def latest_sweep_id(root: Path, name: str) -> str:
+    candidates = sorted(p.name for p in root.glob(f"{name}-*") if (p / "tuner.pkl").is_file())
+    if not candidates:
+        raise ConfigError.single("--resume", name, f"no sweep named {name!r} to resume under {root}")
+    return candidates[-1]
+
+
+def new_sweep_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def init_ray(address: str | None, dashboard: bool = False) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
+    if address:
+        ray.init(address=address, **kwargs)  # attaching: never pass CPU/GPU counts
+    else:  # the dashboard (HTTP, Jobs API) binds 127.0.0.1; Ray's gRPC ports are guarded by its token auth
+        ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", **kwargs)
+
+
+def check_resources(cpu: float, gpu: float) -> None:
+    """Refuse a sweep whose trials fit on no node (Tune would leave them PENDING forever)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    best_cpu = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
+    best_gpu = max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0)
+    problems = []
+    if cpu > best_cpu:
+        problems.append(("resources.cpu", cpu, f"allowed: <= {best_cpu:g} (CPUs of the largest node of this cluster)"))
+    if gpu > best_gpu:
+        problems.append(("resources.gpu", gpu, f"allowed: <= {best_gpu:g} (GPUs of the largest node of this cluster)"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def domain(param):
+    from ray import tune
+
+    kind = param.kind
+    if kind == "grid":
+        return tune.grid_search(list(param.grid))
+    if kind == "choice":
+        return tune.choice(list(param.choice))
+    if kind == "uniform":
+        return tune.uniform(*param.uniform)
+    if kind == "loguniform":
+        return tune.loguniform(*param.loguniform)
+    return tune.randint(param.int[0], param.int[1] + 1)  # inclusive bounds in the spec
+
+
+def param_space(loaded: LoadedSpec, sweep_id: str) -> dict:
+    from ray import tune
+
+    seeds = loaded.spec.seeds
+    points = getattr(loaded, "points", None)  # an ablation: its explicit list of points, one grid over them
+    return {
+        "sweep": sweep_id,
+        "base": loaded.base_tree,
+        "params": (tune.grid_search([dict(p) for p in points]) if points is not None
+                   else {path: domain(p) for path, p in loaded.spec.parameters.items()}),
+        "seed": tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0],
+    }
+
+
+def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
+    s = loaded.spec.search
+    if s.algorithm == "grid":
+        return None
+    if s.algorithm == "random":
+        from ray.tune.search import BasicVariantGenerator
+
+        return BasicVariantGenerator(random_state=s.seed)
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    journal = root / "optuna" / f"{sweep_id}.journal"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    sampler = (optuna.samplers.NSGAIISampler(seed=s.seed) if s.sampler == "nsga2"
+               else optuna.samplers.TPESampler(seed=s.seed))
+    # No metric/mode in TuneConfig with a list metric (it only takes strings): they go here.
+    return OptunaSearch(metric=[m for m, _ in OBJECTIVES], mode=[d for _, d in OBJECTIVES], study_name=sweep_id,
+                        storage=storage, sampler=sampler)
+
+
+def planned_epochs(cfg) -> int:
+    from engine.data import iterations_per_epoch
+
+    if cfg.optim.iterations:
+        return math.ceil(cfg.optim.iterations / iterations_per_epoch(cfg.data))
+    return cfg.optim.epochs
+
+
+class ProgressPrinter:
+    """A Tune callback printing one line per epoch result and per finished trial (to stderr)."""
+
+    def __new__(cls, *a, **k):
+        from ray import tune
+
+        class _Printer(tune.Callback):
+            def __init__(self, total: int | None):
+                self.total = total
+                self.done = 0
+
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                print(f"  {trial.trial_id} epoch {result.get('epoch')}: accuracy {result.get('accuracy', float('nan')):.4f} "
+                      f"cp {result.get('cp', float('nan')):.2f}% fw {result.get('fw_bits', 0):.2f} "
+                      f"bw {result.get('bw_bits', 0):.2f}", file=sys.stderr, flush=True)
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                self.done += 1
+                print(f"[{self.done}/{self.total or '?'}] {trial.trial_id} finished", file=sys.stderr, flush=True)
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                self.done += 1
+                print(f"[{self.done}/{self.total or '?'}] {trial.trial_id} ERRORED", file=sys.stderr, flush=True)
+
+        return _Printer(*a, **k)
+
+
+def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
+    from ray import tune
+
+    from orchestrator import store
+    from orchestrator.tracker import MLflowTracker
+    from trainables.tune_trainable import train_trial
+
+    spec = loaded.spec
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Ray's own tables: fractune prints its progress itself
+    uri = store.normalise_uri(opts.tracking_uri or store.default_tracking_uri())
+    store.preflight(uri)
+    root = storage_root(opts.storage)
+    sweep_id = latest_sweep_id(root, spec.name) if opts.resume else new_sweep_id(spec.name)
+    exp_path = root / sweep_id
+    init_ray(opts.address, opts.dashboard)
+    check_resources(spec.resources.cpu, spec.resources.gpu)
+    trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+
+    tracker = None
+    if opts.resume:
+        if not tune.Tuner.can_restore(str(exp_path)):
+            raise ConfigError.single("--resume", spec.name, f"{exp_path} holds no restorable sweep")
+        print(f"resuming sweep {sweep_id} from {exp_path}", file=sys.stderr)
+        tuner = tune.Tuner.restore(str(exp_path), trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        info = {"sweep_id": sweep_id, "spec": spec.name, "algorithm": spec.search.algorithm,
+                "sampler": spec.search.sampler, "num_samples": spec.search.num_samples,
+                "planned_trials": loaded.num_trials(), "seeds": spec.seeds, "resources": spec.resources.model_dump(),
+                "storage": str(exp_path), "scheduler": spec.scheduler.kind}
+        tracker = MLflowTracker(uri, spec.name, sweep_id, info, spec.model_dump(mode="json"), str(exp_path))
+        callbacks: list = [tracker]
+        if opts.progress:
+            callbacks.append(ProgressPrinter(loaded.num_trials()))
+        scheduler = None
+        if spec.scheduler.kind == "asha":
+            from ray.tune.schedulers import ASHAScheduler
+
+            max_t = planned_epochs(resolve_trial_config(param_space_point(loaded)))
+            scheduler = ASHAScheduler(time_attr="training_iteration", metric="accuracy", mode="max", max_t=max_t,
+                                      grace_period=spec.scheduler.grace_period,
+                                      reduction_factor=spec.scheduler.reduction_factor)
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space(loaded, sweep_id),
+            tune_config=tune.TuneConfig(search_alg=search_algorithm(loaded, sweep_id, root), scheduler=scheduler,
+                                        num_samples=spec.search.num_samples,
+                                        max_concurrent_trials=spec.budget.max_concurrent_trials,
+                                        time_budget_s=spec.budget.time_limit_s, reuse_actors=True),
+            run_config=tune.RunConfig(name=sweep_id, storage_path=str(root), callbacks=callbacks, verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
+                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
+        )
+        print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {uri}", file=sys.stderr)
+    started = time.perf_counter()
+    try:
+        grid = tuner.fit()
+    except Exception as exc:  # Tune itself gave up (e.g. its state or error files could not be written)
+        raise SweepError(storage_problem(root) or f"Ray Tune could not finish sweep {sweep_id}: "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
+                         f"rerun with --resume") from None
+    # the tracker's own report when it ran in this process, else the one it wrote beside the experiment
+    report = getattr(tracker, "last_report", None) if not opts.resume else None
+    return finish(loaded, grid, uri, sweep_id, exp_path, time.perf_counter() - started, report)
+
+
+def param_space_point(loaded: LoadedSpec) -> dict:
+    """A trial dict for the base point (no parameters applied), to read planned lengths."""
+    return {"base": loaded.base_tree, "params": {}, "seed": loaded.spec.seeds[0], "sweep": loaded.name}
+
+
+def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,
+           report: dict | None = None) -> dict:
+    from orchestrator import store
+    from orchestrator.pareto import pareto_rows
+    from orchestrator.tracker import REPORT_FILE
+
+    report_file = exp_path / REPORT_FILE
+    track = dict(report) if report else (json.loads(report_file.read_text()) if report_file.is_file() else {})
+    runs, parent_id = track.get("runs", {}), track.get("parent_run_id")
+    rows, errors = [], []
+    for result in grid:
+        trial_id = result.metrics.get("trial_id")
+        if result.error is not None:
+            errors.append({"trial_id": trial_id, "run_id": runs.get(trial_id),
+                           "error": store.one_line_error(result.error)})
+            continue
+        m = result.metrics
+        cfg = resolve_trial_config(result.config)
+        complete = int(m.get("epoch", 0)) >= planned_epochs(cfg)
+        rows.append({"trial_id": trial_id, "run_id": runs.get(trial_id),
+                     "accuracy": float(m.get("accuracy", float("nan"))),
+                     "train_bitops": float(m.get("train_bitops", float("nan"))),
+                     "cp": m.get("cum_cp"), "epochs": m.get("epoch"), "complete": complete,
+                     "params": {**swept_values(result.config), "seed": cfg.seed}})
+    front = pareto_rows([r for r in rows if r["complete"]])
+    summary = {"pareto": front, "errors": errors, "trials": rows}
+    try:
+        (exp_path / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if MLflow is down
+    except OSError as exc:
+        track["storage_error"] = f"{exp_path}: {exc.strerror}"
+    experiment_id = None
+    try:
+        c = store.client(uri)
+        parent = c.get_run(parent_id) if parent_id else None
+        if parent is not None:
+            experiment_id = parent.info.experiment_id
+            for r in front:
+                if r["run_id"]:
+                    c.set_tag(r["run_id"], "pareto", "true")
+            c.log_dict(parent_id, summary, "pareto.json")
+            c.set_tag(parent_id, "fractune.errored", str(len(errors)))
+            c.set_tag(parent_id, "fractune.trials", str(len(rows) + len(errors)))
+            c.set_terminated(parent_id, "FINISHED")
+    except Exception as exc:  # the store went away at the very end: the summary is on disk
+        track["pending"] = track.get("pending", 0) + 1
+        track["final_error"] = store.one_line_error(exc)
+    return {
+        "sweep": loaded.name,
+        "sweep_id": sweep_id,
+        "experiment_id": experiment_id,
+        "parent_run_id": parent_id,
+        "trials": len(rows) + len(errors),
+        "errored": len(errors),
+        "errors": errors,
+        "pareto": [{k: r[k] for k in ("run_id", "trial_id", "accuracy", "train_bitops", "cp", "params")} for r in front],
+        "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
+                                               "report_error", "storage_error") if track.get(k) is not None},
+        "storage": str(exp_path),
+        "tracking_uri": store.redact(uri),
+        "wall_seconds": wall,
+        "ui": ui_command(store.redact(uri), loaded.name),
+    }
+
+
+def swept_values(trial_config: dict) -> dict:
+    out = {}
+    for path, value in (trial_config.get("params") or {}).items():
+        out[path] = value
+    return out
+
+
+def ui_command(uri: str, sweep: str | None = None) -> str:
+    if uri.startswith("http"):
+        return f"open {uri}"
+    return f"fractune ui --tracking-uri {uri}" + (f" --sweep {sweep}" if sweep else "")
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, default=str)

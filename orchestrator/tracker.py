@@ -1,0 +1,255 @@
+"""MLflow tracking from the Ray driver: one Tune callback, one writer (ecosystem.md 3.2, 7.1).
+
+An MLflow experiment per sweep name, a parent run per sweep, a child run per trial (tag
+``mlflow.parentRunId``) with the flattened resolved config as params, the per-epoch metrics at
+``step = epoch``, provenance tags, the resolved config, events and DFQ bit allocations as artifacts.
+
+Every write is an operation in a FIFO queue: it runs at once, and when the tracking store is unreachable it
+stays queued (training goes on) and is retried at every later callback and at the end of the sweep, in
+order, so nothing is silently dropped; ``tracking_report`` (written next to the experiment) counts the failed
+calls, the backfilled operations and any still pending. The state (parent run, trial -> run, last logged
+epoch, the queue) is saved by Tune with the experiment, and runs are also found again by their
+``ray_trial_id`` tag, so a restored sweep continues the same runs: no duplicate runs, no repeated epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from orchestrator import provenance
+from orchestrator.store import (
+    PARENT_TAG,
+    POINT_TAG,
+    SWEEP_TAG,
+    TRIAL_TAG,
+    client,
+    ensure_experiment,
+    flatten,
+    one_line_error,
+    point_tag,
+    trial_error_text,
+)
+
+EPOCH_METRICS = ("accuracy", "val_accuracy", "loss", "train_accuracy", "val_loss", "test_loss", "step_bitops",
+                 "epoch_gbitops", "cum_gbitops", "train_bitops", "cp", "cum_cp", "fw_bits", "bw_bits", "lr", "stage",
+                 "pfq_epsilon", "cpt_fw_min", "target_cp", "cp_gated", "cost_sign_up", "wall_seconds")
+METRIC_PREFIXES = ("alloc_",)  # DFQ's per-block bit allocation: alloc_fw_b00, alloc_bw_b00, alloc_skip_b00
+REPORT_FILE = "fractune_tracking.json"
+FLUSH_RETRIES, FLUSH_WAIT_S = 5, 2.0
+
+
+class MLflowTracker(tune.Callback):
+    def __init__(self, tracking_uri: str, experiment: str, sweep_id: str, sweep_info: dict[str, Any],
+                 spec_tree: dict, report_dir: str | None = None):
+        self.tracking_uri, self.experiment, self.sweep_id = tracking_uri, experiment, sweep_id
+        self.sweep_info, self.spec_tree, self.report_dir = sweep_info, spec_tree, report_dir
+        self.state: dict[str, Any] = {"experiment_id": None, "parent_run_id": None, "runs": {}, "last_epoch": {},
+                                      "written_epoch": {},
+                                      "events": {}, "alloc": {}, "queue": [], "failed_calls": 0, "backfilled": 0,
+                                      "gap": None}
+        self._client = None
+
+    def __getstate__(self):  # Tune pickles callbacks with the experiment: keep the client out
+        return {**self.__dict__, "_client": None}
+
+    @property
+    def c(self):
+        if self._client is None:
+            # fail fast when the store is down: the queue retries, the HTTP client need not (its default
+            # retries with back-off for minutes would stall Tune's event loop)
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+            self._client = client(self.tracking_uri)
+        return self._client
+
+    def get_state(self) -> dict:
+        return json.loads(json.dumps(self.state))  # a deep copy of plain data
+
+    def set_state(self, state: dict) -> None:
+        self.state.update(state)
+
+    # -- the operation queue --------------------------------------------------------------------------
+    def _submit(self, op: dict) -> None:
+        if self.state["queue"]:  # waiting behind a failed write: it will be a backfill
+            op["deferred"] = True
+        self.state["queue"].append(op)
+        self._flush()
+
+    def _flush(self) -> bool:
+        """Run queued operations in order; stop at the first failure (the store is down). True when empty."""
+        queue = self.state["queue"]
+        while queue:
+            op = queue[0]
+            try:
+                self._execute(op)
+            except Exception as exc:  # any client/transport error: keep the op, note the gap
+                self.state["failed_calls"] += 1
+                now = time.time()
+                gap = self.state["gap"] or {"first": now, "error": one_line_error(exc)[:300]}
+                gap["last"] = now
+                self.state["gap"] = gap
+                op["failed"] = True
+                return False
+            queue.pop(0)
+            if op.get("failed") or op.get("deferred"):
+                self.state["backfilled"] += 1
+        return True
+
+    def _execute(self, op: dict) -> None:
+        kind = op["op"]
+        if kind == "parent":
+            self._create_parent()
+            return
+        if kind == "trial":
+            self._create_trial(op["trial_id"], op["config"], op["swept"], op.get("point", {}))
+            return
+        run_id = self.state["parent_run_id"] if op["trial_id"] == "parent" else self.state["runs"][op["trial_id"]]
+        if kind == "metrics":
+            from mlflow.entities import Metric
+
+            written = self.state["written_epoch"].get(op["trial_id"], 0)
+            metrics = [Metric(k, v, ts, step) for k, v, ts, step in op["metrics"] if step > written]
+            if metrics:  # an epoch already in the store (a resumed trial re-reporting it) is not written twice
+                self.c.log_batch(run_id, metrics=metrics)
+                self.state["written_epoch"][op["trial_id"]] = max(m.step for m in metrics)
+        elif kind == "resume":  # a retried or restored trial: what the store already holds wins
+            self.c.update_run(run_id, status="RUNNING")
+            logged = max((m.step for m in self.c.get_metric_history(run_id, "accuracy")), default=0)
+            tid = op["trial_id"]
+            self.state["written_epoch"][tid] = max(self.state["written_epoch"].get(tid, 0), logged)
+            self.state["last_epoch"][tid] = max(self.state["last_epoch"].get(tid, 0), logged)
+        elif kind == "tag":
+            self.c.set_tag(run_id, op["key"], op["value"])
+        elif kind == "dict":
+            self.c.log_dict(run_id, op["obj"], op["path"])
+        elif kind == "status":
+            self.c.update_run(run_id, status=op["status"])
+        else:
+            raise ValueError(f"unknown tracking operation {kind!r}")
+
+    def _create_parent(self) -> None:
+        if self.state["parent_run_id"]:
+            return
+        from mlflow.entities import Param
+
+        exp_id = ensure_experiment(self.c, self.experiment)
+        found = self.c.search_runs([exp_id], filter_string=f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and "
+                                   "tags.`fractune.kind` = 'sweep'", max_results=1)
+        if found:  # a resumed sweep whose saved state predates the parent run
+            self.state.update(experiment_id=exp_id, parent_run_id=found[0].info.run_id)
+            return
+        run = self.c.create_run(exp_id, run_name=self.sweep_id,
+                                tags={SWEEP_TAG: self.sweep_id, "fractune.kind": "sweep", **provenance.tags()})
+        params = [Param(k, str(v)[:6000]) for k, v in flatten(self.sweep_info).items()]
+        for i in range(0, len(params), 100):
+            self.c.log_batch(run.info.run_id, params=params[i:i + 100])
+        self.c.log_dict(run.info.run_id, self.spec_tree, "sweep_spec.yaml")
+        self.state.update(experiment_id=exp_id, parent_run_id=run.info.run_id)
+
+    def _create_trial(self, trial_id: str, config: dict, swept: list[str], point: dict) -> None:
+        if trial_id in self.state["runs"]:
+            return
+        from mlflow.entities import Param
+
+        parent = self.state["parent_run_id"]
+        found = self.c.search_runs([self.state["experiment_id"]], filter_string=(
+            f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`{PARENT_TAG}` = '{parent}'"), max_results=1)
+        if found:  # created before a driver crash that lost the saved mapping
+            run_id = found[0].info.run_id
+            logged = max((m.step for m in self.c.get_metric_history(run_id, "accuracy")), default=0)
+            self.state["written_epoch"][trial_id] = self.state["last_epoch"][trial_id] = logged
+            self.state["runs"][trial_id] = run_id
+            return
+        tags = {PARENT_TAG: parent, TRIAL_TAG: trial_id, SWEEP_TAG: self.sweep_id, "fractune.kind": "trial",
+                "fractune.schedule": config["schedule"]["kind"], "fractune.swept": ",".join(swept),
+                **provenance.tags()}
+        if text := point_tag(point):
+            tags[POINT_TAG] = text
+        run = self.c.create_run(self.state["experiment_id"], run_name=f"{trial_id}-{config['schedule']['kind']}",
+                                tags=tags)
+        params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
+        for i in range(0, len(params), 100):
+            self.c.log_batch(run.info.run_id, params=params[i:i + 100])
+        self.c.log_dict(run.info.run_id, config, "config.yaml")
+        self.state["runs"][trial_id] = run.info.run_id
+
+    # -- Tune hooks -----------------------------------------------------------------------------------
+    def setup(self, **info) -> None:
+        if self.state["parent_run_id"]:
+            self._submit({"op": "status", "trial_id": "parent", "status": "RUNNING"})
+        else:
+            self._submit({"op": "parent"})
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        if trial.trial_id in self.state["runs"]:  # retried or restored: the same run
+            self.state["last_epoch"][trial.trial_id] = 0  # re-reported epochs are filtered when written
+            self._submit({"op": "resume", "trial_id": trial.trial_id})
+            return
+        from search_spaces.spec import resolve_trial_config
+
+        config = resolve_trial_config(trial.config).to_dict()
+        params = trial.config.get("params", {})
+        self._submit({"op": "trial", "trial_id": trial.trial_id, "config": config, "swept": sorted(params),
+                      "point": dict(params)})
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        tid = trial.trial_id
+        epoch = int(result.get("epoch", result.get("training_iteration", 0)))
+        if epoch <= self.state["last_epoch"].get(tid, 0):
+            self._flush()
+            return  # a retried trial re-reporting an epoch already logged
+        ts = int(result.get("timestamp", time.time()) * 1000)
+        keys = [k for k in result if k in EPOCH_METRICS or k.startswith(METRIC_PREFIXES)]
+        metrics = [(k, float(result[k]), ts, epoch) for k in keys
+                   if isinstance(result[k], int | float) and not isinstance(result[k], bool)]
+        self.state["last_epoch"][tid] = epoch
+        self._submit({"op": "metrics", "trial_id": tid, "metrics": metrics})
+        if result.get("events"):  # turning points and other precision switches, as they happen
+            by_epoch = self.state["events"].setdefault(tid, {})
+            by_epoch[str(epoch)] = result["events"]  # keyed by epoch: a re-reported epoch replaces itself
+            flat = [e for k in sorted(by_epoch, key=int) for e in by_epoch[k]]
+            self._submit({"op": "dict", "trial_id": tid, "obj": flat, "path": "events.json"})
+        if result.get("bit_allocation"):  # DFQ: per epoch, per block, the options' shares (supplement Fig. 2)
+            alloc = self.state["alloc"].setdefault(tid, {})
+            alloc[str(epoch)] = result["bit_allocation"]
+            self._submit({"op": "dict", "trial_id": tid, "obj": dict(alloc), "path": "bit_allocation.json"})
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FINISHED"})
+
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        self._submit({"op": "tag", "trial_id": trial.trial_id, "key": "fractune.retried",
+                      "value": str(trial.num_failures)})
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._submit({"op": "tag", "trial_id": trial.trial_id, "key": "fractune.error",
+                      "value": one_line_error(trial_error_text(trial))})
+        self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FAILED"})
+
+    def on_experiment_end(self, trials, **info) -> None:
+        for attempt in range(FLUSH_RETRIES):
+            if self._flush():
+                break
+            time.sleep(FLUSH_WAIT_S * (attempt + 1))
+        self.write_report()
+
+    def write_report(self) -> dict:
+        s = self.state
+        report = {"failed_calls": s["failed_calls"], "backfilled": s["backfilled"], "pending": len(s["queue"]),
+                  "gap": s["gap"], "parent_run_id": s["parent_run_id"], "runs": dict(s["runs"])}
+        if self.report_dir:
+            path = Path(self.report_dir) / REPORT_FILE
+            body = {**report, "queue": s["queue"]} if s["queue"] else report  # the backlog, kept on disk
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(body, indent=1, default=str))
+            except OSError as exc:  # e.g. the storage is full: the sweep's outcome still carries the report
+                report["report_error"] = f"{path}: {exc.strerror}"
+        self.last_report = report
+        return report

@@ -1,0 +1,314 @@
+"""``SweepSpec``: what to sweep, how to search, the budget and the resources of a sweep.
+
+A spec names a base experiment (inline, or a YAML path relative to the spec) and parameters over any
+config field by dotted path, each one of ``grid``, ``choice``, ``uniform``, ``loguniform`` or ``int``
+(inclusive bounds). ``seeds`` repeat every point. The objectives are fixed: final test ``accuracy``
+(max) and total training BitOPs (min). ``load_spec`` reports every error at once, before any trial:
+the spec's own fields, and the experiment config of every grid point and of both ends of every range.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import itertools
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from engine.config import (
+    NAME_PATTERN,
+    ExperimentConfig,
+    parse_config,
+    read_yaml,
+    validation_problems,
+)
+from engine.errors import ConfigError
+
+MAX_CHECKED_POINTS = 2000  # grid points validated one by one (beyond this, each value on its own)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Param(Strict):
+    """Exactly one of the five kinds."""
+
+    grid: list[Any] | None = None
+    choice: list[Any] | None = None
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    int: tuple[builtins.int, builtins.int] | None = None  # inclusive bounds
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Param:
+        set_kinds = [k for k in ("grid", "choice", "uniform", "loguniform", "int") if getattr(self, k) is not None]
+        if len(set_kinds) != 1:
+            raise ValueError("give exactly one of grid, choice, uniform, loguniform, int")
+        for k in ("grid", "choice"):
+            if getattr(self, k) is not None and not getattr(self, k):
+                raise ValueError(f"{k} needs at least one value")
+        for k in ("uniform", "loguniform", "int"):
+            rng = getattr(self, k)
+            if rng is not None and not rng[0] < rng[1]:
+                raise ValueError(f"{k} needs [low, high] with low < high")
+        if self.loguniform is not None and self.loguniform[0] <= 0:
+            raise ValueError("loguniform needs low > 0")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("grid", "choice", "uniform", "loguniform", "int") if getattr(self, k) is not None)
+
+    def probe_values(self) -> list[Any]:
+        """Values that must each give a valid config: every listed value, or both ends of a range."""
+        return list(getattr(self, self.kind))
+
+
+class Search(Strict):
+    algorithm: Literal["grid", "random", "optuna"] = "grid"
+    sampler: Literal["tpe", "nsga2"] = "tpe"  # optuna only: multi-objective TPE (Optuna 5 default) or NSGA-II
+    num_samples: int = Field(1, ge=1, le=100000)  # grid: repeats of the grid; random/optuna: trials
+    seed: int | None = Field(0, ge=0)  # the sampler's seed
+
+
+class Scheduler(Strict):
+    """Early stopping. ASHA stops trials on accuracy, so their BitOPs are not comparable: see docs."""
+
+    kind: Literal["none", "asha"] = "none"
+    grace_period: int = Field(1, ge=1)
+    reduction_factor: float = Field(4, gt=1)
+
+
+class Budget(Strict):
+    max_concurrent_trials: int | None = Field(None, ge=1, le=10000)
+    time_limit_s: float | None = Field(None, gt=0)
+    max_failures: int = Field(1, ge=0, le=100)  # retries of a failed trial from its last checkpoint
+
+
+class Resources(Strict):
+    cpu: float = Field(1.0, gt=0, le=1024)
+    gpu: float = Field(0.0, ge=0, le=64)
+
+
+class SweepSpec(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    base: dict[str, Any] | str = Field(default_factory=dict)
+    set: dict[str, Any] = Field(default_factory=dict)  # dotted overrides applied to the base
+    parameters: dict[str, Param] = Field(default_factory=dict)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    search: Search = Search()
+    scheduler: Scheduler = Scheduler()
+    budget: Budget = Budget()
+    resources: Resources = Resources()
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if any(s < 0 for s in v) or len(set(v)) != len(v):
+            raise ValueError("seeds must be distinct non-negative integers")
+        return v
+
+    @field_validator("parameters")
+    @classmethod
+    def _paths(cls, v: dict[str, Param]) -> dict[str, Param]:
+        for path in v:
+            if path == "seed":
+                raise ValueError("'seed' is swept through 'seeds', not as a parameter")
+            if not all(part.isidentifier() for part in path.split(".")):
+                raise ValueError(f"parameter path {path!r} must be dotted identifiers, e.g. schedule.fw")
+        return v
+
+
+class LoadedSpec:
+    """A validated spec with its resolved base experiment tree."""
+
+    def __init__(self, spec: SweepSpec, base_tree: dict, source: Path | None):
+        self.spec, self.base_tree, self.source = spec, base_tree, source
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def point_tree(self, values: dict[str, Any], seed: int) -> dict:
+        tree = copy.deepcopy(self.base_tree)
+        apply_overrides_dict(tree, values)
+        tree["seed"] = seed
+        tree.setdefault("name", self.spec.name)
+        return tree
+
+    def grid_size(self) -> int:
+        n = 1
+        for p in self.spec.parameters.values():
+            if p.kind == "grid":
+                n *= len(p.grid)
+        return n
+
+    def num_trials(self) -> int | None:
+        s = self.spec
+        if s.search.algorithm == "grid":
+            return self.grid_size() * s.search.num_samples * len(s.seeds)
+        if s.search.algorithm == "random":
+            return self.grid_size() * s.search.num_samples * len(s.seeds)
+        return s.search.num_samples
+
+
+def apply_overrides_dict(tree: dict, values: dict[str, Any]) -> dict:
+    for path, value in values.items():
+        node = tree
+        keys = path.split(".")
+        for key in keys[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = node[key] = {} if child is None else child
+            if not isinstance(child, dict):
+                raise ConfigError.single(path, value, f"{key} is not a section")
+            node = child
+        node[keys[-1]] = copy.deepcopy(value)
+    return tree
+
+
+def _spec_problems(exc: ValidationError) -> list[tuple[str, object, str]]:
+    return validation_problems(exc, SweepSpec)
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    p = Path(path)
+    tree = read_yaml(p)
+    return parse_spec(tree, source=p)
+
+
+def parse_spec(tree: dict, source: Path | None = None) -> LoadedSpec:
+    src = str(source) if source else None
+    try:
+        spec = SweepSpec.model_validate(tree)
+    except ValidationError as exc:
+        problems = _spec_problems(exc)
+        # Report the experiment points' errors too when the sections they need are themselves valid.
+        bad_sections = {f.split(".")[0].split(":")[0] for f, _, _ in problems}
+        point_keys = ("base", "set", "parameters", "seeds")
+        if not bad_sections & set(point_keys):
+            partial = {k: tree[k] for k in point_keys if k in tree}
+            try:
+                problems += _point_problems(SweepSpec.model_validate({"name": "check", **partial}), source)
+            except ValidationError:
+                pass
+        raise ConfigError(_dedupe(problems), src) from None
+    problems = _point_problems(spec, source)
+    if problems:
+        raise ConfigError(_dedupe(problems), src)
+    return _load(spec, source)
+
+
+def _base_tree(spec: SweepSpec, source: Path | None) -> tuple[dict, list]:
+    problems: list[tuple[str, object, str]] = []
+    base_tree: dict = {}
+    if isinstance(spec.base, str):
+        base_path = Path(spec.base)
+        if not base_path.is_absolute() and source is not None:
+            base_path = (source.parent / base_path).resolve()
+        try:
+            base_tree = read_yaml(base_path)
+        except ConfigError as err:
+            problems += [("base", spec.base, allowed) for _, _, allowed in err.problems]
+    else:
+        base_tree = copy.deepcopy(spec.base)
+    try:
+        apply_overrides_dict(base_tree, spec.set)
+    except ConfigError as err:
+        problems += [(f"set.{f}", v, a) for f, v, a in err.problems]
+    return base_tree, problems
+
+
+def _load(spec: SweepSpec, source: Path | None) -> LoadedSpec:
+    return LoadedSpec(spec, _base_tree(spec, source)[0], source)
+
+
+def _point_problems(spec: SweepSpec, source: Path | None) -> list[tuple[str, object, str]]:
+    base_tree, problems = _base_tree(spec, source)
+    if problems:
+        return problems
+    return _check_search(spec) + _check_points(LoadedSpec(spec, base_tree, source))
+
+
+def _check_search(spec: SweepSpec) -> list[tuple[str, object, str]]:
+    out = []
+    kinds = {path: p.kind for path, p in spec.parameters.items()}
+    algo = spec.search.algorithm
+    if algo == "grid":
+        for path, kind in kinds.items():
+            if kind != "grid":
+                out.append((f"parameters.{path}", kind, "search.algorithm grid allows only grid parameters; "
+                            "use random or optuna for choice/uniform/loguniform/int"))
+    if algo == "optuna":
+        for path, kind in kinds.items():
+            if kind == "grid":
+                out.append((f"parameters.{path}", kind, "search.algorithm optuna cannot search a grid; use choice"))
+        if len(spec.seeds) != 1:
+            out.append(("seeds", spec.seeds, "search.algorithm optuna evaluates each point once: give one seed "
+                        "(use grid or random to repeat points over seeds)"))
+        if not spec.parameters:
+            out.append(("parameters", {}, "search.algorithm optuna needs at least one parameter"))
+    return out
+
+
+def _check_points(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
+    spec = loaded.spec
+    seed = spec.seeds[0]
+    out: list[tuple[str, object, str]] = []
+
+    def check(values: dict[str, Any], label: str) -> None:
+        try:
+            tree = loaded.point_tree(values, seed)
+            parse_config(tree)
+        except ConfigError as err:
+            out.extend((f"{label}: {f}", v, a) for f, v, a in err.problems)
+
+    check({}, "base")
+    if out:
+        return out
+    grid = {k: p for k, p in spec.parameters.items() if p.kind == "grid"}
+    others = {k: p for k, p in spec.parameters.items() if p.kind != "grid"}
+    grid_points = math.prod(len(p.grid) for p in grid.values()) if grid else 1
+    if grid and grid_points <= MAX_CHECKED_POINTS:
+        keys = list(grid)
+        for combo in itertools.product(*(range(len(grid[k].grid)) for k in keys)):
+            values = {k: grid[k].grid[i] for k, i in zip(keys, combo)}
+            check(values, "parameters " + ", ".join(f"{k}[{i}]" for k, i in zip(keys, combo)))
+    else:
+        for k, p in grid.items():
+            for i, v in enumerate(p.grid):
+                check({k: v}, f"parameters.{k}.grid[{i}]")
+    for k, p in others.items():
+        for i, v in enumerate(p.probe_values()):
+            where = f"parameters.{k}.{p.kind}[{i}]"
+            check({k: v}, where)
+    for s in spec.seeds[1:]:
+        try:
+            parse_config(loaded.point_tree({}, s))
+        except ConfigError as err:
+            out.extend((f"seeds: {f}", v, a) for f, v, a in err.problems)
+    return out
+
+
+def _dedupe(problems: list[tuple[str, object, str]]) -> list[tuple[str, object, str]]:
+    seen, out = set(), []
+    for p in problems:
+        key = (p[0], repr(p[1]), p[2])
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def resolve_trial_config(trial_config: dict) -> ExperimentConfig:
+    """The ExperimentConfig of one Tune trial (its sampled dict, see orchestrator.sweep.param_space)."""
+    tree = copy.deepcopy(trial_config["base"])
+    apply_overrides_dict(tree, dict(trial_config.get("params", {})))
+    tree["seed"] = int(trial_config["seed"])
+    tree.setdefault("name", trial_config.get("sweep", "trial"))
+    return parse_config(tree)

@@ -1,0 +1,255 @@
+"""Faults against real Ray and a real MLflow store: failing trials, killed trials, a killed driver, an
+unreachable tracking store and a full or unwritable storage folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import store
+from orchestrator.sweep import SweepOptions, run_sweep
+from search_spaces.spec import parse_spec
+from tests.orchestrator.procs import kill_session, start_cli, wait_for
+
+SLOW = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 6},
+        "debug": {"sleep_per_iteration": 0.04}}
+FOUR = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static", "fw": 4, "bw": 8},
+        {"kind": "static", "fw": 2, "bw": 4}]
+
+
+def histories(uri: str, name: str) -> dict[str, dict]:
+    c = store.client(uri)
+    parent = store.sweep_parent(c, name)
+    out = {}
+    for run in store.child_runs(c, parent):
+        hist = c.get_metric_history(run.info.run_id, "accuracy")
+        out[run.data.tags[store.TRIAL_TAG]] = {"status": run.info.status, "steps": [m.step for m in hist],
+                                                 "last_ts": max((m.timestamp for m in hist), default=0),
+                                                 "tags": run.data.tags, "parent": parent.info.run_id}
+    return out
+
+
+def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, sqlite_uri, run_cli):
+    spec = {"name": "nan_sweep", "base": {**SLOW, "optim": {"epochs": 2}, "debug": {}},
+            "parameters": {"debug": {"grid": [{}, {"nan_loss_at_iteration": 3}]}},
+            "budget": {"max_concurrent_trials": 2, "max_failures": 0}, "resources": {"cpu": 1}}
+    out = run_sweep(parse_spec(spec), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "r"), progress=False))
+    assert out["trials"] == 2 and out["errored"] == 1
+    assert "training loss is nan" in out["errors"][0]["error"] and "iteration 3" in out["errors"][0]["error"]
+    runs = histories(sqlite_uri, "nan_sweep")
+    assert sorted(r["status"] for r in runs.values()) == ["FAILED", "FINISHED"]
+    # the CLI says so in its exit code
+    (tmp_path / "nan.yaml").write_text(yaml.safe_dump(spec))
+    r = run_cli("sweep", str(tmp_path / "nan.yaml"), "--quiet", "--storage", str(tmp_path / "r2"), "--tracking-uri",
+                f"sqlite:///{tmp_path}/cli.db", "--json", env={"RAY_ADDRESS": ""})
+    assert r.returncode == 1 and json.loads(r.stdout.strip().splitlines()[-1])["errored"] == 1
+
+
+def _trial_workers() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "ray::ImplicitFunc.train"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, tmp_path, sqlite_uri):
+    spec = {"name": "kill_trial", "base": SLOW, "parameters": {"schedule": {"grid": FOUR[:2]}},
+            "budget": {"max_concurrent_trials": 2, "max_failures": 2}, "resources": {"cpu": 1}}
+    killed: list[int] = []
+
+    def killer():
+        def logged_two_epochs():
+            try:
+                return any(len(h["steps"]) >= 2 for h in histories(sqlite_uri, "kill_trial").values())
+            except Exception:
+                return False
+
+        wait_for(logged_two_epochs, timeout=120, what="two logged epochs")
+        pids = _trial_workers()
+        os.kill(pids[0], signal.SIGKILL)
+        killed.append(pids[0])
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    out = run_sweep(parse_spec(spec), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "r"), progress=False))
+    t.join(timeout=5)
+    assert killed, "the trial process was never killed"
+    assert out["errored"] == 0 and out["trials"] == 2
+    runs = histories(sqlite_uri, "kill_trial")
+    assert all(r["status"] == "FINISHED" for r in runs.values())
+    for r in runs.values():
+        assert r["steps"] == [1, 2, 3, 4, 5, 6]  # no gap, no repeated epoch
+    assert any("fractune.retried" in r["tags"] for r in runs.values())
+
+
+def test_a_killed_driver_resumes_every_trial_exactly_once(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "kill_driver", "base": SLOW, "parameters": {"schedule": {"grid": FOUR}},
+                                    "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    store.preflight(uri)  # create the tables first: this test polls the store while the sweep writes it
+    args = ("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--quiet")
+    env = {"RAY_ADDRESS": ""}
+    proc = start_cli(*args, cwd=tmp_path, env=env)
+    try:
+        def some_finished_and_some_running():
+            try:
+                h = histories(uri, "kill_driver")
+            except Exception:  # nothing logged yet
+                return None
+            done = [k for k, v in h.items() if v["status"] == "FINISHED"]
+            running = [k for k, v in h.items() if v["status"] == "RUNNING" and len(v["steps"]) >= 1]
+            return (done, h) if done and running else None
+
+        done, before = wait_for(some_finished_and_some_running, timeout=240, what="a finished and a running trial")
+    finally:
+        killed_at = time.time() * 1000
+        kill_session(proc.pid)
+        proc.wait(timeout=30)
+    resumed = start_cli(*args, "--resume", "--json", cwd=tmp_path, env=env)
+    try:
+        assert resumed.wait(timeout=400) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
+    finally:
+        kill_session(resumed.pid)
+    after = histories(uri, "kill_driver")
+    assert len(after) == 4  # exactly one child run per trial
+    assert len({r["parent"] for r in after.values()}) == 1
+    assert all(r["status"] == "FINISHED" and r["steps"] == [1, 2, 3, 4, 5, 6] for r in after.values())
+    for trial in done:  # finished before the kill: not run again
+        assert after[trial]["last_ts"] == before[trial]["last_ts"] < killed_at
+    out = json.loads((tmp_path / "stdout.log").read_text().strip().splitlines()[-1])
+    assert out["trials"] == 4 and out["errored"] == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mlflow_server(port: int, db: Path, cwd: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    import urllib.request
+
+    def healthy():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:  # noqa: S310
+                return r.status == 200
+        except OSError:
+            return False
+
+    wait_for(healthy, timeout=90, what="mlflow server")
+    return proc
+
+
+def test_tracking_store_unreachable_at_start_fails_before_any_trial(run_cli, tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "no_store", "base": SLOW}))
+    t = time.monotonic()
+    r = run_cli("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri",
+                f"http://127.0.0.1:{_free_port()}")
+    assert r.returncode == 2 and time.monotonic() - t < 30
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--tracking-uri" in lines[0] and "unreachable" in lines[0]
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_tracking_store_down_mid_sweep_is_backfilled(ray_local, tmp_path):
+    port, db = _free_port(), tmp_path / "server.db"
+    server = _mlflow_server(port, db, tmp_path)
+    uri = f"http://127.0.0.1:{port}"
+    spec = {"name": "store_down", "base": {**SLOW, "optim": {"epochs": 8}},
+            "parameters": {"schedule": {"grid": FOUR[:2]}}, "budget": {"max_concurrent_trials": 2},
+            "resources": {"cpu": 1}}
+    state = {"server": server}
+
+    def outage():
+        wait_for(lambda: _any_metric(db), timeout=120, what="a first metric in the server's store")
+        kill_session(state["server"].pid)
+        time.sleep(6)  # trials keep training and reporting while the store is down
+        state["server"] = _mlflow_server(port, db, tmp_path)
+
+    t = threading.Thread(target=outage, daemon=True)
+    t.start()
+    try:
+        out = run_sweep(parse_spec(spec), SweepOptions(tracking_uri=uri, storage=str(tmp_path / "r"), progress=False))
+        t.join(timeout=120)
+        assert out["errored"] == 0
+        report = out["tracking"]
+        print("tracking report:", json.dumps(report))  # figures for docs/reliability.md (pytest -s)
+        assert report["failed_calls"] >= 1 and report["backfilled"] >= 1 and report.get("pending", 0) == 0
+        assert report["gap"]["last"] >= report["gap"]["first"]
+        runs = histories(uri, "store_down")
+        assert len(runs) == 2 and all(r["steps"] == list(range(1, 9)) for r in runs.values())
+        assert all(r["status"] == "FINISHED" for r in runs.values())
+    finally:
+        kill_session(state["server"].pid)
+
+
+def _any_metric(db: Path) -> bool:
+    import sqlite3
+
+    if not db.exists():
+        return False
+    try:
+        with sqlite3.connect(db) as con:
+            return con.execute("select count(*) from metrics where key = 'accuracy'").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
+@pytest.fixture
+def tiny_mount(tmp_path):
+    mounts = []
+
+    def mount(size: str, readonly: bool = False) -> Path:
+        path = tmp_path / f"mnt{len(mounts)}"
+        path.mkdir()
+        opts = f"size={size}" + (",ro" if readonly else "")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], check=True)
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_full_or_unwritable_storage_is_a_clear_error(run_cli, tmp_path, tiny_mount):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "disk", "base": {**SLOW, "optim": {"epochs": 1}, "debug": {}}}))
+    full = tiny_mount("16k")
+    subprocess.run(["dd", "if=/dev/zero", f"of={full / 'filler'}", "bs=1k", "count=64"], capture_output=True)
+    cases = {full: "No space left on device", tiny_mount("1m", readonly=True): "Read-only file system",
+             tmp_path / "s.yaml" / "sub": "Not a directory"}
+    for storage, reason in cases.items():
+        t = time.monotonic()
+        r = run_cli("sweep", str(spec), "--storage", str(storage), "--tracking-uri", f"sqlite:///{tmp_path}/m.db")
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--storage" in lines[0] and reason in lines[0], lines
+        assert time.monotonic() - t < 60
+
+
+def test_storage_filling_up_mid_sweep_fails_trials_not_the_machine(run_cli, tmp_path, tiny_mount):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "fills", "base": {**SLOW, "debug": {}},
+                                    "parameters": {"schedule": {"grid": FOUR[:2]}},
+                                    "budget": {"max_concurrent_trials": 2, "max_failures": 0},
+                                    "resources": {"cpu": 1}}))
+    small = tiny_mount("300k")
+    r = run_cli("sweep", str(spec), "--storage", str(small), "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
+                "--quiet", "--json", timeout=300, env={"RAY_ADDRESS": ""})
+    assert r.returncode == 1, r.stderr[-2000:]
+    errors = [x for x in r.stderr.splitlines() if x.startswith("fractune sweep: error:")]
+    assert len(errors) == 1 and "--storage" in errors[0] and "No space left on device" in errors[0], errors

@@ -1,0 +1,130 @@
+"""Sweeps on a real local Ray into a real sqlite MLflow store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.errors import ConfigError
+from orchestrator import store
+from orchestrator.sweep import SweepOptions, run_sweep
+from search_spaces.spec import parse_spec
+
+DIGITS = {
+    "name": "digits_sweep",
+    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 2}},
+    "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8},
+                                         {"kind": "static", "fw": 4, "bw": 8}, {"kind": "static", "fw": 2, "bw": 4}]}},
+    "budget": {"max_concurrent_trials": 2},
+    "resources": {"cpu": 1},
+}
+
+
+def test_four_trial_sweep_tracks_every_trial(ray_local, tmp_path, sqlite_uri):
+    out = run_sweep(parse_spec(DIGITS), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"),
+                                                      progress=False))
+    assert out["trials"] == 4 and out["errored"] == 0
+    c = store.client(sqlite_uri)
+    parent = store.sweep_parent(c, "digits_sweep")
+    assert parent.info.run_id == out["parent_run_id"] and parent.info.status == "FINISHED"
+    assert parent.data.tags["fractune.git_sha"] and "fractune.version.torch" in parent.data.tags
+    children = store.child_runs(c, parent)
+    assert len(children) == 4
+    assert {r.info.status for r in children} == {"FINISHED"}
+    kinds = sorted(r.data.params["schedule.kind"] for r in children)
+    assert kinds == ["fp32", "static", "static", "static"]
+    for run in children:
+        assert run.data.tags[store.TRIAL_TAG]
+        assert run.data.params["model.name"] == "tiny" and run.data.params["data.dataset"] == "digits"
+        for key in ("accuracy", "val_accuracy", "loss", "step_bitops", "cum_gbitops", "cp", "fw_bits", "bw_bits"):
+            history = c.get_metric_history(run.info.run_id, key)
+            assert [m.step for m in history] == [1, 2], key
+        cum = [m.value for m in c.get_metric_history(run.info.run_id, "cum_gbitops")]
+        assert cum[1] > cum[0] > 0
+        artifacts = [a.path for a in c.list_artifacts(run.info.run_id)]
+        assert "config.yaml" in artifacts
+    # the Pareto front: tagged in MLflow, reported in the outcome, and non-dominated
+    front_ids = {p["run_id"] for p in out["pareto"]}
+    assert front_ids == {r.info.run_id for r in children if r.data.tags.get("pareto") == "true"}
+    assert 1 <= len(front_ids) <= 4
+    points = [(r.data.metrics["accuracy"], r.data.metrics["train_bitops"]) for r in children]
+    for p in out["pareto"]:
+        assert not any(a >= p["accuracy"] and b <= p["train_bitops"] and (a, b) != (p["accuracy"], p["train_bitops"])
+                       for a, b in points)
+    fp32 = next(r for r in children if r.data.params["schedule.kind"] == "fp32")
+    assert fp32.data.metrics["cp"] == 100.0
+    assert "pareto.json" in [a.path for a in c.list_artifacts(parent.info.run_id)]
+
+    # `fractune pareto` recomputes the same front from MLflow alone
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "pareto", "digits_sweep", "--tracking-uri", sqlite_uri,
+                        "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    again = json.loads(r.stdout.strip().splitlines()[-1])
+    assert {p["run_id"] for p in again["pareto"]} == front_ids and again["trials"] == 4
+
+
+def test_optuna_multi_objective_sweep(ray_local, tmp_path, sqlite_uri):
+    spec = {**DIGITS, "name": "digits_optuna",
+            "base": {**DIGITS["base"], "optim": {"epochs": 1}, "schedule": {"kind": "static", "fw": 8, "bw": 8}},
+            "parameters": {"schedule.fw": {"int": [2, 8]}, "schedule.bw": {"choice": [4, 8]}},
+            "search": {"algorithm": "optuna", "sampler": "nsga2", "num_samples": 3, "seed": 1}}
+    out = run_sweep(parse_spec(spec), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"), progress=False))
+    assert out["trials"] == 3 and out["errored"] == 0
+    import optuna
+
+    journal = tmp_path / "runs" / "optuna" / f"{out['sweep_id']}.journal"
+    study = optuna.load_study(study_name=out["sweep_id"], storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal))))
+    assert len(study.trials) == 3 and study.directions[0].name == "MAXIMIZE"
+    for p in out["pareto"]:
+        assert 2 <= p["params"]["schedule.fw"] <= 8 and p["params"]["schedule.bw"] in (4, 8)
+
+
+def test_resources_larger_than_the_cluster_are_refused(ray_local, tmp_path, sqlite_uri):
+    spec = {**DIGITS, "name": "too_big", "resources": {"cpu": 64, "gpu": 1}}
+    with pytest.raises(ConfigError) as info:
+        run_sweep(parse_spec(spec), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"), progress=False))
+    lines = info.value.lines()
+    assert any(x.startswith("resources.cpu: got 64.0; allowed: <= 2") for x in lines)
+    assert any(x.startswith("resources.gpu: got 1.0; allowed: <= 0") for x in lines)
+    assert store.sweep_parent(store.client(sqlite_uri), "too_big") is None  # nothing started
+
+
+def test_resume_without_a_sweep_is_a_clear_error(tmp_path, sqlite_uri):
+    with pytest.raises(ConfigError, match="no sweep named 'digits_sweep' to resume"):
+        run_sweep(parse_spec(DIGITS), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path), resume=True))
+
+
+def test_a_failing_trial_does_not_kill_the_sweep(ray_local, tmp_path, sqlite_uri):
+    # the second trial points at a folder without Fashion-MNIST: it raises inside the trial
+    spec = {**DIGITS, "name": "one_fails", "base": {**DIGITS["base"], "optim": {"epochs": 1}},
+            "parameters": {"data": {"grid": [{"dataset": "digits", "batch_size": 64},
+                                             {"dataset": "fashion-mnist", "data_dir": str(tmp_path / "empty")}]}},
+            "budget": {"max_failures": 0}}
+    out = run_sweep(parse_spec(spec), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"), progress=False))
+    assert out["trials"] == 2 and out["errored"] == 1
+    (err,) = out["errors"]
+    assert "data.data_dir" in err["error"] and "dataset-fashion-mnist" in err["error"]
+    c = store.client(sqlite_uri)
+    runs = {r.info.status: r for r in store.child_runs(c, store.sweep_parent(c, "one_fails"))}
+    assert set(runs) == {"FINISHED", "FAILED"}
+    assert "data.data_dir" in runs["FAILED"].data.tags["fractune.error"]
+    assert [p["run_id"] for p in out["pareto"]] == [runs["FINISHED"].info.run_id]
+
+
+def test_cli_reports_spec_and_cluster_errors_together(run_cli, tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: bad\nbase: {model: {name: tiny}, data: {dataset: digits}, schedule: {kind: static}}\n"
+                    "parameters: {schedule.fw: {grid: [4, 99]}}\nresources: {cpu: 512}\n")
+    r = run_cli("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri",
+                f"sqlite:///{tmp_path}/m.db", env={"RAY_ADDRESS": ""})
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if "error:" in x]
+    assert any("schedule.fw: got 99" in x for x in lines) and any("resources.cpu: got 512" in x for x in lines)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("bad-*"))

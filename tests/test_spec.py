@@ -1,0 +1,97 @@
+"""Sweep specs: every error at once, before any trial; presets all valid."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import ConfigError
+from search_spaces import PRESETS_DIR, load_spec, parse_spec
+from tests.conftest import write_yaml
+
+OK = {"name": "s", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits"}},
+      "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}]}}}
+
+
+def test_presets_are_valid():
+    names = []
+    from engine.config import read_yaml
+    from search_spaces.ablation import load_ablation
+
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        loaded = load_ablation(path) if "ablation" in read_yaml(path) else load_spec(path)
+        assert loaded.num_trials() >= 1
+        names.append(loaded.name)
+    assert {"demo", "baselines", "pfq_sensitivity", "cifar10_resnet38_pfq_sensitivity"} <= set(names)
+    assert load_spec(PRESETS_DIR / "demo.yaml").num_trials() >= 6
+
+
+def test_counts_trials():
+    loaded = parse_spec({**OK, "seeds": [0, 1, 2]})
+    assert loaded.num_trials() == 6 and loaded.grid_size() == 2
+
+
+def test_several_errors_are_reported_at_once():
+    bad = {
+        "name": "bad name/../x",
+        "base": {"model": {"name": "tiny"}},
+        "parameters": {"optim.lr": {"uniform": [0.5, 0.1]}, "schedule.fw": {"grid": [4], "choice": [8]}},
+        "search": {"algorithm": "bayes"},
+        "resources": {"cpu": -1},
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_spec(bad)
+    text = "\n".join(info.value.lines())
+    assert "name: got 'bad name/../x'" in text
+    assert "parameters.optim.lr: " in text and "low < high" in text
+    assert "parameters.schedule.fw: " in text and "exactly one of" in text
+    assert "search.algorithm: got 'bayes'; allowed: 'grid', 'random' or 'optuna'" in text
+    assert "resources.cpu: got -1" in text
+    assert len(info.value.lines()) == 5  # parameters are malformed, so no point is checked
+
+
+def test_every_grid_point_and_range_end_is_checked():
+    bad = {**OK, "parameters": {"schedule": {"grid": [{"kind": "static", "fw": 40, "bw": 8}, {"kind": "fp33"}]},
+                                "optim.lr": {"grid": [0.1, -3.0]}, "data.batch_size": {"grid": [0]}}}
+    with pytest.raises(ConfigError) as info:
+        parse_spec(bad)
+    text = "\n".join(info.value.lines())
+    assert "schedule[0]" in text and "schedule.fw: got 40; allowed: an integer 1..32" in text
+    assert "schedule[1]" in text and "schedule.kind: got 'fp33'" in text
+    assert "optim.lr: got -3.0" in text and "data.batch_size: got 0" in text
+    rnd = {**OK, "parameters": {"schedule.fw": {"int": [1, 40]}}, "base": {**OK["base"], "schedule": {"kind": "static"}},
+           "search": {"algorithm": "random", "num_samples": 4}}
+    with pytest.raises(ConfigError, match=r"parameters.schedule.fw.int\[1\]: schedule.fw: got 40"):
+        parse_spec(rnd)
+
+
+def test_search_algorithm_rules():
+    with pytest.raises(ConfigError, match="optuna cannot search a grid"):
+        parse_spec({**OK, "search": {"algorithm": "optuna"}})
+    with pytest.raises(ConfigError, match="only grid parameters"):
+        parse_spec({**OK, "parameters": {"optim.lr": {"uniform": [0.01, 0.1]}}})
+    with pytest.raises(ConfigError, match="give one seed"):
+        parse_spec({**OK, "seeds": [0, 1], "parameters": {"optim.lr": {"loguniform": [0.01, 0.1]}},
+                    "search": {"algorithm": "optuna"}})
+
+
+def test_base_from_a_file_and_set(tmp_path):
+    write_yaml(tmp_path / "exp.yaml", "model: {name: tiny}\ndata: {dataset: digits}\n")
+    spec = write_yaml(tmp_path / "s.yaml", "name: s\nbase: exp.yaml\nset: {optim.epochs: 2}\n"
+                      "parameters: {schedule.kind: {grid: [fp32]}}\n")
+    loaded = load_spec(spec)
+    assert loaded.base_tree["optim"]["epochs"] == 2 and loaded.base_tree["model"]["name"] == "tiny"
+    missing = write_yaml(tmp_path / "m.yaml", "name: s\nbase: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match="base: got 'nowhere.yaml'"):
+        load_spec(missing)
+
+
+def test_validate_cli_exit_codes(run_cli, tmp_path):
+    good = run_cli("validate", str(PRESETS_DIR / "demo.yaml"), "--json")
+    assert good.returncode == 0 and '"valid": true' in good.stdout
+    bad = write_yaml(tmp_path / "bad.yaml", "name: x\nparameters: {schedule.fw: {grid: [40]}}\n"
+                     "base: {schedule: {kind: static}}\nresources: {gpu: -1}\n")
+    r = run_cli("validate", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2  # the spec's own field and the grid point, reported together
+    assert "resources.gpu: got -1" in lines[0] and "schedule.fw: got 40" in lines[1]

@@ -1,0 +1,40 @@
+"""The Ray Tune function trainable: a thin adapter around ``engine.train_and_evaluate``.
+
+The sampled trial dict becomes an ``ExperimentConfig`` (``search_spaces.resolve_trial_config``); every epoch
+is reported through ``ray.tune.report`` with a checkpoint; a restarted or restored trial resumes from
+``ray.tune.get_checkpoint()``. torch uses as many threads as the trial has CPUs. Only ``ray.tune`` APIs
+are used (``ray.train.*`` is deprecated inside Tune functions and fails in Ray 2.60).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+
+import torch
+from ray import tune
+
+from engine.train import train_and_evaluate
+from search_spaces.spec import resolve_trial_config
+
+
+def trial_threads() -> int:
+    resources = tune.get_context().get_trial_resources().required_resources
+    return max(1, math.floor(resources.get("CPU", 1)))
+
+
+def train_trial(config: dict) -> None:
+    cfg = resolve_trial_config(config)
+    torch.set_num_threads(trial_threads())
+
+    def report(metrics: dict, save) -> None:
+        with tempfile.TemporaryDirectory(prefix="fractune-ckpt-") as d:
+            save(d)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        train_and_evaluate(cfg, report=report)
+        return
+    with checkpoint.as_directory() as d:
+        train_and_evaluate(cfg, report=report, resume_from=d)
