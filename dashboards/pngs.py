@@ -1,0 +1,104 @@
+"""PNG versions of the report's key plots, drawn with matplotlib (Agg).
+
+plotly's own image export needs kaleido and a Chrome binary; matplotlib needs neither, so the PNGs (the
+files the MLflow UI previews inline) never depend on a browser being installed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from dashboards.figures import run_title  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pareto_png(rows: list[dict], front: list[dict], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for kind in sorted({r.get("schedule") or "?" for r in rows}):
+        sub = [r for r in rows if (r.get("schedule") or "?") == kind]
+        ax.scatter([r["train_bitops"] / 1e9 for r in sub], [r["accuracy"] for r in sub], label=kind, alpha=0.75)
+    if front:
+        ax.step([r["train_bitops"] / 1e9 for r in front], [r["accuracy"] for r in front], where="post", color="k",
+                lw=1)
+        ax.scatter([r["train_bitops"] / 1e9 for r in front], [r["accuracy"] for r in front], marker="*", s=160,
+                   color="gold", edgecolors="k", label="Pareto front", zorder=3)
+    costs = [r["train_bitops"] for r in rows if r["train_bitops"] > 0]
+    if costs and max(costs) / min(costs) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("training GBitOPs")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Accuracy vs training BitOPs")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def sensitivity_png(levels: dict, verdicts: dict, path: Path) -> Path:
+    factors = list(levels)
+    fig, axes = plt.subplots(len(factors), 2, figsize=(10, 3.2 * len(factors)), squeeze=False)
+    for i, f in enumerate(factors):
+        labels = list(levels[f])
+        stats = [levels[f][k] for k in labels]
+        for j, (key, scale, unit) in enumerate((("accuracy", 1.0, "accuracy"), ("train_bitops", 1e9, "GBitOPs"))):
+            ax = axes[i][j]
+            ax.errorbar(range(len(labels)), [s[f"{key}_mean"] / scale for s in stats],
+                        yerr=[_zero(s[f"{key}_std"]) / scale for s in stats], marker="o", capsize=4)
+            ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8)
+            word = verdicts[f]["verdict"] if key == "accuracy" else verdicts[f]["train_bitops_verdict"]
+            ax.set_title(f"{f}: {unit} ({word})", fontsize=10)
+            ax.set_ylabel(unit)
+    return _save(fig, path)
+
+
+def _zero(v) -> float:
+    return 0.0 if v is None or not math.isfinite(v) else float(v)
+
+
+def importance_png(importance: dict, path: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 1.5 + 0.45 * max(len(importance.get("accuracy") or {}), 1)))
+    for ax, key, title in ((axes[0], "accuracy", "for accuracy"), (axes[1], "train_bitops", "for training BitOPs")):
+        imp = importance.get(key) or {}
+        names = list(imp)[::-1]
+        ax.barh(names, [imp[n] for n in names])
+        ax.set_xlim(0, 1)
+        ax.set_title(f"importance {title} ({importance.get('evaluator')})", fontsize=10)
+    return _save(fig, path)
+
+
+def precision_png(runs: list[dict], hist: dict[str, dict], path: Path) -> Path:
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.6 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        h = hist.get(run["run_id"], {})
+        for key, style in (("fw_bits", "-o"), ("bw_bits", "--s")):
+            if key in h:
+                ax.plot([s for s, _ in h[key]], [v for _, v in h[key]], style, label=key)
+        ax.set_title(run_title(run), fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("bits")
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def allocation_png(allocs: dict[str, dict], names: dict[str, str], path: Path) -> Path:
+    fig, axes = plt.subplots(len(allocs), 1, figsize=(8, 2.8 * len(allocs)), squeeze=False)
+    for ax, (rid, a) in zip(axes[:, 0], allocs.items()):
+        im = ax.imshow(a["fw"], aspect="auto", cmap="viridis", vmin=0, vmax=max(8.0, max(max(r) for r in a["fw"])))
+        ax.set_xticks(range(len(a["epochs"])), [str(e) for e in a["epochs"]])
+        ax.set_yticks(range(len(a["fw"])), [f"block {b}" for b in range(len(a["fw"]))])
+        ax.set_xlabel("epoch")
+        ax.set_title(f"{names[rid]}: mean forward bits (0 = skipped)", fontsize=9)
+        fig.colorbar(im, ax=ax)
+    return _save(fig, path)
