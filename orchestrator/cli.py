@@ -161,8 +161,48 @@ def _add_prt(sub) -> None:
     p.set_defaults(func="orchestrator.commands_engine:cmd_prt")
 
 
+_ADDRESS_HELP = ("the Ray dashboard (Jobs API) of the cluster, http://HOST:8265 (default: $RAY_API_SERVER_ADDRESS, "
+                 "$RAY_ADDRESS when it is an http URL, else http://127.0.0.1:8265)")
+
+
+def _add_cluster(sub) -> None:
+    p = sub.add_parser("submit", help="submit a sweep to a Ray cluster as a Ray Job",
+                       description="Submit a sweep spec to a running Ray cluster as a Ray Job: the spec (made "
+                       "self-contained) and fractune's code travel in the job's runtime environment, with the "
+                       "tracking URI and storage folder as environment variables; the job runs `fractune sweep` "
+                       "on the head node. Prints the job id; with --follow streams the logs and exits with the "
+                       "job's status (0 succeeded, 1 failed or stopped). See docs/cluster.md.")
+    p.add_argument("spec", help="sweep spec YAML (see search_spaces/)")
+    p.add_argument("--address", help=_ADDRESS_HELP)
+    p.add_argument("--tracking-uri", help="MLflow tracking URI as the cluster sees it, e.g. http://mlflow:5000 "
+                   "(default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--storage", help="Tune storage folder mounted by every node (default: the cluster's "
+                   "$FRACTUNE_STORAGE)")
+    p.add_argument("--installed", action="store_true", help="use the fractune installed on the cluster's image "
+                   "instead of uploading this checkout's code")
+    p.add_argument("--resume", action="store_true", help="resume the latest unfinished sweep of this name in --storage")
+    p.add_argument("--job-id", help="the submission id to use (default: Ray picks raysubmit_...)")
+    p.add_argument("--follow", action="store_true", help="stream the job's logs; exit with its status")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_cluster:cmd_submit")
+
+    p = sub.add_parser("jobs", help="list the Ray Jobs of a cluster",
+                       description="List the jobs of a Ray cluster (id, status, fractune sweep name).")
+    p.add_argument("--address", help=_ADDRESS_HELP)
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_cluster:cmd_jobs")
+
+    p = sub.add_parser("stop", help="stop a Ray Job",
+                       description="Stop a running Ray Job; its sweep can be resumed with `fractune submit "
+                       "--resume` (same spec and --storage).")
+    p.add_argument("job_id", help="the job's submission id (see `fractune jobs`)")
+    p.add_argument("--address", help=_ADDRESS_HELP)
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="orchestrator.commands_cluster:cmd_stop")
+
+
 BUILDERS = [_add_train, _add_cost, _add_schedule, _add_prt, _add_sweep, _add_ablate, _add_pareto, _add_report,
-            _add_ui, _add_validate]
+            _add_ui, _add_validate, _add_cluster]
 
 
 def build_parser() -> argparse.ArgumentParser:

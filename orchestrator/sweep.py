@@ -105,6 +105,44 @@ def check_resources(cpu: float, gpu: float) -> None:
         raise ConfigError(problems)
 
 
+def check_shared_storage(root: Path, timeout_s: float = 60.0) -> None:
+    """On a multi-node cluster, refuse a storage folder that some node cannot see (Tune syncs nothing since
+    Ray 2.7: a node-local path loses that node's checkpoints). A probe file written here is read on every
+    alive node by a zero-CPU task pinned to it."""
+    import uuid
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) < 2:
+        return
+    token = uuid.uuid4().hex
+    probe = root / f".shared-probe-{token}"
+    probe.write_text(token)
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def sees(path: str, expected: str) -> bool:
+        from pathlib import Path
+
+        try:
+            return Path(path).read_text() == expected
+        except OSError:
+            return False
+
+    try:
+        refs = [sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+            str(probe), token) for node in nodes]
+        seen = ray.get(refs, timeout=timeout_s)
+    finally:
+        probe.unlink(missing_ok=True)
+    blind = [node for node, ok in zip(nodes, seen) if not ok]
+    if blind:
+        raise ConfigError.single("--storage", str(root), f"not shared by every node: {len(blind)} of {len(nodes)} "
+                                 f"nodes (e.g. {blind[0][:12]}) cannot see it; give a folder every node mounts "
+                                 "(NFS, the compose volume /shared/fractune_runs)")
+
+
 def domain(param):
     from ray import tune
 
@@ -206,6 +244,7 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
     exp_path = root / sweep_id
     init_ray(opts.address, opts.dashboard)
     check_resources(spec.resources.cpu, spec.resources.gpu)
+    check_shared_storage(root)
     trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
 
     tracker = None
@@ -283,6 +322,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
                      "accuracy": float(m.get("accuracy", float("nan"))),
                      "train_bitops": float(m.get("train_bitops", float("nan"))),
                      "cp": m.get("cum_cp"), "epochs": m.get("epoch"), "complete": complete,
+                     "node_id": m.get("node_id"),
                      "params": {**swept_values(result.config), "seed": cfg.seed}})
     front = pareto_rows([r for r in rows if r["complete"]])
     summary = {"pareto": front, "errors": errors, "trials": rows}

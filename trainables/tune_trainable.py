@@ -2,7 +2,8 @@
 
 The sampled trial dict becomes an ``ExperimentConfig`` (``search_spaces.resolve_trial_config``); every epoch
 is reported through ``ray.tune.report`` with a checkpoint; a restarted or restored trial resumes from
-``ray.tune.get_checkpoint()``. torch uses as many threads as the trial has CPUs. Only ``ray.tune`` APIs
+``ray.tune.get_checkpoint()``. torch uses as many threads as the trial has CPUs
+(and the GPU Ray gave the trial: ``device: auto`` sees only that one). Each result carries the node id. Only ``ray.tune`` APIs
 are used (``ray.train.*`` is deprecated inside Tune functions and fails in Ray 2.60).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 import tempfile
 
+import ray
 import torch
 from ray import tune
 
@@ -26,11 +28,12 @@ def trial_threads() -> int:
 def train_trial(config: dict) -> None:
     cfg = resolve_trial_config(config)
     torch.set_num_threads(trial_threads())
+    node_id = ray.get_runtime_context().get_node_id()  # which cluster node ran it (in MLflow and pareto.json)
 
     def report(metrics: dict, save) -> None:
         with tempfile.TemporaryDirectory(prefix="fractune-ckpt-") as d:
             save(d)
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+            tune.report({**metrics, "node_id": node_id}, checkpoint=tune.Checkpoint.from_directory(d))
 
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:

@@ -1,0 +1,173 @@
+"""Ray Jobs: submit a sweep to a running cluster, list jobs, stop one (the Jobs SDK over the dashboard's HTTP API).
+
+A submitted sweep is ``python -m orchestrator.cli sweep spec.yaml ...`` run as the job's driver on the head node.
+Its runtime environment carries what the cluster needs and nothing more:
+
+- a staged working directory: the spec, made self-contained (its ``base`` file and ``set`` overrides resolved
+  here, so the cluster needs no other file of the user's), plus fractune's own packages unless the cluster's
+  image has fractune installed (``upload=False``);
+- ``env_vars``: the tracking URI (as the cluster sees it) and the storage folder. The Ray token is never put
+  there: Ray's own clients read it from ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH`` / ``~/.ray/auth_token``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import yaml
+
+from engine.errors import ConfigError, FractuneError
+
+PACKAGES = ("engine", "trainables", "search_spaces", "orchestrator", "dashboards")
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+class JobFailed(FractuneError):
+    exit_code = 1
+
+
+def dashboard_address(address: str | None) -> str:
+    """``--address``, else ``RAY_API_SERVER_ADDRESS``, else ``RAY_ADDRESS`` when it is an HTTP URL, else the
+    local dashboard; a bare HOST:PORT gets ``http://``."""
+    raw = address or os.environ.get("RAY_API_SERVER_ADDRESS") or ""
+    if not raw:
+        env = os.environ.get("RAY_ADDRESS", "")
+        raw = env if env.startswith(("http://", "https://")) else DEFAULT_ADDRESS
+    if "://" not in raw:
+        raw = "http://" + raw
+    url = urlparse(raw)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ConfigError.single("--address", address or raw,
+                                 "allowed: the Ray dashboard's URL, http://HOST:PORT (default port 8265)")
+    return raw.rstrip("/")
+
+
+def check_reachable(address: str, timeout: float = 3.0) -> None:
+    """Fail in seconds, with one line, when nothing listens at the dashboard's address."""
+    url = urlparse(address)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConfigError.single("--address", address, f"no Ray dashboard reachable there ({exc.strerror or exc}); "
+                                 "start the cluster (ray start --head / docker compose up) or give its "
+                                 "http://HOST:8265") from None
+
+
+def client(address: str | None):
+    from ray.job_submission import JobSubmissionClient
+
+    url = dashboard_address(address)
+    check_reachable(url)
+    try:
+        return JobSubmissionClient(url)
+    except Exception as exc:  # HTTP errors, version mismatch, token rejected
+        from orchestrator.store import one_line_error
+
+        raise ConfigError.single("--address", url, f"the Ray Jobs API refused the connection: "
+                                 f"{one_line_error(exc)}") from None
+
+
+def self_contained_spec(path: str) -> tuple[dict, object]:
+    """The spec's tree with its base file and ``set`` overrides resolved, validated here first."""
+    from engine.config import read_yaml
+    from search_spaces.spec import load_spec
+
+    loaded = load_spec(path)
+    tree = read_yaml(path)
+    tree["base"] = loaded.base_tree
+    tree.pop("set", None)
+    return tree, loaded
+
+
+def stage(tree: dict, upload: bool) -> Path:
+    """A temporary folder to ship as the job's working_dir: ``spec.yaml`` (+ fractune's packages)."""
+    folder = Path(tempfile.mkdtemp(prefix="fractune-job-"))
+    (folder / "spec.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    if upload:
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+        for pkg in PACKAGES:
+            shutil.copytree(ROOT / pkg, folder / pkg, ignore=ignore)
+    return folder
+
+
+def entrypoint(storage: str | None, resume: bool = False) -> str:
+    parts = ["python", "-m", "orchestrator.cli", "sweep", "spec.yaml", "--json"]
+    if storage:
+        parts += ["--storage", storage]
+    if resume:
+        parts.append("--resume")
+    return " ".join(parts)
+
+
+def submit(spec_path: str, address: str | None, tracking_uri: str | None, storage: str | None,
+           upload: bool = True, resume: bool = False, submission_id: str | None = None) -> dict:
+    tree, loaded = self_contained_spec(spec_path)
+    jc = client(address)
+    env = {"RAY_AIR_NEW_OUTPUT": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    if tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    if storage:
+        env["FRACTUNE_STORAGE"] = storage
+    folder = stage(tree, upload)
+    try:
+        job_id = jc.submit_job(entrypoint=entrypoint(storage, resume), submission_id=submission_id,
+                               runtime_env={"working_dir": str(folder), "env_vars": env},
+                               metadata={"fractune.sweep": loaded.name, "fractune.spec": Path(spec_path).name})
+    except Exception as exc:
+        from orchestrator.store import one_line_error
+
+        raise ConfigError.single("--address", jc.get_address(), f"job submission failed: {one_line_error(exc)}") \
+            from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"job_id": job_id, "sweep": loaded.name, "trials": loaded.num_trials(), "address": jc.get_address(),
+            "dashboard": f"{jc.get_address()}/#/jobs/{job_id}"}
+
+
+def follow(jc, job_id: str, out, poll_s: float = 1.0) -> str:
+    """Stream the job's logs to ``out`` until it ends; its final status."""
+    import asyncio
+
+    async def tail() -> None:
+        async for lines in jc.tail_job_logs(job_id):
+            out.write(lines)
+            out.flush()
+
+    try:
+        asyncio.run(tail())
+    except Exception:  # the log stream closed early (dashboard restart): fall back to polling
+        pass
+    while True:
+        status = str(jc.get_job_status(job_id).value)
+        if status in TERMINAL:
+            return status
+        time.sleep(poll_s)
+
+
+def describe(job) -> dict:
+    meta = job.metadata or {}
+    return {"job_id": job.submission_id or job.job_id, "status": str(job.status.value),
+            "sweep": meta.get("fractune.sweep"), "entrypoint": job.entrypoint,
+            "start_time": job.start_time, "end_time": job.end_time, "message": (job.message or "")[:200]}
+
+
+def last_json_line(logs: str) -> dict | None:
+    import json
+
+    for line in reversed(logs.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
