@@ -161,6 +161,24 @@ def _add_prt(sub) -> None:
     p.set_defaults(func="orchestrator.commands_engine:cmd_prt")
 
 
+def _add_results(sub) -> None:
+    p = sub.add_parser("results", help="write a sweep's results page (markdown + plot) from its MLflow runs",
+                       description="Write a markdown page of a sweep's results from its MLflow runs alone: per "
+                       "method (swept point without the seed) accuracy mean +/- std over seeds, training BitOPs, "
+                       "savings vs the sweep's FP32 and FW8/BW8 rows, cp; the papers' trends checked with the rule "
+                       "stated; a plot of the method means with the Pareto front. The page and plot are logged "
+                       "under results/ on the sweep's parent run. docs/results.md is made this way.")
+    p.add_argument("sweep", help="the sweep's name (its MLflow experiment)")
+    p.add_argument("--sweep-id", help="a particular run of the sweep (default: the latest)")
+    p.add_argument("--tracking-uri", help=_URI_HELP)
+    p.add_argument("--out", default="results.md", help="the markdown file (default: ./results.md); the plot is "
+                   "written beside it as NAME_pareto.png")
+    p.add_argument("--notes", metavar="FILE", help="a markdown file appended verbatim (the analysis)")
+    p.add_argument("--no-log", action="store_true", help="do not log the page on the parent run")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.set_defaults(func="dashboards.results:cmd_results")
+
+
 _ADDRESS_HELP = ("the Ray dashboard (Jobs API) of the cluster, http://HOST:8265 (default: $RAY_API_SERVER_ADDRESS, "
                  "$RAY_ADDRESS when it is an http URL, else http://127.0.0.1:8265)")
 
@@ -202,7 +220,7 @@ def _add_cluster(sub) -> None:
 
 
 BUILDERS = [_add_train, _add_cost, _add_schedule, _add_prt, _add_sweep, _add_ablate, _add_pareto, _add_report,
-            _add_ui, _add_validate, _add_cluster]
+            _add_ui, _add_validate, _add_results, _add_cluster]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ PACKAGES = ("engine", "trainables", "search_spaces", "orchestrator", "dashboards
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+AGENT_WAIT_S = 60.0  # how long a submission waits for a just-started head's job agent
 
 
 class JobFailed(FractuneError):
@@ -64,7 +65,11 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
 
 
 def client(address: str | None):
+    import logging
+
     from ray.job_submission import JobSubmissionClient
+
+    logging.getLogger("ray").setLevel(logging.WARNING)  # no INFO lines on package uploads: stderr stays errors only
 
     url = dashboard_address(address)
     check_reachable(url)
@@ -119,15 +124,23 @@ def submit(spec_path: str, address: str | None, tracking_uri: str | None, storag
     if storage:
         env["FRACTUNE_STORAGE"] = storage
     folder = stage(tree, upload)
+    deadline = time.monotonic() + AGENT_WAIT_S
     try:
-        job_id = jc.submit_job(entrypoint=entrypoint(storage, resume), submission_id=submission_id,
-                               runtime_env={"working_dir": str(folder), "env_vars": env},
-                               metadata={"fractune.sweep": loaded.name, "fractune.spec": Path(spec_path).name})
-    except Exception as exc:
-        from orchestrator.store import one_line_error
+        while True:
+            try:
+                job_id = jc.submit_job(entrypoint=entrypoint(storage, resume), submission_id=submission_id,
+                                       runtime_env={"working_dir": str(folder), "env_vars": env},
+                                       metadata={"fractune.sweep": loaded.name, "fractune.spec": Path(spec_path).name})
+                break
+            except Exception as exc:
+                from orchestrator.store import one_line_error
 
-        raise ConfigError.single("--address", jc.get_address(), f"job submission failed: {one_line_error(exc)}") \
-            from None
+                # a head that has just started has no job agent registered yet: Ray says to try again later
+                if "try again later" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(2.0)
+                    continue
+                raise ConfigError.single("--address", jc.get_address(),
+                                         f"job submission failed: {one_line_error(exc)}") from None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return {"job_id": job_id, "sweep": loaded.name, "trials": loaded.num_trials(), "address": jc.get_address(),

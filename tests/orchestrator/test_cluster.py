@@ -115,6 +115,11 @@ def cluster(tmp_path_factory):
         for proc in procs:
             proc.wait(timeout=30)
         shutil.rmtree(node_tmp, ignore_errors=True)
+        # `ray start --head` records the cluster for address-less `ray.init()` calls; `ray stop` would remove the
+        # record, killing by session does not: a stale one makes every later local `ray.init()` try to attach
+        record = Path("/tmp/ray/ray_current_cluster")
+        if record.is_file() and record.read_text().strip().endswith(f":{gcs_port}"):
+            record.unlink()
 
 
 def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(cluster):

@@ -1,0 +1,268 @@
+"""``fractune results``: a sweep's results as a markdown page, generated from its MLflow runs.
+
+One row per method (the trial's swept point without the seed): accuracy mean and std over seeds, training
+BitOPs, savings against the FP32 and FW8/BW8 rows of the same sweep, and the computation percentage; the
+papers' trends checked one by one with the rule stated; a plot of every method's mean (error bars: std over
+seeds) with the Pareto front of the means. The page and its plot are logged under ``results/`` on the sweep's
+parent run. A notes file (the analysis a person writes: why a trend holds or not) is appended verbatim, so
+the numbers are never typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+from dashboards.data import SweepData, load_sweep
+
+TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
+
+
+def method_label(point: dict) -> str:
+    s = point.get("schedule")
+    if not isinstance(s, dict):
+        return ", ".join(f"{k}={v}" for k, v in sorted(point.items())) or "base"
+    kind = s.get("kind", "?")
+    w = f" W{s['weight_bits']}" if s.get("weight_bits") not in (None,) and kind in ("static", "pfq", "cpt") else ""
+    if kind == "fp32":
+        return "FP32"
+    if kind == "static":
+        return f"FW{s.get('fw', 8)}/BW{s.get('bw', 8)}{w}"
+    if kind == "pfq":
+        fw, bw = s.get("fw", [3, 4, 6, 8]), s.get("bw", [6, 6, 8, 8])
+        return f"PFQ {s.get('mode', 'auto')} FW{'-'.join(map(str, fw))}/BW{'-'.join(map(str, bw))}{w}"
+    if kind == "cpt":
+        bw = s.get("bw_min", 8), s.get("bw_max", 8)
+        bws = f"{bw[0]}" if bw[0] == bw[1] else f"{bw[0]}->{bw[1]}"
+        return f"CPT FW{s.get('fw_min', 3)}->{s.get('fw_max', 8)}/BW{bws}{w}"
+    if kind == "dfq":
+        return f"DFQ cp {s.get('target_cp', 3.0):g}% {s.get('execution', 'masked')}"
+    if kind == "fractrain":
+        start = s.get("cp0") if s.get("cp0") is not None else f"total {s.get('cp_total')}"
+        return f"FracTrain cp {start}+{s.get('cp_step', 0.5):g} {s.get('execution', 'masked')}"
+    return kind
+
+
+def _std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Finished trials grouped by method; savings against the sweep's own FP32 and FW8/BW8 groups."""
+    groups: dict[str, dict] = {}
+    for r in rows:
+        key = json.dumps(r["point"], sort_keys=True, default=str)
+        g = groups.setdefault(key, {"method": method_label(r["point"]), "point": r["point"], "runs": []})
+        g["runs"].append(r)
+    out = []
+    for g in groups.values():
+        acc = [r["accuracy"] for r in g["runs"]]
+        ops = [r["train_bitops"] for r in g["runs"]]
+        cps = [r["cp"] for r in g["runs"] if math.isfinite(r.get("cp", math.nan))]
+        out.append({"method": g["method"], "kind": (g["point"].get("schedule") or {}).get("kind"),
+                    "point": g["point"], "n": len(acc), "seeds": sorted(r["seed"] for r in g["runs"]),
+                    "accuracy_mean": statistics.fmean(acc), "accuracy_std": _std(acc),
+                    "train_bitops_mean": statistics.fmean(ops), "train_bitops_std": _std(ops),
+                    "cp_mean": statistics.fmean(cps) if cps else math.nan})
+    fp32 = next((g for g in out if g["kind"] == "fp32"), None)
+    sbm = next((g for g in out if g["method"] == "FW8/BW8"), None)
+    for g in out:
+        for ref, name in ((fp32, "fp32"), (sbm, "fw8bw8")):
+            g[f"savings_vs_{name}"] = (1 - g["train_bitops_mean"] / ref["train_bitops_mean"]) if ref else math.nan
+            g[f"accuracy_delta_vs_{name}_pp"] = (100 * (g["accuracy_mean"] - ref["accuracy_mean"])) if ref else math.nan
+    out.sort(key=lambda g: -g["train_bitops_mean"])
+    return out
+
+
+def front_of(groups: list[dict]) -> list[dict]:
+    from orchestrator.pareto import pareto_rows
+
+    rows = [{"accuracy": g["accuracy_mean"], "train_bitops": g["train_bitops_mean"], "method": g["method"]}
+            for g in groups]
+    return pareto_rows(rows)
+
+
+def comparable(g: dict, ref: dict) -> bool:
+    """Accuracy no worse than the reference beyond TOLERANCE_PP points or two seed stds (the larger)."""
+    margin = max(TOLERANCE_PP / 100, 2 * max(g["accuracy_std"], ref["accuracy_std"]))
+    return g["accuracy_mean"] >= ref["accuracy_mean"] - margin
+
+
+def trends(groups: list[dict]) -> list[dict]:
+    """The papers' claims, each checked against this sweep's numbers (only those whose methods it ran)."""
+    by_kind: dict[str, list[dict]] = {}
+    for g in groups:
+        by_kind.setdefault(g["kind"] or "?", []).append(g)
+    fp32 = next(iter(by_kind.get("fp32", [])), None)
+    sbm = next((g for g in groups if g["method"] == "FW8/BW8"), None)
+    out = []
+
+    def check(claim: str, source: str, g: dict, ref: dict, min_savings: float = 0.0) -> None:
+        saved = 1 - g["train_bitops_mean"] / ref["train_bitops_mean"]
+        delta = 100 * (g["accuracy_mean"] - ref["accuracy_mean"])
+        ok_acc, ok_cost = comparable(g, ref), saved > min_savings
+        out.append({"claim": claim, "source": source, "method": g["method"], "reference": ref["method"],
+                    "accuracy_delta_pp": delta, "savings": saved, "holds": ok_acc and ok_cost,
+                    "why_not": None if ok_acc and ok_cost else
+                    ("accuracy below the reference" if not ok_acc else "") +
+                    (" and " if not ok_acc and not ok_cost else "") +
+                    ("no BitOPs saving" if not ok_cost else "")})
+
+    if fp32 and sbm:
+        check("8-bit training (FW8/BW8, SBM) matches FP32 accuracy", "FracTrain sec. 4 (SBM baseline)", sbm, fp32,
+              0.5)
+    if sbm:
+        for g in groups:
+            if g["kind"] == "static" and g is not sbm and g["train_bitops_mean"] < sbm["train_bitops_mean"]:
+                check("lower static precision costs less, at some accuracy", "-", g, sbm)
+        for g in by_kind.get("pfq", []):
+            check("PFQ saves BitOPs over FW8/BW8 at comparable accuracy", "FracTrain Table 1 / Fig. 3", g, sbm)
+        for g in by_kind.get("cpt", []):
+            check("CPT saves BitOPs over static 8-bit at comparable or better accuracy", "CPT Tables 1-2", g, sbm)
+        for g in by_kind.get("dfq", []):
+            check("DFQ saves most of FW8/BW8's BitOPs at comparable accuracy", "FracTrain Table 2", g, sbm)
+        for g in by_kind.get("fractrain", []):
+            check("FracTrain saves BitOPs over FW8/BW8 at comparable accuracy", "FracTrain Table 3", g, sbm)
+    for f in by_kind.get("fractrain", []):  # FracTrain vs DFQ run at FracTrain's final cp, same execution
+        final = (f["point"]["schedule"].get("cp0") or 0) + (f["point"]["schedule"].get("cp_step", 0.5)
+                                                          * f["point"]["schedule"].get("num_turning_points", 3))
+        ex = f["point"]["schedule"].get("execution", "masked")
+        for d in by_kind.get("dfq", []):
+            s = d["point"]["schedule"]
+            if s.get("execution", "masked") == ex and abs(s.get("target_cp", 3.0) - final) < 1e-9:
+                check("FracTrain costs less than DFQ at its final cp, at comparable accuracy",
+                      "FracTrain sec. 3.3 / Table 3", f, d)
+    return out
+
+
+def _fmt(v, spec: str = ".4f") -> str:
+    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+
+def _pct(v) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:+.1f}%"
+
+
+def results_png(groups: list[dict], front: list[dict], path: Path) -> Path:
+    from dashboards.pngs import _save, plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for g in groups:
+        ax.errorbar(g["train_bitops_mean"] / 1e12, 100 * g["accuracy_mean"], yerr=100 * g["accuracy_std"],
+                    xerr=g["train_bitops_std"] / 1e12, fmt="o", capsize=3, label=g["method"])
+    if front:
+        ax.step([r["train_bitops"] / 1e12 for r in front], [100 * r["accuracy"] for r in front], where="post",
+                color="k", lw=1, label="Pareto front (means)")
+    costs = [g["train_bitops_mean"] for g in groups if g["train_bitops_mean"] > 0]
+    if costs and max(costs) / min(costs) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("training TBitOPs (mean over seeds)")
+    ax.set_ylabel("test accuracy, % (mean +/- std over seeds)")
+    ax.set_title("Accuracy vs training BitOPs per method")
+    ax.legend(fontsize=7, loc="lower right")
+    return _save(fig, path)
+
+
+def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: list[dict], plot: str,
+             command: str, notes: str | None, setup: dict) -> str:
+    on_front = {r["method"] for r in front}
+    lines = [f"# Results: {data.name}", "",
+             f"Generated by `{command}` on {time.strftime('%Y-%m-%d')} from the MLflow runs of sweep "
+             f"`{data.sweep_id}` (experiment {data.experiment_id}, parent run `{data.parent_run_id}`): "
+             f"{len(data.rows)} trials, {len(data.finished())} finished. Do not edit by hand: rerun the command.",
+             ""]
+    if setup:
+        lines += ["## Setting", ""] + [f"- {k}: {v}" for k, v in setup.items()] + [""]
+    lines += ["## Accuracy and training BitOPs", "",
+              "Mean +/- std over seeds of the final test accuracy; training BitOPs of the whole run (forward, "
+              "error and weight-gradient passes, exact counts); savings against this sweep's FP32 and FW8/BW8 "
+              "rows (positive: cheaper); cp: the run's cost as a percentage of FP32. * marks the Pareto front of "
+              "the method means.", "",
+              "| method | seeds | accuracy % | TBitOPs | vs FP32 | vs FW8/BW8 | acc. vs FW8/BW8 (pp) | cp % |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for g in groups:
+        star = " *" if g["method"] in on_front else ""
+        lines.append(f"| {g['method']}{star} | {g['n']} | {100 * g['accuracy_mean']:.2f} +/- "
+                     f"{100 * g['accuracy_std']:.2f} | {g['train_bitops_mean'] / 1e12:.3f} | "
+                     f"{_pct(g['savings_vs_fp32'])} | {_pct(g['savings_vs_fw8bw8'])} | "
+                     f"{_fmt(g['accuracy_delta_vs_fw8bw8_pp'], '+.2f')} | {_fmt(g['cp_mean'], '.2f')} |")
+    lines += ["", f"![accuracy vs training BitOPs]({plot})", "",
+              "## The papers' trends, checked", "",
+              f"Rule: a method holds a claim when it saves BitOPs against the reference and its mean accuracy is "
+              f"no more than max({TOLERANCE_PP:g} point, 2 seed stds) below the reference's.", "",
+              "| claim | source | method | reference | acc. delta (pp) | BitOPs saving | holds |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c in checks:
+        verdict = "yes" if c["holds"] else f"no ({c['why_not']})"
+        lines.append(f"| {c['claim']} | {c['source']} | {c['method']} | {c['reference']} | "
+                     f"{c['accuracy_delta_pp']:+.2f} | {100 * c['savings']:.1f}% | {verdict} |")
+    errored = [r for r in data.rows if not r["complete"]]
+    if errored:
+        lines += ["", f"{len(errored)} trial(s) did not finish and are left out: "
+                  + ", ".join(f"{r['name']} ({r['status']})" for r in errored)]
+    if notes:
+        lines += ["", notes.strip()]
+    return "\n".join(lines) + "\n"
+
+
+def setup_of(data: SweepData) -> dict:
+    """A few lines on the sweep's common setting, from the parent run's logged spec."""
+    from dashboards.data import artifact_json
+
+    spec = artifact_json(data.client, data.parent_run_id, "sweep_spec.yaml") or {}
+    base = spec.get("base") if isinstance(spec.get("base"), dict) else {}
+    out = {}
+    if spec.get("description"):
+        out["spec"] = " ".join(str(spec["description"]).split())
+    for key in ("model", "data", "optim"):
+        if base.get(key):
+            out[key] = ", ".join(f"{k}={v}" for k, v in base[key].items())
+    if spec.get("seeds"):
+        out["seeds"] = spec["seeds"]
+    return out
+
+
+def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, notes: str | None = None,
+                  log: bool = True, command: str | None = None) -> dict:
+    data = load_sweep(uri, sweep, sweep_id)
+    groups = summarise(data.finished())
+    front = front_of(groups)
+    checks = trends(groups)
+    page = Path(out).expanduser().resolve()
+    page.parent.mkdir(parents=True, exist_ok=True)
+    plot = results_png(groups, front, page.with_name(page.stem + "_pareto.png"))
+    notes_text = Path(notes).read_text() if notes else None
+    cmd = command or f"fractune results {sweep} --out {out}"
+    page.write_text(markdown(data, groups, checks, front, plot.name, cmd, notes_text, setup_of(data)))
+    artifact = None
+    if log:
+        data.client.log_artifact(data.parent_run_id, str(page), "results")
+        data.client.log_artifact(data.parent_run_id, str(plot), "results")
+        artifact = data.client.get_run(data.parent_run_id).info.artifact_uri.rstrip("/") + f"/results/{page.name}"
+    return {"sweep": data.name, "sweep_id": data.sweep_id, "parent_run_id": data.parent_run_id,
+            "trials": len(data.rows), "finished": len(data.finished()), "methods": groups,
+            "pareto": [r["method"] for r in front], "trends": checks, "markdown": str(page), "plot": str(plot),
+            "artifact": artifact}
+
+
+def cmd_results(args) -> int:
+    from engine.errors import ConfigError
+    from orchestrator import store
+    from orchestrator.output import emit_json
+
+    uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
+    if args.notes and not Path(args.notes).is_file():
+        raise ConfigError.single("--notes", args.notes, "must be an existing markdown file")
+    command = "fractune results " + " ".join(
+        [args.sweep] + (["--sweep-id", args.sweep_id] if args.sweep_id else [])
+        + ["--out", args.out] + (["--notes", args.notes] if args.notes else []))
+    out = build_results(uri, args.sweep, args.sweep_id, args.out, args.notes, log=not args.no_log, command=command)
+    print(Path(out["markdown"]).read_text())
+    print(f"written {out['markdown']} and {out['plot']}" + (f"; logged as {out['artifact']}" if out["artifact"]
+                                                             else ""))
+    if args.json:
+        emit_json(out)
+    return 0

@@ -1,0 +1,125 @@
+"""``fractune results``: the markdown results page, generated from a real sweep's MLflow runs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards.results import comparable, method_label, summarise, trends
+from orchestrator import store
+
+STUDY = {
+    "name": "mini_study",
+    "description": "four methods, two seeds",
+    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 2}},
+    "parameters": {"schedule": {"grid": [
+        {"kind": "fp32"},
+        {"kind": "static", "fw": 8, "bw": 8},
+        {"kind": "pfq", "mode": "manual", "fw": [4, 8], "bw": [8, 8]},
+        {"kind": "cpt", "fw_min": 3, "fw_max": 8, "num_cycles": 2}]}},
+    "seeds": [0, 1],
+    "budget": {"max_concurrent_trials": 2},
+    "resources": {"cpu": 1},
+}
+
+
+def _row(point, seed, acc, ops, cp=float("nan")):
+    return {"point": point, "seed": seed, "accuracy": acc, "train_bitops": ops, "cp": cp}
+
+
+def test_labels_name_each_method():
+    assert method_label({"schedule": {"kind": "fp32"}}) == "FP32"
+    assert method_label({"schedule": {"kind": "static", "fw": 6, "bw": 8}}) == "FW6/BW8"
+    assert method_label({"schedule": {"kind": "cpt", "fw_min": 3, "fw_max": 8, "bw_min": 8, "bw_max": 8}}) == \
+        "CPT FW3->8/BW8"
+    assert method_label({"schedule": {"kind": "dfq", "target_cp": 6.0, "execution": "routed"}}) == \
+        "DFQ cp 6% routed"
+    assert method_label({"schedule": {"kind": "pfq", "mode": "manual", "fw": [3, 8], "bw": [6, 8]}}) == \
+        "PFQ manual FW3-8/BW6-8"
+
+
+def test_summary_statistics_savings_and_trend_rule():
+    fp32, sbm, low = ({"schedule": {"kind": "fp32"}}, {"schedule": {"kind": "static", "fw": 8, "bw": 8}},
+                      {"schedule": {"kind": "pfq", "mode": "auto"}})
+    rows = [_row(fp32, 0, 0.90, 1000.0), _row(fp32, 1, 0.92, 1000.0),
+            _row(sbm, 0, 0.89, 100.0), _row(sbm, 1, 0.91, 100.0),
+            _row(low, 0, 0.80, 40.0), _row(low, 1, 0.84, 60.0)]
+    groups = {g["method"]: g for g in summarise(rows)}
+    assert [g["method"] for g in summarise(rows)] == ["FP32", "FW8/BW8", "PFQ auto FW3-4-6-8/BW6-6-8-8"]
+    g = groups["PFQ auto FW3-4-6-8/BW6-6-8-8"]
+    assert g["accuracy_mean"] == pytest.approx(0.82) and g["accuracy_std"] == pytest.approx(statistics.stdev([.8, .84]))
+    assert g["savings_vs_fp32"] == pytest.approx(0.95) and g["savings_vs_fw8bw8"] == pytest.approx(0.5)
+    assert g["accuracy_delta_vs_fw8bw8_pp"] == pytest.approx(-8.0)
+    checks = {c["method"]: c for c in trends(list(groups.values()))}
+    assert checks["FW8/BW8"]["holds"] is True  # 1 pp below FP32 at 90% saving: within two seed stds
+    assert checks["PFQ auto FW3-4-6-8/BW6-6-8-8"]["holds"] is False
+    assert checks["PFQ auto FW3-4-6-8/BW6-6-8-8"]["why_not"] == "accuracy below the reference"
+    # the margin widens to two seed stds when the seeds scatter more than a point
+    noisy = {**g, "accuracy_mean": 0.89, "accuracy_std": 0.02}
+    assert comparable(noisy, {**groups["FW8/BW8"], "accuracy_mean": 0.92})
+    assert not comparable({**noisy, "accuracy_std": 0.001}, {**groups["FW8/BW8"], "accuracy_mean": 0.92})
+
+
+@pytest.fixture(scope="module")
+def mini_study(ray_local, tmp_path_factory):
+    from orchestrator.cli import main
+
+    folder = tmp_path_factory.mktemp("mini_study")
+    spec = folder / "spec.yaml"
+    spec.write_text(yaml.safe_dump(STUDY, sort_keys=False))
+    uri = f"sqlite:///{folder / 'm.db'}"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["sweep", str(spec), "--tracking-uri", uri, "--storage", str(folder / "runs"), "--quiet",
+                     "--no-report", "--json"])
+    assert code == 0, buf.getvalue()[-3000:]
+    return {"folder": folder, "uri": uri}
+
+
+def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
+    folder, uri = mini_study["folder"], mini_study["uri"]
+    notes = folder / "notes.md"
+    notes.write_text("## Analysis\n\nWritten by a person.\n")
+    out_md = folder / "docs" / "results.md"
+    r = run_cli("results", "mini_study", "--tracking-uri", uri, "--out", str(out_md), "--notes", str(notes),
+                "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    page = out_md.read_text()
+
+    # every number in the table comes from the runs: recompute one group independently
+    c = store.client(uri)
+    parent = store.sweep_parent(c, "mini_study")
+    children = store.child_runs(c, parent)
+    assert len(children) == 8 and summary["finished"] == 8
+    sbm = [run for run in children if run.data.params.get("schedule.kind") == "static"]
+    acc = [run.data.metrics["accuracy"] for run in sbm]
+    fp32 = [run.data.metrics["train_bitops"] for run in children if run.data.params.get("schedule.kind") == "fp32"]
+    row = next(line for line in page.splitlines() if line.startswith("| FW8/BW8"))
+    cells = [x.strip() for x in row.strip("|").split("|")]
+    assert cells[1] == "2"
+    assert cells[2] == f"{100 * statistics.fmean(acc):.2f} +/- {100 * statistics.stdev(acc):.2f}"
+    saving = 1 - statistics.fmean(run.data.metrics["train_bitops"] for run in sbm) / statistics.fmean(fp32)
+    assert cells[4] == f"{100 * saving:+.1f}%"
+    assert len([line for line in page.splitlines() if line.startswith("| ") and "+/-" in line]) == 4
+    assert "## The papers' trends, checked" in page and page.rstrip().endswith("Written by a person.")
+    assert {t["method"] for t in summary["trends"]} >= {"FW8/BW8", "CPT FW3->8/BW8"}
+    assert f"--out {out_md}" in page and "Do not edit by hand" in page
+
+    plot = Path(summary["plot"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({plot.name})" in page
+    logged = {a.path for a in c.list_artifacts(parent.info.run_id, "results")}
+    assert logged == {"results/results.md", "results/results_pareto.png"}
+
+
+def test_results_bad_input_is_one_line(mini_study, run_cli):
+    r = run_cli("results", "no_such_sweep", "--tracking-uri", mini_study["uri"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no_such_sweep" in r.stderr
+    r = run_cli("results", "mini_study", "--tracking-uri", mini_study["uri"], "--notes", "/nonexistent/notes.md")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--notes" in r.stderr
