@@ -38,11 +38,13 @@ def method_label(point: dict) -> str:
         bw = s.get("bw_min", 8), s.get("bw_max", 8)
         bws = f"{bw[0]}" if bw[0] == bw[1] else f"{bw[0]}->{bw[1]}"
         return f"CPT FW{s.get('fw_min', 3)}->{s.get('fw_max', 8)}/BW{bws}{w}"
+    opts = s.get("options", "paper")
+    opts = "" if opts == "paper" else f" {opts if isinstance(opts, str) else '[' + ','.join(opts) + ']'}"
     if kind == "dfq":
-        return f"DFQ cp {s.get('target_cp', 3.0):g}% {s.get('execution', 'masked')}"
+        return f"DFQ cp {s.get('target_cp', 3.0):g}% {s.get('execution', 'masked')}{opts}"
     if kind == "fractrain":
         start = s.get("cp0") if s.get("cp0") is not None else f"total {s.get('cp_total')}"
-        return f"FracTrain cp {start}+{s.get('cp_step', 0.5):g} {s.get('execution', 'masked')}"
+        return f"FracTrain cp {start}+{s.get('cp_step', 0.5):g} {s.get('execution', 'masked')}{opts}"
     return kind
 
 
@@ -112,20 +114,22 @@ def trends(groups: list[dict]) -> list[dict]:
                     ("no BitOPs saving" if not ok_cost else "")})
 
     if fp32 and sbm:
-        check("8-bit training (FW8/BW8, SBM) matches FP32 accuracy", "FracTrain sec. 4 (SBM baseline)", sbm, fp32,
-              0.5)
+        check("8-bit training (FW8/BW8, SBM) matches FP32 accuracy", "SBM (Banner et al. 2018), FracTrain's baseline",
+              sbm, fp32, 0.5)
+    statics = {(g["point"]["schedule"].get("fw", 8), g["point"]["schedule"].get("bw", 8)): g
+               for g in by_kind.get("static", []) if not g["point"]["schedule"].get("weight_bits")}
     if sbm:
-        for g in groups:
-            if g["kind"] == "static" and g is not sbm and g["train_bitops_mean"] < sbm["train_bitops_mean"]:
-                check("lower static precision costs less, at some accuracy", "-", g, sbm)
-        for g in by_kind.get("pfq", []):
-            check("PFQ saves BitOPs over FW8/BW8 at comparable accuracy", "FracTrain Table 1 / Fig. 3", g, sbm)
+        for g in by_kind.get("pfq", []):  # against the static run at PFQ's final precision (FW8/BW16: SBM-16)
+            s = g["point"]["schedule"]
+            ref = statics.get((s.get("fw", [8])[-1], s.get("bw", [8])[-1]), sbm)
+            check(f"PFQ saves BitOPs over static {ref['method']} at comparable accuracy",
+                  "FracTrain supplement sec. 1", g, ref)
         for g in by_kind.get("cpt", []):
-            check("CPT saves BitOPs over static 8-bit at comparable or better accuracy", "CPT Tables 1-2", g, sbm)
+            check("CPT saves BitOPs over static 8-bit at comparable or better accuracy", "CPT (ICLR 2021) abstract", g, sbm)
         for g in by_kind.get("dfq", []):
-            check("DFQ saves most of FW8/BW8's BitOPs at comparable accuracy", "FracTrain Table 2", g, sbm)
+            check("DFQ saves most of FW8/BW8's BitOPs at comparable accuracy", "FracTrain supplement sec. 6", g, sbm)
         for g in by_kind.get("fractrain", []):
-            check("FracTrain saves BitOPs over FW8/BW8 at comparable accuracy", "FracTrain Table 3", g, sbm)
+            check("FracTrain saves BitOPs over FW8/BW8 at comparable accuracy", "FracTrain abstract", g, sbm)
     for f in by_kind.get("fractrain", []):  # FracTrain vs DFQ run at FracTrain's final cp, same execution
         final = (f["point"]["schedule"].get("cp0") or 0) + (f["point"]["schedule"].get("cp_step", 0.5)
                                                           * f["point"]["schedule"].get("num_turning_points", 3))
@@ -134,7 +138,7 @@ def trends(groups: list[dict]) -> list[dict]:
             s = d["point"]["schedule"]
             if s.get("execution", "masked") == ex and abs(s.get("target_cp", 3.0) - final) < 1e-9:
                 check("FracTrain costs less than DFQ at its final cp, at comparable accuracy",
-                      "FracTrain sec. 3.3 / Table 3", f, d)
+                      "FracTrain: PFQ schedules DFQ's cp", f, d)
     return out
 
 

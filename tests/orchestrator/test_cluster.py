@@ -10,6 +10,7 @@ cannot see, as on a real cluster without a shared filesystem. Token authenticati
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -85,6 +86,9 @@ def cluster(tmp_path_factory):
     # the second node keeps its own temp dir, as a separate machine would (a shared one lets its runtime-env
     # agent delete the job's unpacked working dir under the head's driver); short, for Unix socket paths
     node_tmp = tempfile.mkdtemp(prefix="rn", dir="/tmp")
+    # the head's temp dir is its own too: `ray start --head` records the cluster there (ray_current_cluster),
+    # where no address-less `ray.init()` of the rest of the suite (or of this machine's user) will find it
+    head_tmp = tempfile.mkdtemp(prefix="rh", dir="/tmp")
     procs = []
 
     def start(cmd, name):
@@ -92,13 +96,19 @@ def cluster(tmp_path_factory):
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=folder,
                                       start_new_session=True))
 
+    def own_ports() -> str:
+        # fixed defaults (agent HTTP 52365, metrics, runtime-env agent, Ray client 10001) would clash with the
+        # suite's own local Ray and between the two nodes: every node gets free ports of its own
+        return (f"--dashboard-agent-listen-port={_free_port()} --dashboard-agent-grpc-port={_free_port()} "
+                f"--runtime-env-agent-port={_free_port()} --metrics-export-port={_free_port()}")
+
     try:
-        start([str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
+        start([str(BIN / "ray"), "start", "--head", *own_ports().split(), f"--ray-client-server-port={_free_port()}", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
                "--num-cpus=1", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-               f"--dashboard-port={dash_port}", "--disable-usage-stats"], "head")
+               f"--dashboard-port={dash_port}", f"--temp-dir={head_tmp}", "--disable-usage-stats"], "head")
         wait_for(lambda: _http_ok(f"{dashboard}/api/version"), timeout=120, what="ray head dashboard")
         worker = (f"mount -t tmpfs tmpfs {folder / 'blind'} && exec {BIN / 'ray'} start --block --address={gcs} "
-                  f"--node-ip-address=127.0.0.1 --num-cpus=1 --temp-dir={node_tmp} --disable-usage-stats")
+                  f"--node-ip-address=127.0.0.1 --num-cpus=1 --temp-dir={node_tmp} {own_ports()} --disable-usage-stats")
         start(["unshare", "--mount", "--propagation", "private", "sh", "-c", worker], "worker")
         start([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'm.db'}",
                "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"], "mlflow")
@@ -113,13 +123,11 @@ def cluster(tmp_path_factory):
         for proc in reversed(procs):
             kill_session(proc.pid)
         for proc in procs:
-            proc.wait(timeout=30)
-        shutil.rmtree(node_tmp, ignore_errors=True)
-        # `ray start --head` records the cluster for address-less `ray.init()` calls; `ray stop` would remove the
-        # record, killing by session does not: a stale one makes every later local `ray.init()` try to attach
-        record = Path("/tmp/ray/ray_current_cluster")
-        if record.is_file() and record.read_text().strip().endswith(f":{gcs_port}"):
-            record.unlink()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+        for tmp in (node_tmp, head_tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+        assert all(proc.poll() is not None for proc in procs), "a cluster process survived"
 
 
 def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(cluster):
