@@ -50,7 +50,7 @@ demo: install
 
 test: install browser docker-tools
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 bench: install
 	$(BIN)/python bench/engine_overhead.py

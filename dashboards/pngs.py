@@ -25,6 +25,13 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def log_x_if_wide(ax, costs: list[float]) -> None:
+    """A log BitOPs axis when the costs span more than 20x (FP32 next to 4-bit runs)."""
+    costs = [c for c in costs if c > 0]
+    if costs and max(costs) / min(costs) > 20:
+        ax.set_xscale("log")
+
+
 def pareto_png(rows: list[dict], front: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for kind in sorted({r.get("schedule") or "?" for r in rows}):
@@ -35,9 +42,7 @@ def pareto_png(rows: list[dict], front: list[dict], path: Path) -> Path:
                 lw=1)
         ax.scatter([r["train_bitops"] / 1e9 for r in front], [r["accuracy"] for r in front], marker="*", s=160,
                    color="gold", edgecolors="k", label="Pareto front", zorder=3)
-    costs = [r["train_bitops"] for r in rows if r["train_bitops"] > 0]
-    if costs and max(costs) / min(costs) > 20:
-        ax.set_xscale("log")
+    log_x_if_wide(ax, [r["train_bitops"] for r in rows])
     ax.set_xlabel("training GBitOPs")
     ax.set_ylabel("test accuracy")
     ax.set_title("Accuracy vs training BitOPs")

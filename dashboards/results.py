@@ -151,7 +151,7 @@ def _pct(v) -> str:
 
 
 def results_png(groups: list[dict], front: list[dict], path: Path) -> Path:
-    from dashboards.pngs import _save, plt
+    from dashboards.pngs import _save, log_x_if_wide, plt
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for g in groups:
@@ -160,9 +160,7 @@ def results_png(groups: list[dict], front: list[dict], path: Path) -> Path:
     if front:
         ax.step([r["train_bitops"] / 1e12 for r in front], [100 * r["accuracy"] for r in front], where="post",
                 color="k", lw=1, label="Pareto front (means)")
-    costs = [g["train_bitops_mean"] for g in groups if g["train_bitops_mean"] > 0]
-    if costs and max(costs) / min(costs) > 20:
-        ax.set_xscale("log")
+    log_x_if_wide(ax, [g["train_bitops_mean"] for g in groups])
     ax.set_xlabel("training TBitOPs (mean over seeds)")
     ax.set_ylabel("test accuracy, % (mean +/- std over seeds)")
     ax.set_title("Accuracy vs training BitOPs per method")

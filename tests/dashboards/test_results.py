@@ -123,3 +123,15 @@ def test_results_bad_input_is_one_line(mini_study, run_cli):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no_such_sweep" in r.stderr
     r = run_cli("results", "mini_study", "--tracking-uri", mini_study["uri"], "--notes", "/nonexistent/notes.md")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--notes" in r.stderr
+
+
+def test_pfq_is_checked_against_the_static_run_at_its_final_precision():
+    sbm = {"schedule": {"kind": "static", "fw": 8, "bw": 8}}
+    sbm16 = {"schedule": {"kind": "static", "fw": 8, "bw": 16}}
+    pfq16 = {"schedule": {"kind": "pfq", "mode": "auto", "fw": [3, 4, 6, 8], "bw": [6, 8, 12, 16]}}
+    pfq8 = {"schedule": {"kind": "pfq", "mode": "manual", "fw": [4, 8], "bw": [8, 8]}}
+    rows = [_row(p, s, 0.9, ops) for p, ops in ((sbm, 100.0), (sbm16, 200.0), (pfq16, 60.0), (pfq8, 70.0))
+            for s in (0, 1)]
+    refs = {c["method"]: c["reference"] for c in trends(summarise(rows))}
+    assert refs["PFQ auto FW3-4-6-8/BW6-8-12-16"] == "FW8/BW16"
+    assert refs["PFQ manual FW4-8/BW8-8"] == "FW8/BW8"
