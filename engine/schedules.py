@@ -124,11 +124,12 @@ class AutoPFQ(RunSchedule):
         self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
 
 
-def cyclic_bits(t: int, lo: int, hi: int, period: int, rounding: str = "rint") -> int:
+def cyclic_bits(t: int, lo: int, hi: int, period: float, rounding: str = "rint") -> int:
     """CPT's rising half-cosine inside each cycle: lo at the cycle start, about hi at its end (algorithms.md 5.2).
 
     b(t) = round(lo + (hi - lo) * (1 - cos(pi * (t mod T) / T)) / 2), rint = half to even (the code),
-    ceil = the paper's formula.
+    ceil = the paper's formula. T may be fractional (total iterations / cycles), so the cycles tile the whole
+    run exactly and the last iteration is at the top of the last cycle, whatever the run length.
     """
     x = lo + (hi - lo) * (1.0 - math.cos(math.pi * (t % period) / period)) / 2.0
     if rounding == "ceil":
@@ -143,7 +144,10 @@ class CPT(RunSchedule):
             raise ConfigError.single("schedule.fw_min", "auto", "resolved by the precision range test before "
                                      "training; pass the chosen value")
         self.cfg, self.fw_min = cfg, int(fw_min)
-        self.period = ctx.total_iterations // cfg.num_cycles
+        # total / cycles, not floor division: with a remainder, floor division starts an extra cycle at the
+        # run's end, so the final iterations (and the final evaluation) would run at fw_min (reference runs
+        # have 64000 / 32 = 2000 exactly, where both agree)
+        self.period = ctx.total_iterations / cfg.num_cycles
         if self.period < 1:
             raise ConfigError.single("schedule.num_cycles", cfg.num_cycles,
                                      f"allowed: <= the run's {ctx.total_iterations} iterations")

@@ -40,6 +40,15 @@ def test_cpt_cycle_shape_and_occupancy():
     assert s.period == 100 and s.precision(0).act == 2 and s.precision(0).grad == 6 and s.precision(99).grad == 10
 
 
+def test_cpt_cycles_tile_a_run_that_does_not_divide_evenly():
+    # 357 iterations, 4 cycles: floor division (89) would start a fifth cycle at iteration 356, at 3 bits
+    s = CPT(sched(kind="cpt", fw_min=3, fw_max=8, num_cycles=4), ScheduleContext(357, 10))
+    bits = [s.precision(t).act for t in range(357)]
+    starts = [t for t in range(1, 357) if bits[t] < bits[t - 1]]
+    assert len(starts) == 3 and bits[0] == 3 and bits[-1] == 8  # four cycles, the run ends at the top
+    assert all(bits[t] == 3 for t in [0, *starts])
+
+
 def test_cpt_needs_at_least_one_iteration_per_cycle():
     from engine.errors import ConfigError
 
