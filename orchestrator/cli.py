@@ -172,7 +172,7 @@ def _add_results(sub) -> None:
     p.add_argument("--sweep-id", help="a particular run of the sweep (default: the latest)")
     p.add_argument("--tracking-uri", help=_URI_HELP)
     p.add_argument("--out", default="results.md", help="the markdown file (default: ./results.md); the plot is "
-                   "written beside it as NAME_pareto.png")
+                   "written beside it: results.md -> results_pareto.png")
     p.add_argument("--notes", metavar="FILE", help="a markdown file appended verbatim (the analysis)")
     p.add_argument("--no-log", action="store_true", help="do not log the page on the parent run")
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")

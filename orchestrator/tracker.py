@@ -210,10 +210,11 @@ class MLflowTracker(tune.Callback):
                    if isinstance(result[k], int | float) and not isinstance(result[k], bool)]
         self.state["last_epoch"][tid] = epoch
         self._submit({"op": "metrics", "trial_id": tid, "metrics": metrics})
-        node = result.get("node_id")
-        if node and self.state.setdefault("nodes", {}).get(tid) != node:  # where it ran (again, after a restore)
-            self.state["nodes"][tid] = node
-            self._submit({"op": "tag", "trial_id": tid, "key": "fractune.node_id", "value": str(node)})
+        where = {k: str(result[k]) for k in ("node_id", "device", "torch_threads") if k in result}
+        if where and self.state.setdefault("nodes", {}).get(tid) != where:  # where it ran (again, after a restore)
+            self.state["nodes"][tid] = where
+            for key, value in where.items():
+                self._submit({"op": "tag", "trial_id": tid, "key": f"fractune.{key}", "value": value})
         if result.get("events"):  # turning points and other precision switches, as they happen
             by_epoch = self.state["events"].setdefault(tid, {})
             by_epoch[str(epoch)] = result["events"]  # keyed by epoch: a re-reported epoch replaces itself

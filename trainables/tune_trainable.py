@@ -16,7 +16,7 @@ import ray
 import torch
 from ray import tune
 
-from engine.train import train_and_evaluate
+from engine.train import pick_device, train_and_evaluate
 from search_spaces.spec import resolve_trial_config
 
 
@@ -27,13 +27,17 @@ def trial_threads() -> int:
 
 def train_trial(config: dict) -> None:
     cfg = resolve_trial_config(config)
-    torch.set_num_threads(trial_threads())
-    node_id = ray.get_runtime_context().get_node_id()  # which cluster node ran it (in MLflow and pareto.json)
+    threads = trial_threads()
+    torch.set_num_threads(threads)
+    # where it ran, with what: the node (in MLflow and pareto.json), the torch device (Ray exposes only the GPUs
+    # it gave this trial, so `auto` picks one of those) and the CPU threads of its resources
+    where = {"node_id": ray.get_runtime_context().get_node_id(), "device": str(pick_device(cfg.device)),
+             "torch_threads": threads}
 
     def report(metrics: dict, save) -> None:
         with tempfile.TemporaryDirectory(prefix="fractune-ckpt-") as d:
             save(d)
-            tune.report({**metrics, "node_id": node_id}, checkpoint=tune.Checkpoint.from_directory(d))
+            tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(d))
 
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:

@@ -149,6 +149,8 @@ def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(clust
     for run in children:
         assert run.info.status == "FINISHED"
         assert [m.step for m in c.get_metric_history(run.info.run_id, "accuracy")] == [1, 2]
+    assert all(run.data.tags["fractune.torch_threads"] == "1" and run.data.tags["fractune.device"] == "cpu"
+               for run in children)  # the trial's resources (1 CPU, no GPU) reached torch
     ran_on = {run.data.tags["fractune.node_id"] for run in children}
     assert ran_on == nodes  # both nodes of the cluster ran trials
     summary = json.loads((Path(out["result"]["storage"]) / "pareto.json").read_text())

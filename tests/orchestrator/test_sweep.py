@@ -106,7 +106,7 @@ def test_a_failing_trial_does_not_kill_the_sweep(ray_local, tmp_path, sqlite_uri
     spec = {**DIGITS, "name": "one_fails", "base": {**DIGITS["base"], "optim": {"epochs": 1}},
             "parameters": {"data": {"grid": [{"dataset": "digits", "batch_size": 64},
                                              {"dataset": "fashion-mnist", "data_dir": str(tmp_path / "empty")}]}},
-            "budget": {"max_failures": 0}}
+            "budget": {"max_failures": 0}, "resources": {"cpu": 2}}
     out = run_sweep(parse_spec(spec), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"), progress=False))
     assert out["trials"] == 2 and out["errored"] == 1
     (err,) = out["errors"]
@@ -116,6 +116,9 @@ def test_a_failing_trial_does_not_kill_the_sweep(ray_local, tmp_path, sqlite_uri
     assert set(runs) == {"FINISHED", "FAILED"}
     assert "data.data_dir" in runs["FAILED"].data.tags["fractune.error"]
     assert [p["run_id"] for p in out["pareto"]] == [runs["FINISHED"].info.run_id]
+    # the trial's resources reached torch: two CPUs, two threads; no GPU given, so the CPU
+    assert runs["FINISHED"].data.tags["fractune.torch_threads"] == "2"
+    assert runs["FINISHED"].data.tags["fractune.device"] == "cpu"
 
 
 def test_cli_reports_spec_and_cluster_errors_together(run_cli, tmp_path):
