@@ -62,6 +62,7 @@ def load_sweep(uri: str, name: str, sweep_id: str | None = None) -> SweepData:
                      "schedule": run.data.tags.get("fractune.schedule", run.data.params.get("schedule.kind")),
                      "accuracy": m.get("accuracy", math.nan), "train_bitops": m.get("train_bitops", math.nan),
                      "cp": m.get("cum_cp", math.nan), "seed": _parse(run.data.params.get("seed")),
+                     "wall_seconds": m.get("wall_seconds", math.nan),
                      "point": point_of(run, swept), "pareto": run.data.tags.get("pareto") == "true",
                      # the sweep's own record of full-length trials; without one, FINISHED is taken as complete
                      "complete": status == "FINISHED" and (complete_ids is None or run.info.run_id in complete_ids)})

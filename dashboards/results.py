@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from dashboards.data import SweepData, load_sweep
+from dashboards.data import GATED, SweepData, load_sweep
 
 TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
 
@@ -64,11 +64,15 @@ def summarise(rows: list[dict]) -> list[dict]:
         acc = [r["accuracy"] for r in g["runs"]]
         ops = [r["train_bitops"] for r in g["runs"]]
         cps = [r["cp"] for r in g["runs"] if math.isfinite(r.get("cp", math.nan))]
+        gated = [r["cp_gated"] for r in g["runs"] if math.isfinite(r.get("cp_gated", math.nan))]
+        walls = [r["wall_seconds"] for r in g["runs"] if math.isfinite(r.get("wall_seconds", math.nan))]
         out.append({"method": g["method"], "kind": (g["point"].get("schedule") or {}).get("kind"),
                     "point": g["point"], "n": len(acc), "seeds": sorted(r["seed"] for r in g["runs"]),
                     "accuracy_mean": statistics.fmean(acc), "accuracy_std": _std(acc),
                     "train_bitops_mean": statistics.fmean(ops), "train_bitops_std": _std(ops),
-                    "cp_mean": statistics.fmean(cps) if cps else math.nan})
+                    "cp_mean": statistics.fmean(cps) if cps else math.nan,
+                    "cp_gated_mean": statistics.fmean(gated) if gated else math.nan,
+                    "wall_seconds_mean": statistics.fmean(walls) if walls else math.nan})
     fp32 = next((g for g in out if g["kind"] == "fp32"), None)
     sbm = next((g for g in out if g["method"] == "FW8/BW8"), None)
     for g in out:
@@ -154,9 +158,11 @@ def results_png(groups: list[dict], front: list[dict], path: Path) -> Path:
     from dashboards.pngs import _save, log_x_if_wide, plt
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for g in groups:
+    markers = {"fp32": "o", "static": "s", "pfq": "^", "cpt": "D", "dfq": "v", "fractrain": "P"}
+    for i, g in enumerate(groups):  # one colour per method, one marker per kind
         ax.errorbar(g["train_bitops_mean"] / 1e12, 100 * g["accuracy_mean"], yerr=100 * g["accuracy_std"],
-                    xerr=g["train_bitops_std"] / 1e12, fmt="o", capsize=3, label=g["method"])
+                    xerr=g["train_bitops_std"] / 1e12, fmt=markers.get(g["kind"], "o"), capsize=3,
+                    color=plt.cm.tab20(i % 20), label=g["method"])
     if front:
         ax.step([r["train_bitops"] / 1e12 for r in front], [100 * r["accuracy"] for r in front], where="post",
                 color="k", lw=1, label="Pareto front (means)")
@@ -181,16 +187,21 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
     lines += ["## Accuracy and training BitOPs", "",
               "Mean +/- std over seeds of the final test accuracy; training BitOPs of the whole run (forward, "
               "error and weight-gradient passes, exact counts); savings against this sweep's FP32 and FW8/BW8 "
-              "rows (positive: cheaper); cp: the run's cost as a percentage of FP32. * marks the Pareto front of "
-              "the method means.", "",
-              "| method | seeds | accuracy % | TBitOPs | vs FP32 | vs FW8/BW8 | acc. vs FW8/BW8 (pp) | cp % |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "rows (positive: cheaper); cp: the run's cost as a percentage of FP32, every layer counted; gated "
+              "cp: DFQ's and FracTrain's cp as the papers define it (over the gated blocks, the mean of the "
+              "per-epoch `cp_gated`), the quantity their targets steer; minutes: wall time per trial (one CPU "
+              "thread). * marks the Pareto front of the method means.", "",
+              "| method | seeds | accuracy % | TBitOPs | vs FP32 | vs FW8/BW8 | acc. vs FW8/BW8 (pp) | cp % "
+              "| gated cp % | minutes |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for g in groups:
         star = " *" if g["method"] in on_front else ""
         lines.append(f"| {g['method']}{star} | {g['n']} | {100 * g['accuracy_mean']:.2f} +/- "
                      f"{100 * g['accuracy_std']:.2f} | {g['train_bitops_mean'] / 1e12:.3f} | "
                      f"{_pct(g['savings_vs_fp32'])} | {_pct(g['savings_vs_fw8bw8'])} | "
-                     f"{_fmt(g['accuracy_delta_vs_fw8bw8_pp'], '+.2f')} | {_fmt(g['cp_mean'], '.2f')} |")
+                     f"{_fmt(g['accuracy_delta_vs_fw8bw8_pp'], '+.2f')} | {_fmt(g['cp_mean'], '.2f')} | "
+                     f"{_fmt(g['cp_gated_mean'], '.2f').replace('n/a', '-')} | "
+                     f"{_fmt(g['wall_seconds_mean'] / 60, '.1f')} |")
     lines += ["", f"![accuracy vs training BitOPs]({plot})", "",
               "## The papers' trends, checked", "",
               f"Rule: a method holds a claim when it saves BitOPs against the reference and its mean accuracy is "
@@ -230,7 +241,12 @@ def setup_of(data: SweepData) -> dict:
 def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, notes: str | None = None,
                   log: bool = True, command: str | None = None) -> dict:
     data = load_sweep(uri, sweep, sweep_id)
-    groups = summarise(data.finished())
+    done = data.finished()
+    for r in done:  # gated runs: the papers' cp, averaged over the epochs
+        if r["schedule"] in GATED:
+            hist = [m.value for m in data.client.get_metric_history(r["run_id"], "cp_gated")]
+            r["cp_gated"] = statistics.fmean(hist) if hist else math.nan
+    groups = summarise(done)
     front = front_of(groups)
     checks = trends(groups)
     page = Path(out).expanduser().resolve()
