@@ -235,6 +235,9 @@ def setup_of(data: SweepData) -> dict:
             out[key] = ", ".join(f"{k}={v}" for k, v in base[key].items())
     if spec.get("seeds"):
         out["seeds"] = spec["seeds"]
+    info = data.client.get_run(data.parent_run_id).info
+    if info.end_time and info.start_time:
+        out["sweep wall time"] = f"{(info.end_time - info.start_time) / 60000:.1f} minutes (the parent run's start to end)"
     return out
 
 
@@ -276,6 +279,7 @@ def cmd_results(args) -> int:
         raise ConfigError.single("--notes", args.notes, "must be an existing markdown file")
     command = "fractune results " + " ".join(
         [args.sweep] + (["--sweep-id", args.sweep_id] if args.sweep_id else [])
+        + (["--tracking-uri", store.redact(args.tracking_uri)] if args.tracking_uri else [])
         + ["--out", args.out] + (["--notes", args.notes] if args.notes else []))
     out = build_results(uri, args.sweep, args.sweep_id, args.out, args.notes, log=not args.no_log, command=command)
     print(Path(out["markdown"]).read_text())
