@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 
 from engine.config import parse_config, read_yaml, validation_problems
 from engine.errors import ConfigError
-from search_spaces.spec import MAX_CHECKED_POINTS, LoadedSpec, Strict, parse_spec
+from search_spaces.spec import MAX_CHECKED_POINTS, LoadedSpec, Strict, dedupe_problems, parse_spec
 
 
 class Verdict(Strict):
@@ -155,7 +155,7 @@ def parse_ablation(tree: dict, source: Path | None = None) -> LoadedAblation:
     if loaded is not None and design_ok:
         problems += _point_problems(loaded, ab)
     if problems:
-        raise ConfigError(_dedupe(problems), src)
+        raise ConfigError(dedupe_problems(problems), src)
     return LoadedAblation(loaded, ab, make_points(ab))
 
 
@@ -212,12 +212,3 @@ def _point_problems(loaded: LoadedSpec, ab: Ablation) -> list[tuple[str, object,
             check(values, "ablation point " + ", ".join(f"{k}={level_label(v)}" for k, v in values.items()))
     return out
 
-
-def _dedupe(problems: list[tuple[str, object, str]]) -> list[tuple[str, object, str]]:
-    seen, out = set(), []
-    for p in problems:
-        key = (p[0], repr(p[1]), p[2])
-        if key not in seen:
-            seen.add(key)
-            out.append(p)
-    return out

@@ -197,10 +197,10 @@ def parse_spec(tree: dict, source: Path | None = None) -> LoadedSpec:
                 problems += _point_problems(SweepSpec.model_validate({"name": "check", **partial}), source)
             except ValidationError:
                 pass
-        raise ConfigError(_dedupe(problems), src) from None
+        raise ConfigError(dedupe_problems(problems), src) from None
     problems = _point_problems(spec, source)
     if problems:
-        raise ConfigError(_dedupe(problems), src)
+        raise ConfigError(dedupe_problems(problems), src)
     return _load(spec, source)
 
 
@@ -295,7 +295,7 @@ def _check_points(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
     return out
 
 
-def _dedupe(problems: list[tuple[str, object, str]]) -> list[tuple[str, object, str]]:
+def dedupe_problems(problems: list[tuple[str, object, str]]) -> list[tuple[str, object, str]]:
     seen, out = set(), []
     for p in problems:
         key = (p[0], repr(p[1]), p[2])
