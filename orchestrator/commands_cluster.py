@@ -12,8 +12,8 @@ def cmd_submit(args) -> int:
     from orchestrator import jobs
 
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    out = jobs.submit(args.spec, args.address, uri, args.storage, upload=not args.installed, resume=args.resume,
-                      submission_id=args.job_id)
+    out, jc = jobs.submit(args.spec, args.address, uri, args.storage, upload=not args.installed, resume=args.resume,
+                          submission_id=args.job_id)
     if not uri:
         info("note: no --tracking-uri or $MLFLOW_TRACKING_URI: the job logs to the cluster's $MLFLOW_TRACKING_URI, "
              "or to a sqlite file in the job's working folder")
@@ -24,7 +24,6 @@ def cmd_submit(args) -> int:
         if args.json:
             emit_json(out)
         return 0
-    jc = jobs.client(out["address"])
     status = jobs.follow(jc, out["job_id"], sys.stderr if args.json else sys.stdout)
     out["status"] = status
     result = jobs.last_json_line(jc.get_job_logs(out["job_id"]))

@@ -115,7 +115,8 @@ def entrypoint(storage: str | None, resume: bool = False) -> str:
 
 
 def submit(spec_path: str, address: str | None, tracking_uri: str | None, storage: str | None,
-           upload: bool = True, resume: bool = False, submission_id: str | None = None) -> dict:
+           upload: bool = True, resume: bool = False, submission_id: str | None = None) -> tuple[dict, object]:
+    """Submit the sweep; its summary and the connected client (for following the job)."""
     tree, loaded = self_contained_spec(spec_path)
     jc = client(address)
     env = {"RAY_AIR_NEW_OUTPUT": "0", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -143,8 +144,9 @@ def submit(spec_path: str, address: str | None, tracking_uri: str | None, storag
                                          f"job submission failed: {one_line_error(exc)}") from None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"job_id": job_id, "sweep": loaded.name, "trials": loaded.num_trials(), "address": jc.get_address(),
-            "dashboard": f"{jc.get_address()}/#/jobs/{job_id}"}
+    out = {"job_id": job_id, "sweep": loaded.name, "trials": loaded.num_trials(), "address": jc.get_address(),
+           "dashboard": f"{jc.get_address()}/#/jobs/{job_id}"}
+    return out, jc
 
 
 def follow(jc, job_id: str, out, poll_s: float = 1.0) -> str:
