@@ -52,12 +52,12 @@ def main() -> None:
     def gated(execution: str):
         torch.manual_seed(1)
         backbone = build_model(args.model, 3, 10)
-        backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision(8, 8, 16)))
+        backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))
         model = GatedModel(backbone, options, execution)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         gen = torch.Generator().manual_seed(2)
         forced = torch.randint(0, len(options), (args.batch, len(backbone.blocks)), generator=gen)
-        kappa, omega = option_kappa(options, 4), torch.ones(len(backbone.blocks))
+        kappa, omega = option_kappa(options), torch.ones(len(backbone.blocks))
 
         def step() -> None:
             logits, trace = model(x, forced)

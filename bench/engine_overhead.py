@@ -45,7 +45,7 @@ def main() -> None:
         return run
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    t = interleaved({"fp32": step(FP32), "fw8bw8": step(Precision(8, 8, 8))}, args.rounds, args.steps, sync=sync)
+    t = interleaved({"fp32": step(FP32), "fw8bw8": step(Precision.fwbw(8, 8))}, args.rounds, args.steps, sync=sync)
     ratio = t["fw8bw8"] / t["fp32"]
     print(f"{args.model} batch {args.batch} on {dev}: FP32 {t['fp32']*1e3:.1f} ms/step, "
           f"FW8/BW8 {t['fw8bw8']*1e3:.1f} ms/step, ratio {ratio:.3f} (target <= 1.2)")

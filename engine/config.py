@@ -8,14 +8,16 @@ the field, the value and what is allowed.
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from engine.config_errors import validation_problems
 from engine.config_types import Bits, Strict
 from engine.errors import ConfigError
 from engine.models import MODELS
@@ -31,7 +33,6 @@ from engine.schedule_config import (
 )
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
-DATASETS = ("fashion-mnist", "digits", "cifar10", "cifar100", "imagenet")
 
 
 class DebugConfig(Strict):
@@ -97,7 +98,9 @@ class QuantConfig(Strict):
     quantize_stem: bool | None = None  # None: the reference (quantized on CIFAR models, fp32 on ImageNet)
     quantize_fc: bool = False  # the reference keeps the FC in fp32
     quantize_head: bool = True  # MobileNetV2's 1x1 head conv (static methods)
-    act_momentum: float = Field(0.9, ge=0.0, lt=1.0)  # EMA weight on the OLD running range (reference)
+    # EMA weight on the OLD running range (the reference's convention); null: the reference's value for the
+    # method, 0.1 for FracTrain (train_frac.py) and 0.9 for every other method (methods.md §1)
+    act_momentum: float | None = Field(None, ge=0.0, lt=1.0)
     depthwise_act_bits: Bits = 8  # MobileNetV2 depthwise convs: fixed, not scheduled (reference 8/16)
     depthwise_weight_bits: Bits = 8
     depthwise_grad_bits: Bits = 16
@@ -127,11 +130,19 @@ class ExperimentConfig(Strict):
         """DFQ and FracTrain: a gate picks the blocks' precision per input."""
         return self.schedule.kind in GATED_KINDS
 
+    @property
+    def act_momentum(self) -> float:
+        """The activation running range's EMA weight on the old value: ``quant.act_momentum``, or the
+        reference's default for the method (0.1 in FracTrain's script, 0.9 in the others)."""
+        if self.quant.act_momentum is not None:
+            return self.quant.act_momentum
+        return 0.1 if self.schedule.kind == "fractrain" else 0.9
+
     def layer_map(self, stem_default: bool) -> LayerMap:
-        """The explicit layer-precision map of this run (algorithms.md 1.7). Gated methods keep the stem,
+        """The explicit layer-precision map of this run (methods.md §3). Gated methods keep the stem,
         the MobileNetV2 head conv and the FC in fp32, as the reference's DFQ models do."""
         q = self.quant
-        dw = Precision(q.depthwise_act_bits, q.depthwise_weight_bits, q.depthwise_grad_bits)
+        dw = Precision(act=q.depthwise_act_bits, weight=q.depthwise_weight_bits, grad=q.depthwise_grad_bits)
         if self.gated:
             return LayerMap(stem=False, fc=False, head=False, depthwise=dw)
         stem = stem_default if q.quantize_stem is None else q.quantize_stem
@@ -145,7 +156,10 @@ class ExperimentConfig(Strict):
 # Loading, overrides and error translation
 
 
-def _set_path(tree: dict, dotted: str, value: Any) -> None:
+def set_path(tree: dict, dotted: str, value: Any) -> dict:
+    """The one dotted-path setter (``--set`` overrides, a sweep's ``set:`` and its parameters): sets
+    ``tree[a][b][c] = value`` for ``a.b.c``, creating missing or null sections; a deep copy of ``value`` is
+    stored, so later changes to the tree never reach the caller's object."""
     keys = dotted.split(".")
     node = tree
     for key in keys[:-1]:
@@ -155,7 +169,8 @@ def _set_path(tree: dict, dotted: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError.single(dotted, value, f"{key} is not a section")
         node = child
-    node[keys[-1]] = value
+    node[keys[-1]] = copy.deepcopy(value)
+    return tree
 
 
 def apply_overrides(tree: dict, overrides: list[str] | None) -> dict:
@@ -164,7 +179,7 @@ def apply_overrides(tree: dict, overrides: list[str] | None) -> dict:
         if "=" not in item or not re.match(r"^[A-Za-z_][\w.-]*=", item):
             raise ConfigError.single("--set", item, "expected key.path=value")
         key, raw = item.split("=", 1)
-        _set_path(tree, key, yaml.safe_load(raw) if raw != "" else None)
+        set_path(tree, key, yaml.safe_load(raw) if raw != "" else None)
     return tree
 
 
@@ -185,121 +200,13 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[tuple[str, object, str]]:
-    """Turn pydantic errors into ``(field, value, allowed)`` triples."""
-    problems = []
-    for err in exc.errors(include_url=False):
-        loc = _clean_loc(err["loc"], model)
-        field = ".".join([prefix] + loc if prefix else loc) or "config"
-        value = err.get("input")
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            allowed = _allowed_keys(model, loc[:-1])
-            msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
-        elif kind == "literal_error":
-            msg = f"allowed: {err['ctx']['expected']}"
-        elif kind in ("union_tag_invalid", "union_tag_not_found"):
-            ctx = err.get("ctx", {})
-            field = f"{field}.{ctx.get('discriminator', 'kind').strip(chr(39))}"
-            value = ctx.get("tag")
-            msg = f"allowed: {ctx.get('expected_tags', '')}"
-        elif kind.startswith("greater_than") or kind.startswith("less_than"):
-            msg = _bounds_msg(model, loc) or err["msg"]
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            msg = msg[0].lower() + msg[1:] if msg else msg
-        problems.append((field, value, msg))
-    return problems
-
-
-def _clean_loc(loc: tuple, model: type[BaseModel]) -> list[str]:
-    """Drop discriminator tags (``schedule.static.fw`` -> ``schedule.fw``); keep list indices."""
-    out: list[str] = []
-    node: Any = model
-    for part in loc:
-        if isinstance(part, int):
-            out.append(str(part))
-            continue
-        fields = getattr(node, "model_fields", None)
-        if fields is not None and part not in fields and _union_member(node, out, part) is not None:
-            node = _union_member(node, out, part)
-            continue
-        out.append(str(part))
-        node = _field_model(node, part)
-    return out
-
-
-def _field_model(node: Any, name: str) -> Any:
-    fields = getattr(node, "model_fields", None)
-    if not fields or name not in fields:
-        return None
-    ann = fields[name].annotation
-    return _first_model(ann)
-
-
-def _first_model(ann: Any) -> Any:
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    for arg in getattr(ann, "__args__", ()) or ():
-        found = _first_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _union_member(_node: Any, _path: list[str], tag: str) -> Any:
-    for cls in _SCHEDULE_KINDS():
-        if cls.model_fields["kind"].default == tag:
-            return cls
-    return None
-
-
-def _SCHEDULE_KINDS() -> list[type[BaseModel]]:  # noqa: N802
-    ann = ExperimentConfig.model_fields["schedule"].annotation
-    return [a for a in getattr(ann, "__args__", ()) if isinstance(a, type)]
-
-
-def _allowed_keys(model: type[BaseModel], loc: list[str]) -> list[str]:
-    node: Any = model
-    for part in loc:
-        if part.isdigit():
-            continue
-        nxt = _field_model(node, part)
-        if nxt is None:
-            nxt = _union_member(node, [], part)
-        node = nxt
-        if node is None:
-            return []
-    return sorted(getattr(node, "model_fields", {}).keys())
-
-
-def _bounds_msg(model: type[BaseModel], loc: list[str]) -> str | None:
-    node: Any = model
-    for part in loc[:-1]:
-        node = _field_model(node, part) or node
-    fields = getattr(node, "model_fields", {})
-    info = fields.get(loc[-1]) if loc else None
-    if info is None:
-        return None
-    lo = hi = None
-    for meta in info.metadata:
-        for attr in ("ge", "gt"):
-            if getattr(meta, attr, None) is not None:
-                lo = f"{'>=' if attr == 'ge' else '>'} {getattr(meta, attr)}"
-        for attr in ("le", "lt"):
-            if getattr(meta, attr, None) is not None:
-                hi = f"{'<=' if attr == 'le' else '<'} {getattr(meta, attr)}"
-    parts = [p for p in (lo, hi) if p]
-    return f"allowed: {' and '.join(parts)}" if parts else None
-
-
 def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
     """Checks that need more than one section (the run's length comes from optim and data)."""
-    from engine.data import iterations_per_epoch  # lazy: data.py imports this module
+    from engine.data import run_length  # lazy: data.py imports this module
 
     problems = []
     sched = cfg.schedule
-    total = cfg.optim.iterations or cfg.optim.epochs * iterations_per_epoch(cfg.data)
+    total = run_length(cfg).total_iterations
     if sched.kind == "cpt" and sched.num_cycles > total:
         problems.append(("schedule.num_cycles", sched.num_cycles,
                          f"allowed: <= the run's {total} iterations (a cycle needs at least one iteration)"))
@@ -316,7 +223,7 @@ def _target_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
     from engine.gate import option_kappa
 
     sched = cfg.schedule
-    kappa = option_kappa(sched.option_precisions(cfg.model.name), sched.weight_bits)
+    kappa = option_kappa(sched.option_precisions(cfg.model.name))
     lo, hi = 100 * float(kappa.min()) / 3, 100 * float(kappa.max()) / 3
     allowed = f"allowed: {lo:.3f}..{hi:.3f} (percent of FP32 over the gated blocks with options " \
               f"{', '.join(sched.option_names(cfg.model.name))} at {sched.weight_bits}-bit weights)"

@@ -1,4 +1,4 @@
-"""Exact BitOPs accounting (algorithms.md 6.1 and 6.4.1).
+"""Exact BitOPs accounting (docs/methods.md §2).
 
 For a conv/linear layer with M forward MACs per sample, one training iteration runs three passes:
 
@@ -8,7 +8,7 @@ For a conv/linear layer with M forward MACs per sample, one training iteration r
 
 so one sample costs ``sum_l M_l (a_l w_l + g_l w_l + a_l g_l)`` BitOPs, fp32 layers counted at 32x32
 (FracTrain's "effective MACs" are BitOPs / 1024; CPT reports GBitOPs). Every conv and linear layer is
-counted, stem and FC included, so savings are not overstated (algorithms.md 10.8); BN, ReLU and pooling
+counted, stem and FC included, so savings are not overstated (methods.md §9); BN, ReLU and pooling
 are not GEMMs and are not counted. The FP32 and FW8/BW8 references of a run use the same counter and the
 same layer map: FP32 puts every layer at 32/32/32, FW8/BW8 puts every layer the method quantizes at 8/8/8.
 Cost formula: FracTrain supplement / reviews (bit-weighted MACs); Fu et al., CPT (ICLR 2021), GBitOPs.
@@ -23,7 +23,7 @@ from functools import lru_cache
 from engine.models.base import LayerInfo, LayerMap
 from engine.precision import FP32, Precision
 
-FW8BW8 = Precision(8, 8, 8)
+FW8BW8 = Precision.fwbw(8, 8)
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,9 @@ class PassCost:
 
 
 def layer_cost(macs: int, prec: Precision) -> PassCost:
-    """BitOPs of the FW, EB and GC passes of one layer for one sample."""
-    if prec.skip:
-        return PassCost(0, 0, 0)
-    return PassCost(macs * prec.act * prec.weight, macs * prec.grad * prec.weight, macs * prec.act * prec.grad)
+    """BitOPs of the FW, EB and GC passes of one layer for one sample: ``macs`` times ``prec.pass_bits()``."""
+    fw, eb, gc = prec.pass_bits()
+    return PassCost(macs * fw, macs * eb, macs * gc)
 
 
 class BitOpsCounter:

@@ -57,8 +57,30 @@ def split_sizes(cfg: DataConfig) -> tuple[int, int]:
     return n_train, n_val
 
 
-def iterations_per_epoch(cfg: DataConfig) -> int:
-    return math.ceil(split_sizes(cfg)[0] / cfg.batch_size)  # no drop_last, as the reference
+def iterations_per_epoch(cfg: DataConfig, train_size: int | None = None) -> int:
+    """Batches per epoch (no drop_last, as the reference); ``train_size``: the loaded split's real size."""
+    n = split_sizes(cfg)[0] if train_size is None else train_size
+    return math.ceil(n / cfg.batch_size)
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """How long a run is, in optimizer steps: what a schedule may know about the run."""
+
+    total_iterations: int
+    iterations_per_epoch: int
+
+    @property
+    def epochs(self) -> int:
+        """Epochs started (the last one may be partial when ``optim.iterations`` does not divide)."""
+        return math.ceil(self.total_iterations / self.iterations_per_epoch)
+
+
+def run_length(cfg, train_size: int | None = None) -> RunLength:
+    """The one run-length formula: ``optim.iterations`` when set, else ``optim.epochs`` whole epochs. From the
+    data set's known size (previews, validation, the orchestrator), or the loaded split's (``train_size``)."""
+    ipe = iterations_per_epoch(cfg.data, train_size)
+    return RunLength(cfg.optim.iterations or cfg.optim.epochs * ipe, ipe)
 
 
 class TensorSplit:

@@ -50,10 +50,10 @@ class RecurrentGate(nn.Module):
         self.register_buffer("allowed", allowed.clone(), persistent=False)
 
     def step(self, block: int, h: torch.Tensor, state):
-        """p_l for block ``block`` from its input ``h``; returns (probabilities (B, K), LSTM state)."""
+        """The logits z_l for block ``block`` from its input ``h``: (logits (B, K), LSTM state); options the
+        block cannot take are at -inf."""
         out, state = self.lstm(self.embeds[block](h).unsqueeze(0), state)
-        logits = self.proj(out[0]).masked_fill(~self.allowed[block], float("-inf"))
-        return torch.softmax(logits, dim=-1), state
+        return self.proj(out[0]).masked_fill(~self.allowed[block], float("-inf")), state
 
 
 def straight_through(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,17 +72,23 @@ class GateTrace:
     probs: torch.Tensor
 
 
-def option_kappa(options: list[Precision], weight_bits: int) -> torch.Tensor:
-    """kappa_k: effective MACs of the three passes per MAC, relative to one 32x32 MAC (3.4)."""
-    vals = []
-    for o in options:
-        vals.append(0.0 if o.skip else (o.act * weight_bits + o.grad * weight_bits + o.act * o.grad) / 1024.0)
-    return torch.tensor(vals)
+def option_kappa(options: list[Precision]) -> torch.Tensor:
+    """kappa_k = (a w + g w + a g) / 1024: effective MACs of the three passes per MAC, relative to one 32x32
+    MAC (0 for skip; ``Precision.bitops_per_mac``, methods.md §6.4)."""
+    return torch.tensor([o.bitops_per_mac() / 1024.0 for o in options], dtype=torch.float64)
+
+
+def normalised_cost(kappa: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """c_lk = (omega_l / mean omega) (kappa_k / mean of the non-zero kappa): (L, K), about 1 for a typical
+    option; the unit of the dual controller's price (methods.md §6.5)."""
+    scale = kappa[kappa > 0].mean() if bool((kappa > 0).any()) else torch.tensor(1.0, dtype=kappa.dtype)
+    return (omega / omega.mean()).view(-1, 1).to(kappa.dtype) * (kappa / scale).view(1, -1)
 
 
 def cost_per_sample(trace: GateTrace, kappa: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
     """c_i = sum_l omega_l sum_k m_ilk kappa_k / mean(omega), differentiable through the masks: (B,)."""
-    return torch.einsum("blk,k,l->b", trace.masks, kappa.to(trace.masks), omega.to(trace.masks)) / omega.mean()
+    om = omega.to(trace.masks)
+    return torch.einsum("blk,k,l->b", trace.masks, kappa.to(trace.masks), om) / om.mean()
 
 
 def gated_cp(choices: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor) -> float:

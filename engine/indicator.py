@@ -1,4 +1,5 @@
-"""PFQ's loss-difference turning-point indicator (FracTrain Alg. 1; algorithms.md 2.2, exact code semantics).
+"""PFQ's loss-difference turning-point indicator (FracTrain Alg. 1; docs/methods.md §4.2, the reference code's
+exact semantics), and the staging of a run built on it (§4.3).
 
 At the end of every evaluation window ``e = 1, 2, ...`` the mean training loss ``L_e`` of that window is fed
 to ``update``:
@@ -17,6 +18,9 @@ same factor, so every ``d_j`` is unchanged: the mean is used here.)
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 
 class LossIndicator:
@@ -81,3 +85,63 @@ class LossIndicator:
         self.scale_sum = float(state["scale_sum"])
         self.buffer = [float(x) for x in state["buffer"]]
         self.last_distances = [float(x) for x in state.get("last_distances", [])]
+
+
+class Staging:
+    """The stages of a run driven by the loss indicator (methods.md §4.3), shared by auto PFQ (bits per stage)
+    and FracTrain (DFQ's cp target per stage).
+
+    The mean training loss of every window of ``eval_every`` iterations (or epochs, ``eval_unit``) goes to a
+    ``LossIndicator``; ``force_final_at`` (a fraction of the run) jumps to the last stage if the indicator has
+    not got there; every switch is recorded in ``events`` with what ``describe(stage)`` says of the new stage.
+    A switch found at the end of iteration t applies from iteration t + 1.
+    """
+
+    def __init__(self, cfg, num_turning_points: int, run, describe: Callable[[int], dict]):
+        self.indicator = LossIndicator(cfg.epsilon, cfg.alpha, num_turning_points, cfg.window, cfg.scale_windows,
+                                       cfg.decay_after)
+        unit = run.iterations_per_epoch if cfg.eval_unit == "epochs" else 1
+        self.window_iters = cfg.eval_every * unit
+        self.force_at = None if cfg.force_final_at is None else math.ceil(cfg.force_final_at * run.total_iterations)
+        self.describe = describe
+        self.events: list[dict] = []
+        self.loss_sum, self.loss_count = 0.0, 0
+
+    @property
+    def stage(self) -> int:
+        return self.indicator.turning_points
+
+    def _event(self, iteration: int, reason: str) -> dict:
+        ev = {"iteration": iteration, "stage": self.stage, **self.describe(self.stage), "reason": reason}
+        self.events.append(ev)
+        return ev
+
+    def before(self, iteration: int) -> None:
+        """Called before every iteration: the forced final stage, once its iteration is reached."""
+        if self.force_at is not None and iteration >= self.force_at and not self.indicator.done:
+            self.indicator.force()
+            self._event(iteration, "forced")
+
+    def observe(self, iteration: int, loss: float) -> bool:
+        """Called after every iteration with the loss the indicator reads; True when a turning point fires."""
+        self.loss_sum += loss
+        self.loss_count += 1
+        if (iteration + 1) % self.window_iters:
+            return False
+        window_loss = self.loss_sum / self.loss_count
+        self.loss_sum, self.loss_count = 0.0, 0
+        if not self.indicator.update(window_loss):
+            return False
+        ev = self._event(iteration + 1, "turning point")
+        ev.update(window=self.indicator.windows_seen, epsilon=self.indicator.epsilon,
+                  distances=[round(d, 5) for d in self.indicator.last_distances])
+        return True
+
+    def state_dict(self) -> dict:
+        return {"indicator": self.indicator.state_dict(), "loss_sum": self.loss_sum, "loss_count": self.loss_count,
+                "events": list(self.events)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.indicator.load_state_dict(state["indicator"])
+        self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
+        self.events = list(state["events"])

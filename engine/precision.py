@@ -1,14 +1,19 @@
-"""Precision as an explicit value (architecture rule 2).
+"""Precision as an explicit value (architecture rule 2; docs/methods.md §1).
 
-``Precision(act, weight, grad)`` holds the bit widths of one quantized conv/linear call:
+``Precision(act=, weight=, grad=)`` holds the bit widths of one quantized conv/linear call (keyword-only, so a
+call site always says which number is which):
 
 * ``act``    -- forward activation bits ("FW" in FracTrain; the input of the layer is quantized),
 * ``weight`` -- weight bits (``w``; equal to ``act`` for static/PFQ/CPT, fixed for DFQ),
 * ``grad``   -- backward error bits ("BW"; the gradient dL/dY at the layer output is quantized).
 
-A component at 32 bits is an exact fp32 bypass (algorithms.md 1.6: the reference quantizes 32-bit
-tensors with 2^32-1 levels; we do not). ``FP32`` is every component at 32 and ``SKIP`` marks a DFQ
-block that is not computed at all: neither is ever spelt as an overloaded 0.
+``Precision.fwbw(fw, bw, weight=None)`` is the papers' FWn/BWm spelling. A component at 32 bits is an exact
+fp32 bypass (the reference quantizes 32-bit tensors with 2^32-1 levels; we do not, methods.md §9). ``FP32``
+is every component at 32 and ``SKIP`` marks a DFQ block that is not computed at all: neither is ever spelt as
+an overloaded 0.
+
+``pass_bits()`` is the one cost-per-MAC formula of the project (methods.md §2): the bit products of the FW
+(a*w), EB (g*w) and GC (a*g) passes of one MAC; every BitOPs figure and DFQ's kappa derive from it.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from engine.errors import ConfigError
 
 FULL_BITS = 32
 MIN_BITS = 1
+FP32_BITOPS_PER_MAC = 3 * FULL_BITS * FULL_BITS  # 3072: the three passes of one MAC at 32x32
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Precision:
     act: int = FULL_BITS
     weight: int = FULL_BITS
@@ -43,11 +49,19 @@ class Precision:
     def is_fp32(self) -> bool:
         return not self.skip and self.act >= FULL_BITS and self.weight >= FULL_BITS and self.grad >= FULL_BITS
 
-    def bitops_per_mac(self) -> int:
-        """a*w + g*w + a*g: the FW, EB and GC passes of one MAC (algorithms.md 6.1). 0 when skipped."""
+    def pass_bits(self) -> tuple[int, int, int]:
+        """(a*w, g*w, a*g): the operand-bit products of the FW, EB and GC passes of one MAC; 0s when skipped."""
         if self.skip:
-            return 0
-        return self.act * self.weight + self.grad * self.weight + self.act * self.grad
+            return 0, 0, 0
+        return self.act * self.weight, self.grad * self.weight, self.act * self.grad
+
+    def bitops_per_mac(self) -> int:
+        """a*w + g*w + a*g: the BitOPs of one MAC over the three training passes (methods.md §2)."""
+        return sum(self.pass_bits())
+
+    def relative_cost(self) -> float:
+        """BitOPs per MAC against the same MAC in FP32 (FW8/BW8: 0.0625); DFQ's kappa / 3."""
+        return self.bitops_per_mac() / FP32_BITOPS_PER_MAC
 
     def __str__(self) -> str:
         if self.skip:

@@ -12,22 +12,16 @@ import math
 from collections import Counter
 
 from engine.config import ExperimentConfig
-from engine.data import iterations_per_epoch
+from engine.data import run_length
 from engine.errors import ConfigError
 from engine.precision import Precision
-from engine.schedules import ScheduleContext, build_schedule
+from engine.schedules import build_schedule
 
 FW8BW8_RATIO = 192 / 3072
 
 
-def run_length(cfg: ExperimentConfig) -> tuple[int, int]:
-    """(total iterations, iterations per epoch) from the config and the data set's known size."""
-    ipe = iterations_per_epoch(cfg.data)
-    return (cfg.optim.iterations or cfg.optim.epochs * ipe), ipe
-
-
 def precision_series(cfg: ExperimentConfig) -> tuple[list[Precision], bool]:
-    total, ipe = run_length(cfg)
+    run = run_length(cfg)
     sched = cfg.schedule
     deterministic = True
     if sched.kind == "pfq" and sched.mode == "auto":
@@ -36,18 +30,14 @@ def precision_series(cfg: ExperimentConfig) -> tuple[list[Precision], bool]:
     if sched.kind == "cpt" and sched.fw_min == "auto":
         raise ConfigError.single("schedule.fw_min", "auto", "chosen by the precision range test at run time; "
                                  "run `fractune prt CONFIG` first and preview with its fw_min")
-    run = build_schedule(sched, ScheduleContext(total, ipe))
-    return [run.precision(t) for t in range(total)], deterministic
-
-
-def bitops_ratio(p: Precision) -> float:
-    return p.bitops_per_mac() / 3072.0
+    schedule = build_schedule(sched, run)
+    return [schedule.precision(t) for t in range(run.total_iterations)], deterministic
 
 
 def preview(cfg: ExperimentConfig) -> dict:
     series, deterministic = precision_series(cfg)
     n = len(series)
-    ratio = math.fsum(bitops_ratio(p) for p in series) / n
+    ratio = math.fsum(p.relative_cost() for p in series) / n
     fw = Counter(p.act for p in series)
     bw = Counter(p.grad for p in series)
     out = {

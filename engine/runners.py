@@ -19,18 +19,28 @@ from engine.errors import TrainingDiverged
 from engine.precision import Precision
 
 
+def sgd_step(opt: torch.optim.Optimizer, loss: torch.Tensor, ce: torch.Tensor) -> float:
+    """The optimizer block of every method: backward of ``loss``, one step; returns the CE's value. Raises
+    ``TrainingDiverged`` on a NaN/inf CE before touching the parameters."""
+    value = ce.item()
+    if not math.isfinite(value):
+        raise TrainingDiverged(f"training loss is {value}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return value
+
+
 def make_step(model, opt: torch.optim.Optimizer):
     """One SGD iteration at ``prec``: returns (CE loss value, number correct). Raises on a NaN/inf loss."""
 
     def step(x: torch.Tensor, y: torch.Tensor, prec: Precision) -> tuple[float, int]:
         logits = model(x, prec)
         loss = F.cross_entropy(logits, y)
-        value = loss.item()
-        if not math.isfinite(value):
-            raise TrainingDiverged(f"training loss is {value} at precision {prec}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        try:
+            value = sgd_step(opt, loss, loss)
+        except TrainingDiverged as err:
+            raise TrainingDiverged(f"{err} at precision {prec}") from None
         return value, int((logits.argmax(1) == y).sum())
 
     return step

@@ -168,7 +168,7 @@ def parse_option(text: str, weight_bits: int) -> Precision:
     if text.strip().lower() == "skip":
         return SKIP
     fw, bw = (int(x) for x in text.split("/"))
-    return Precision(fw, weight_bits, bw)
+    return Precision(act=fw, weight=weight_bits, grad=bw)
 
 
 class GatedSettings(Strict):
@@ -176,7 +176,11 @@ class GatedSettings(Strict):
 
     options: str | list[str] = "paper"  # a preset name (paper, reference, cap8) or a list like [skip, 4/8]
     weight_bits: Bits = 4  # fixed for every option (README: 4 on CIFAR, 6 on ImageNet)
-    beta: float = Field(0.128, ge=0.0, le=1000.0)  # per sample: the reference's 1e-3 x batch 128
+    # the cp controller (methods.md §6.5): dual (default: a Lagrange multiplier that prices the gate's decision,
+    # updated by dual ascent) or reference (the papers' bang-bang sign rule on the cost term)
+    controller: Literal["dual", "reference"] = "dual"
+    controller_gain: float = Field(0.1, gt=0.0, le=100.0)  # dual: price step per unit of relative cp error
+    beta: float = Field(0.128, ge=0.0, le=1000.0)  # cost term per sample: reference s*beta (1e-3 x batch 128), dual beta*price
     block_cost: Literal["uniform", "macs"] | None = None  # omega_l; None: the reference (uniform for ResNets)
     execution: Literal["masked", "routed"] = "masked"  # masked: the reference (every option for every sample)
     gate_dim: int = Field(32, ge=1, le=4096)

@@ -13,17 +13,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.data import RunLength
 from engine.errors import ConfigError
-from engine.indicator import LossIndicator
+from engine.indicator import Staging
 from engine.precision import FP32, Precision
-
-
-@dataclass
-class ScheduleContext:
-    """What a schedule may know about the run: its length and the epoch length, in iterations."""
-
-    total_iterations: int
-    iterations_per_epoch: int
 
 
 class RunSchedule:
@@ -53,12 +46,12 @@ class RunSchedule:
 class ManualPFQ(RunSchedule):
     """PFQ with stages switched at fixed fractions of the run (the supplement's manual PFQ)."""
 
-    def __init__(self, cfg, ctx: ScheduleContext):
+    def __init__(self, cfg, run: RunLength):
         super().__init__(cfg.stage_precision(0))
         self.cfg = cfg
         n = len(cfg.fw)
         fractions = cfg.switch_at if cfg.switch_at is not None else [i / n for i in range(1, n)]
-        self.starts = [round(f * ctx.total_iterations) for f in fractions]
+        self.starts = [round(f * run.total_iterations) for f in fractions]
 
     def stage(self, iteration: int) -> int:
         return sum(1 for s in self.starts if iteration >= s)
@@ -76,52 +69,36 @@ class ManualPFQ(RunSchedule):
 
 
 class AutoPFQ(RunSchedule):
-    """PFQ driven by the loss indicator; ``force_final_at`` optionally guarantees the last stage."""
+    """PFQ driven by the loss indicator's staging (methods.md §4.2-4.3); ``force_final_at`` optionally
+    guarantees the last stage."""
 
-    def __init__(self, cfg, ctx: ScheduleContext):
-        super().__init__(cfg.stage_precision(0))
-        self.cfg = cfg
-        self.indicator = LossIndicator(cfg.epsilon, cfg.alpha, cfg.turning_points, cfg.window, cfg.scale_windows,
-                                       cfg.decay_after)
-        unit = ctx.iterations_per_epoch if cfg.eval_unit == "epochs" else 1
-        self.window_iters = cfg.eval_every * unit
-        self.force_at = None if cfg.force_final_at is None else math.ceil(cfg.force_final_at * ctx.total_iterations)
-        self.loss_sum, self.loss_count = 0.0, 0
+    def __init__(self, cfg, run: RunLength):  # noqa: D107  (no super().__init__: events live in the staging)
+        self._prec, self.cfg = cfg.stage_precision(0), cfg
+        self.staging = Staging(cfg, cfg.turning_points, run, lambda st: _bits(cfg.stage_precision(st)))
+
+    @property
+    def events(self) -> list[dict]:
+        return self.staging.events
 
     @property
     def stage(self) -> int:
-        return self.indicator.turning_points
+        return self.staging.stage
 
     def precision(self, iteration: int) -> Precision:
-        if self.force_at is not None and iteration >= self.force_at and not self.indicator.done:
-            self.indicator.force()
-            self.events.append(_event(iteration, self.stage, self.cfg.stage_precision(self.stage), "forced"))
+        self.staging.before(iteration)
         return self.cfg.stage_precision(self.stage)
 
     def observe(self, iteration: int, loss: float) -> None:
-        self.loss_sum += loss
-        self.loss_count += 1
-        if (iteration + 1) % self.window_iters:
-            return
-        window_loss = self.loss_sum / self.loss_count
-        self.loss_sum, self.loss_count = 0.0, 0
-        if self.indicator.update(window_loss):  # the new stage applies from the next iteration
-            ev = _event(iteration + 1, self.stage, self.cfg.stage_precision(self.stage), "turning point")
-            ev.update(window=self.indicator.windows_seen, epsilon=self.indicator.epsilon,
-                      distances=[round(d, 5) for d in self.indicator.last_distances])
-            self.events.append(ev)
+        self.staging.observe(iteration, loss)
 
     def epoch_metrics(self) -> dict[str, float]:
-        return {"stage": float(self.stage), "pfq_epsilon": self.indicator.epsilon}
+        return {"stage": float(self.stage), "pfq_epsilon": self.staging.indicator.epsilon}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "indicator": self.indicator.state_dict(),
-                "loss_sum": self.loss_sum, "loss_count": self.loss_count}
+        return self.staging.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.indicator.load_state_dict(state["indicator"])
-        self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
+        self.staging.load_state_dict(state)
 
 
 def cyclic_bits(t: int, lo: int, hi: int, period: float, rounding: str = "rint") -> int:
@@ -138,7 +115,7 @@ def cyclic_bits(t: int, lo: int, hi: int, period: float, rounding: str = "rint")
 
 
 class CPT(RunSchedule):
-    def __init__(self, cfg, ctx: ScheduleContext, fw_min: int | None = None):
+    def __init__(self, cfg, run: RunLength, fw_min: int | None = None):
         fw_min = cfg.fw_min if fw_min is None else fw_min
         if fw_min == "auto":
             raise ConfigError.single("schedule.fw_min", "auto", "resolved by the precision range test before "
@@ -147,10 +124,10 @@ class CPT(RunSchedule):
         # total / cycles, not floor division: with a remainder, floor division starts an extra cycle at the
         # run's end, so the final iterations (and the final evaluation) would run at fw_min (reference runs
         # have 64000 / 32 = 2000 exactly, where both agree)
-        self.period = ctx.total_iterations / cfg.num_cycles
+        self.period = run.total_iterations / cfg.num_cycles
         if self.period < 1:
             raise ConfigError.single("schedule.num_cycles", cfg.num_cycles,
-                                     f"allowed: <= the run's {ctx.total_iterations} iterations")
+                                     f"allowed: <= the run's {run.total_iterations} iterations")
         super().__init__(self.precision(0))
 
     def precision(self, iteration: int) -> Precision:
@@ -163,9 +140,12 @@ class CPT(RunSchedule):
         return {"cpt_fw_min": float(self.fw_min)}
 
 
+def _bits(prec: Precision) -> dict:
+    return {"fw_bits": prec.act, "bw_bits": prec.grad, "weight_bits": prec.weight}
+
+
 def _event(iteration: int, stage: int, prec: Precision, reason: str) -> dict:
-    return {"iteration": iteration, "stage": stage, "fw_bits": prec.act, "bw_bits": prec.grad,
-            "weight_bits": prec.weight, "reason": reason}
+    return {"iteration": iteration, "stage": stage, **_bits(prec), "reason": reason}
 
 
 SCHEDULES: dict[str, Callable[..., RunSchedule]] = {}
@@ -180,27 +160,27 @@ def register_schedule(kind: str):
 
 
 @register_schedule("fp32")
-def _fp32(cfg, ctx: ScheduleContext, **_) -> RunSchedule:
+def _fp32(cfg, run: RunLength, **_) -> RunSchedule:
     return RunSchedule(FP32)
 
 
 @register_schedule("static")
-def _static(cfg, ctx: ScheduleContext, **_) -> RunSchedule:
+def _static(cfg, run: RunLength, **_) -> RunSchedule:
     return RunSchedule(cfg.precision())
 
 
 @register_schedule("pfq")
-def _pfq(cfg, ctx: ScheduleContext, **_) -> RunSchedule:
-    return ManualPFQ(cfg, ctx) if cfg.mode == "manual" else AutoPFQ(cfg, ctx)
+def _pfq(cfg, run: RunLength, **_) -> RunSchedule:
+    return ManualPFQ(cfg, run) if cfg.mode == "manual" else AutoPFQ(cfg, run)
 
 
 @register_schedule("cpt")
-def _cpt(cfg, ctx: ScheduleContext, fw_min: int | None = None, **_) -> RunSchedule:
-    return CPT(cfg, ctx, fw_min)
+def _cpt(cfg, run: RunLength, fw_min: int | None = None, **_) -> RunSchedule:
+    return CPT(cfg, run, fw_min)
 
 
-def build_schedule(cfg, ctx: ScheduleContext, **resolved) -> RunSchedule:
-    return SCHEDULES[cfg.kind](cfg, ctx, **resolved)
+def build_schedule(cfg, run: RunLength, **resolved) -> RunSchedule:
+    return SCHEDULES[cfg.kind](cfg, run, **resolved)
 
 
 @dataclass

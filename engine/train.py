@@ -1,11 +1,15 @@
-"""The one training loop: ``train_and_evaluate(cfg, report) -> RunResult`` (architecture rule 6).
+"""The one training loop: ``train_and_evaluate(cfg, report) -> RunResult`` (architecture rule 6; docs/methods.md §8).
 
 SGD (momentum 0.9, weight decay 1e-4 on all parameters), a piecewise (/10 at 50% and 75% of the run, the
-paper's epochs 80 and 120 of 160) or cosine learning rate with optional constant warm-up (algorithms.md 8).
-Before every iteration the schedule gives the precision; BitOPs are counted per iteration from the actual
-batch size (algorithms.md 6.4.1). After every epoch the model is evaluated on the validation split and the
-test set at the precision in use, and the epoch's metrics leave only through ``report(metrics, save)``,
-where ``save(dir)`` writes a checkpoint that ``resume_from`` restores exactly.
+paper's epochs 80 and 120 of 160) or cosine learning rate with optional constant warm-up. Before every
+iteration the schedule gives the precision; BitOPs are counted per iteration from the actual batch size
+(methods.md §2). After every epoch the model is evaluated on the validation split and the test set at the
+precision in use, and the epoch's metrics leave only through ``report(metrics, save)``, where ``save(dir)``
+writes a checkpoint that ``resume_from`` restores exactly.
+
+``train_and_evaluate`` is a short sequence of named steps: load the data and any checkpoint, resolve CPT's
+``fw_min: auto`` (the precision range test), build the ``Trainer`` (model, BitOPs counter, optimizer, runner),
+restore it, then train epoch by epoch and summarise.
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ import torch.nn.functional as F
 from engine import checkpoint
 from engine.config import ExperimentConfig
 from engine.cost import BitOpsCounter, CostTotals
-from engine.data import load_data
+from engine.data import DataSplits, load_data, run_length
 from engine.dfq import GatedRunner
 from engine.errors import CheckpointError, TrainingDiverged
 from engine.models import build_model
 from engine.models.gated import GatedModel
 from engine.runners import StaticRunner, make_step
-from engine.schedules import PrecisionTrace, ScheduleContext, build_schedule
+from engine.schedules import PrecisionTrace, build_schedule
 
 Reporter = Callable[[dict, Callable[[str | Path], Path]], None]
 
@@ -61,7 +65,7 @@ def pick_device(name: str) -> torch.device:
 
 def prepare(cfg: ExperimentConfig, data_info, device: torch.device):
     """The model (gated for DFQ/FracTrain) with its layer map, and the BitOPs counter over the same map."""
-    backbone = build_model(cfg.model.name, data_info.channels, data_info.classes, cfg.quant.act_momentum)
+    backbone = build_model(cfg.model.name, data_info.channels, data_info.classes, cfg.act_momentum)
     backbone.set_layer_map(cfg.layer_map(stem_default=backbone.stem_quantized_by_default))
     table = backbone.layer_table((data_info.channels, data_info.size, data_info.size))
     counter = BitOpsCounter(table, backbone.layer_map)
@@ -88,7 +92,7 @@ def evaluate(model, logits_fn, split, batch_size: int, device: torch.device) -> 
 
 
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]), "numpy_seed": None}
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -96,6 +100,7 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(int(x) for x in state["python"]), None))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -131,142 +136,196 @@ def run_prt(cfg: ExperimentConfig, data, device: torch.device):
     return result, counter
 
 
+# ---------------------------------------------------------------------------------------------------
+# the steps of train_and_evaluate
+
+
+def load_resume_state(cfg: ExperimentConfig, resume_from, device: torch.device) -> dict | None:
+    """The checkpoint to resume from, refused when another configuration wrote it."""
+    if resume_from is None:
+        return None
+    state = checkpoint.load(resume_from, map_location=device)
+    if state["config"] != cfg.to_dict():
+        raise CheckpointError("checkpoint: it was written by a different configuration; refusing to resume")
+    return state
+
+
+def resolve_fw_min(cfg: ExperimentConfig, data: DataSplits, device: torch.device, state: dict | None,
+                   totals: CostTotals) -> dict | None:
+    """CPT's ``fw_min: auto``: the precision range test's result (from the checkpoint when resuming; its
+    BitOPs are added to the run's totals), else None."""
+    if getattr(cfg.schedule, "fw_min", None) != "auto":
+        return None
+    if state is not None:
+        return state["prt"]
+    result, counter = run_prt(cfg, data, device)
+    samples = result.iterations * cfg.data.batch_size
+    totals.add(result.bitops, samples * counter.fp32_per_sample(), samples * counter.fw8bw8_per_sample())
+    return result.as_dict()
+
+
+class Trainer:
+    """The state of one run between epochs: model, optimizer, runner, BitOPs totals, history, position."""
+
+    def __init__(self, cfg: ExperimentConfig, data: DataSplits, device: torch.device, totals: CostTotals,
+                 prt_info: dict | None):
+        self.cfg, self.data, self.device, self.totals, self.prt_info = cfg, data, device, totals, prt_info
+        self.started, self.wall_before = time.perf_counter(), 0.0
+        seed_everything(cfg.seed)
+        self.model, self.counter = prepare(cfg, data.info, device)
+        self.run = run_length(cfg, len(data.train))
+        self.opt = make_optimizer(cfg, self.model)
+        if cfg.gated:
+            self.runner = GatedRunner(cfg.schedule, self.model, self.counter, self.opt, self.run, cfg.model.name)
+        else:
+            resolved = {} if prt_info is None else {"fw_min": int(prt_info["fw_min"])}
+            self.runner = StaticRunner(build_schedule(cfg.schedule, self.run, **resolved), self.model, self.counter,
+                                       self.opt)
+        self.history: list[dict] = []
+        self.epoch = self.iteration = 0
+        self.bar = None
+
+    # -- resume ---------------------------------------------------------------------------------------
+    def restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.runner.load_state_dict(state["schedule"])
+        self.totals.load_state_dict(state["totals"])
+        self.history = list(state["history"])
+        self.epoch, self.iteration = int(state["epoch"]), int(state["iteration"])
+        self.wall_before = float(state["wall_seconds"])
+        _set_rng_state(state["rng"])
+
+    def snapshot(self, directory: str | Path) -> Path:
+        return checkpoint.save(directory, {
+            "config": self.cfg.to_dict(), "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "schedule": self.runner.state_dict(), "totals": self.totals.state_dict(), "history": self.history,
+            "epoch": self.epoch, "iteration": self.iteration, "rng": _rng_state(), "prt": self.prt_info,
+            "wall_seconds": self.wall_seconds(),
+        })
+
+    def wall_seconds(self) -> float:
+        return self.wall_before + time.perf_counter() - self.started
+
+    # -- training -------------------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.epoch >= self.run.epochs or self.iteration >= self.run.total_iterations
+
+    def show_progress(self) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.run.total_iterations, initial=self.iteration, desc=self.cfg.name, unit="it",
+                        dynamic_ncols=True, leave=False)
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
+        """One iteration at the scheduled learning rate (with the config's fault injection, if any)."""
+        lr = lr_at(self.cfg, self.iteration, self.run.total_iterations)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        debug = self.cfg.debug
+        if self.iteration == debug.nan_loss_at_iteration:
+            x = torch.full_like(x, float("nan"))  # fault injection: the loss becomes NaN
+        try:
+            out = self.runner.step(x, y, self.iteration)
+        except TrainingDiverged as err:
+            raise TrainingDiverged(f"{err} (epoch {self.epoch + 1}, iteration {self.iteration})") from None
+        if debug.sleep_per_iteration:
+            time.sleep(debug.sleep_per_iteration)
+        return out
+
+    def train_epoch(self) -> dict:
+        """One epoch of training, then evaluation; returns the epoch's metrics (also kept in ``history``)."""
+        cfg, runner, counter = self.cfg, self.runner, self.counter
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.epoch)
+        trace, epoch_cost = PrecisionTrace(), CostTotals()
+        loss_sum, correct, seen = 0.0, 0, 0
+        events_before = len(runner.events)
+        for x, y in self.data.train.batches(cfg.data.batch_size, True, cfg.data.augment, gen, self.device):
+            if self.iteration >= self.run.total_iterations:
+                break
+            loss_value, ok = self._step(x, y)
+            b = len(y)
+            epoch_cost.add(runner.last_bitops, b * counter.fp32_per_sample(), b * counter.fw8bw8_per_sample())
+            trace.add(runner.last_fw, runner.last_bw)
+            loss_sum, correct, seen = loss_sum + loss_value * b, correct + ok, seen + b
+            self.iteration += 1
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.set_postfix(epoch=self.epoch + 1, loss=f"{loss_value:.3f}", fw=f"{runner.last_fw:.1f}",
+                                     refresh=False)
+        self.totals.add(epoch_cost.bitops, epoch_cost.fp32, epoch_cost.fw8bw8)
+        self.epoch += 1
+        fw_bits, bw_bits = trace.means()
+        metrics = {
+            "epoch": self.epoch,
+            "iteration": self.iteration,
+            "lr": lr_at(cfg, self.iteration - 1, self.run.total_iterations),
+            "loss": loss_sum / max(seen, 1),
+            "train_accuracy": correct / max(seen, 1),
+            **self.evaluate(),
+            "step_bitops": epoch_cost.bitops / max(trace.n, 1),
+            "epoch_gbitops": epoch_cost.bitops / 1e9,
+            "cum_gbitops": self.totals.bitops / 1e9,
+            "train_bitops": float(self.totals.bitops),
+            "cp": epoch_cost.cp,
+            "cum_cp": self.totals.cp,
+            "fw_bits": fw_bits,
+            "bw_bits": bw_bits,
+            "wall_seconds": self.wall_seconds(),
+            **runner.end_epoch(),
+            "events": [dict(e, epoch=self.epoch) for e in runner.events[events_before:]],
+        }
+        self.history.append(metrics)
+        return metrics
+
+    def evaluate(self) -> dict:
+        """Validation and test accuracy and loss at the precision in use."""
+        cfg, runner = self.cfg, self.runner
+        val_acc = val_loss = float("nan")
+        if self.data.val is not None:
+            val_acc, val_loss = evaluate(self.model, runner.eval_logits, self.data.val, cfg.data.eval_batch_size,
+                                         self.device)
+        test_acc, test_loss = evaluate(self.model, runner.eval_logits, self.data.test, cfg.data.eval_batch_size,
+                                       self.device)
+        return {"val_accuracy": val_acc, "val_loss": val_loss, "accuracy": test_acc, "test_loss": test_loss}
+
+    def result(self) -> RunResult:
+        if self.bar is not None:
+            self.bar.close()
+        summary = summarize(self.cfg, self.history, self.totals, self.counter, self.wall_seconds())
+        summary["events"] = [e for h in self.history for e in h["events"]]
+        summary.update(self.runner.summary())
+        if self.cfg.gated and self.history:
+            last = self.history[-1]
+            summary.update(target_cp=last["target_cp"], cp_last_epoch=last["cp_gated"],
+                           bit_allocation=last["bit_allocation"])
+        if self.prt_info is not None:
+            summary["prt"] = self.prt_info
+        return RunResult(summary, self.history)
+
+
 def train_and_evaluate(
     cfg: ExperimentConfig,
     report: Reporter | None = None,
     resume_from: str | Path | None = None,
     progress: bool = False,
 ) -> RunResult:
-    started = time.perf_counter()
     device = pick_device(cfg.device)
     data = load_data(cfg.data)
-    state = checkpoint.load(resume_from, map_location=device) if resume_from is not None else None
-    if state is not None and state["config"] != cfg.to_dict():
-        raise CheckpointError("checkpoint: it was written by a different configuration; refusing to resume")
-
+    state = load_resume_state(cfg, resume_from, device)
     totals = CostTotals()
-    resolved: dict = {}
-    prt_info = None
-    if getattr(cfg.schedule, "fw_min", None) == "auto":
-        if state is not None:
-            prt_info = state["prt"]
-        else:
-            result, prt_counter = run_prt(cfg, data, device)
-            prt_info = result.as_dict()
-            totals.add(result.bitops, result.iterations * cfg.data.batch_size * prt_counter.fp32_per_sample(),
-                       result.iterations * cfg.data.batch_size * prt_counter.fw8bw8_per_sample())
-        resolved["fw_min"] = int(prt_info["fw_min"])
-
-    seed_everything(cfg.seed)
-    model, counter = prepare(cfg, data.info, device)
-    ipe = math.ceil(len(data.train) / cfg.data.batch_size)
-    total = cfg.optim.iterations or cfg.optim.epochs * ipe
-    epochs = math.ceil(total / ipe)
-    ctx = ScheduleContext(total, ipe)
-    opt = make_optimizer(cfg, model)
-    if cfg.gated:
-        runner = GatedRunner(cfg.schedule, model, counter, opt, ctx, cfg.model.name)
-    else:
-        runner = StaticRunner(build_schedule(cfg.schedule, ctx, **resolved), model, counter, opt)
-    history: list[dict] = []
-    epoch, iteration, wall_before = 0, 0, 0.0
-
+    prt_info = resolve_fw_min(cfg, data, device, state, totals)
+    trainer = Trainer(cfg, data, device, totals, prt_info)
     if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        runner.load_state_dict(state["schedule"])
-        totals.load_state_dict(state["totals"])
-        history = list(state["history"])
-        epoch, iteration, wall_before = int(state["epoch"]), int(state["iteration"]), float(state["wall_seconds"])
-        _set_rng_state(state["rng"])
-
-    def snapshot(directory: str | Path) -> Path:
-        return checkpoint.save(directory, {
-            "config": cfg.to_dict(), "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "schedule": runner.state_dict(), "totals": totals.state_dict(), "history": history,
-            "epoch": epoch, "iteration": iteration, "rng": _rng_state(), "prt": prt_info,
-            "wall_seconds": wall_before + time.perf_counter() - started,
-        })
-
-    bar = None
+        trainer.restore(state)
     if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, initial=iteration, desc=cfg.name, unit="it", dynamic_ncols=True, leave=False)
-
-    model.train()
-    while epoch < epochs and iteration < total:
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-        trace, epoch_cost = PrecisionTrace(), CostTotals()
-        loss_sum, correct, seen = 0.0, 0, 0
-        events_before = len(runner.events)
-        for x, y in data.train.batches(cfg.data.batch_size, True, cfg.data.augment, gen, device):
-            if iteration >= total:
-                break
-            lr = lr_at(cfg, iteration, total)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            try:
-                if iteration == cfg.debug.nan_loss_at_iteration:
-                    x = torch.full_like(x, float("nan"))  # fault injection: the loss becomes NaN
-                loss_value, ok = runner.step(x, y, iteration)
-            except TrainingDiverged as err:
-                raise TrainingDiverged(f"{err} (epoch {epoch + 1}, iteration {iteration})") from None
-            if cfg.debug.sleep_per_iteration:
-                time.sleep(cfg.debug.sleep_per_iteration)
-            b = len(y)
-            epoch_cost.add(runner.last_bitops, b * counter.fp32_per_sample(), b * counter.fw8bw8_per_sample())
-            trace.add(runner.last_fw, runner.last_bw)
-            loss_sum += loss_value * b
-            correct += ok
-            seen += b
-            iteration += 1
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(epoch=epoch + 1, loss=f"{loss_value:.3f}", fw=f"{runner.last_fw:.1f}", refresh=False)
-        totals.add(epoch_cost.bitops, epoch_cost.fp32, epoch_cost.fw8bw8)
-        val_acc, val_loss = (evaluate(model, runner.eval_logits, data.val, cfg.data.eval_batch_size, device)
-                             if data.val is not None else (float("nan"), float("nan")))
-        test_acc, test_loss = evaluate(model, runner.eval_logits, data.test, cfg.data.eval_batch_size, device)
-        epoch += 1
-        fw_bits, bw_bits = trace.means()
-        metrics = {
-            "epoch": epoch,
-            "iteration": iteration,
-            "lr": lr_at(cfg, iteration - 1, total),
-            "loss": loss_sum / max(seen, 1),
-            "train_accuracy": correct / max(seen, 1),
-            "val_accuracy": val_acc,
-            "val_loss": val_loss,
-            "accuracy": test_acc,
-            "test_loss": test_loss,
-            "step_bitops": epoch_cost.bitops / max(trace.n, 1),
-            "epoch_gbitops": epoch_cost.bitops / 1e9,
-            "cum_gbitops": totals.bitops / 1e9,
-            "train_bitops": float(totals.bitops),
-            "cp": epoch_cost.cp,
-            "cum_cp": totals.cp,
-            "fw_bits": fw_bits,
-            "bw_bits": bw_bits,
-            "wall_seconds": wall_before + time.perf_counter() - started,
-            **runner.end_epoch(),
-            "events": [dict(e, epoch=epoch) for e in runner.events[events_before:]],
-        }
-        history.append(metrics)
+        trainer.show_progress()
+    while not trainer.finished:
+        metrics = trainer.train_epoch()
         if report is not None:
-            report(dict(metrics), snapshot)
-    if bar is not None:
-        bar.close()
-    summary = summarize(cfg, history, totals, counter, wall_before + time.perf_counter() - started)
-    summary["events"] = [e for h in history for e in h["events"]]
-    summary.update(runner.summary())
-    if cfg.gated and history:
-        last = history[-1]
-        summary.update(target_cp=last["target_cp"], cp_last_epoch=last["cp_gated"],
-                       bit_allocation=last["bit_allocation"])
-    if prt_info is not None:
-        summary["prt"] = prt_info
-    return RunResult(summary, history)
+            report(dict(metrics), trainer.snapshot)
+    return trainer.result()
 
 
 def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, counter: BitOpsCounter,

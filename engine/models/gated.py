@@ -40,6 +40,16 @@ class GatedModel(nn.Module):
         self.skip_index = next((k for k, o in enumerate(self.options) if o.skip), None)
         self.gate = RecurrentGate([b.in_channels for b in backbone.blocks], len(self.options), allowed,
                                   gate_dim, embed_dim, hidden_dim)
+        # the dual controller's price on the options' normalised costs (engine.controller): (L, K) and a scalar;
+        # saved with the model, so evaluation and a resumed run decide as training did
+        self.register_buffer("option_cost", torch.zeros(len(backbone.blocks), len(self.options)))
+        self.register_buffer("price", torch.zeros(()))
+
+    def set_option_cost(self, cost: torch.Tensor) -> None:
+        self.option_cost.copy_(cost.to(self.option_cost))
+
+    def set_price(self, price: float) -> None:
+        self.price.fill_(price)
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -86,8 +96,12 @@ class GatedModel(nn.Module):
         h = bb.features(x, FP32)  # the layer map keeps the stem fp32 in DFQ
         state = None
         masks, choices, probs = [], [], []
+        priced = bool(self.price != 0)
         for i, block in enumerate(bb.blocks):
-            p, state = self.gate.step(i, h, state)
+            z, state = self.gate.step(i, h, state)
+            if priced:  # the decision argmax_k (z_lk - price * c_lk) (methods.md §6.5)
+                z = z - self.price * self.option_cost[i]
+            p = torch.softmax(z, dim=-1)
             choice, mask = straight_through(p)
             if forced is not None:
                 choice = forced[:, i]

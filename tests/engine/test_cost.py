@@ -30,7 +30,7 @@ def test_one_conv_by_hand():
     assert (c.fw, c.eb, c.gc) == (442_368 * 4 * 6, 442_368 * 8 * 6, 442_368 * 4 * 8)
     counter = BitOpsCounter(table, LayerMap())
     assert counter.fp32_per_sample() == 3 * 442_368 * 32 * 32
-    assert counter.per_sample(Precision(8, 8, 8)) == 3 * 442_368 * 64
+    assert counter.per_sample(Precision.fwbw(8, 8)) == 3 * 442_368 * 64
     assert layer_cost(442_368, SKIP).total == 0
 
 
@@ -56,11 +56,11 @@ def test_layer_map_drives_the_count():
     fc = 640
     stem = 442_368
     all_q = BitOpsCounter(table, LayerMap(stem=True, fc=True))
-    assert all_q.per_sample(Precision(8, 8, 8)) / all_q.fp32_per_sample() == 0.0625
+    assert all_q.per_sample(Precision.fwbw(8, 8)) / all_q.fp32_per_sample() == 0.0625
     ref = BitOpsCounter(table, LayerMap(stem=True, fc=False))  # the static-method reference: FC fp32
-    assert ref.per_sample(Precision(8, 8, 8)) == 192 * (total - fc) + 3072 * fc
+    assert ref.per_sample(Precision.fwbw(8, 8)) == 192 * (total - fc) + 3072 * fc
     dfq_like = BitOpsCounter(table, LayerMap(stem=False, fc=False))
-    assert dfq_like.per_sample(Precision(8, 8, 8)) == 192 * (total - fc - stem) + 3072 * (fc + stem)
+    assert dfq_like.per_sample(Precision.fwbw(8, 8)) == 192 * (total - fc - stem) + 3072 * (fc + stem)
     assert ref.per_sample(FP32) == ref.fp32_per_sample() == 3072 * total
 
 
@@ -71,9 +71,9 @@ def test_mobilenetv2_depthwise_fixed_precision():
     assert dws == pytest.approx(11.76e6 / 2, rel=0.01)  # compute_flops.py's table counts 2 x MACs
     conv = sum(x.macs for x in table if x.role == "body")
     assert conv == pytest.approx(155.65e6 / 2, rel=0.01)
-    lm = LayerMap(stem=True, fc=False, head=True, depthwise=Precision(8, 8, 16))
+    lm = LayerMap(stem=True, fc=False, head=True, depthwise=Precision.fwbw(8, 16))
     counter = BitOpsCounter(table, lm)
-    per = counter.per_layer(Precision(4, 4, 8))
+    per = counter.per_layer(Precision.fwbw(4, 8))
     assert {r["precision"] for r in per if r["role"] == "depthwise"} == {"FW8/BW16"}
     assert {r["precision"] for r in per if r["role"] == "body"} == {"FW4/BW8"}
 

@@ -24,7 +24,7 @@ from engine.precision import FP32, SKIP, Precision
 from engine.schedule_config import cp0_for_total
 from engine.train import train_and_evaluate
 
-OPTS = [SKIP, Precision(4, 4, 8), Precision(6, 4, 12)]
+OPTS = [SKIP, Precision.fwbw(4, 8), Precision(act=6, weight=4, grad=12)]
 
 
 def toy(execution="masked", options=OPTS, seed=0):
@@ -37,13 +37,14 @@ def toy(execution="masked", options=OPTS, seed=0):
 def test_gate_shapes_and_probabilities():
     gate = RecurrentGate([8, 16], 3, torch.ones(2, 3, dtype=torch.bool))
     h = torch.randn(5, 8, 6, 6)
-    p, state = gate.step(0, h, None)
-    assert p.shape == (5, 3) and torch.allclose(p.sum(1), torch.ones(5))
-    p2, _ = gate.step(1, torch.randn(5, 16, 3, 3), state)
-    assert p2.shape == (5, 3)
+    z, state = gate.step(0, h, None)
+    assert z.shape == (5, 3) and torch.isfinite(z).all()
+    z2, _ = gate.step(1, torch.randn(5, 16, 3, 3), state)
+    assert z2.shape == (5, 3)
     blocked = RecurrentGate([8], 3, torch.tensor([[False, True, True]]))
-    p3, _ = blocked.step(0, h, None)
-    assert torch.all(p3[:, 0] == 0)  # an option a block cannot take has probability 0
+    z3, _ = blocked.step(0, h, None)
+    p3 = torch.softmax(z3, -1)
+    assert torch.all(p3[:, 0] == 0) and torch.allclose(p3.sum(1), torch.ones(5))  # a blocked option: p = 0
 
 
 def test_straight_through_value_and_gradient():
@@ -78,7 +79,7 @@ def test_a_skipped_block_costs_zero_and_passes_its_input():
 
 
 def test_cp_by_hand_for_a_two_block_toy():
-    kappa = option_kappa(OPTS, weight_bits=4)
+    kappa = option_kappa(OPTS)
     assert kappa.tolist() == pytest.approx([0.0, 80 / 1024, (24 + 48 + 72) / 1024])
     choices = torch.tensor([[0, 1], [1, 2]])  # sample 1: skip, 4/8; sample 2: 4/8, 6/12
     omega = torch.ones(2)
@@ -122,7 +123,7 @@ def test_cost_gradient_is_the_same_in_both_modes():
     for mode in ("masked", "routed"):
         model = toy(mode).eval()  # eval: the same batch statistics, so the same gate inputs in both modes
         _, trace = model(x)
-        cost_per_sample(trace, option_kappa(OPTS, 4), torch.ones(2)).mean().backward()
+        cost_per_sample(trace, option_kappa(OPTS), torch.ones(2)).mean().backward()
         grads.append(model.gate.proj.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1])
 

@@ -19,7 +19,7 @@ def test_forward_shapes(name, shape):
     torch.manual_seed(0)
     model = build_model(name, shape[0], 10)
     x = torch.randn(2, *shape)
-    for prec in (FP32, Precision(8, 8, 8)):
+    for prec in (FP32, Precision.fwbw(8, 8)):
         assert model(x, prec).shape == (2, 10)
 
 
@@ -40,7 +40,7 @@ def test_quantized_step_reduces_loss_on_a_fixed_batch():
     x, y = torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,))
     losses = []
     for _ in range(30):
-        loss = F.cross_entropy(model(x, Precision(4, 4, 8)), y)
+        loss = F.cross_entropy(model(x, Precision.fwbw(4, 8)), y)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -92,7 +92,7 @@ def test_qconv_forward_uses_quantized_input_and_weight():
     torch.manual_seed(0)
     conv = QConv2d(3, 4, 3, 1, 1, bias=False)
     x = torch.randn(2, 3, 6, 6)
-    y = conv(x, Precision(4, 3, 8))
+    y = conv(x, Precision(act=4, weight=3, grad=8))
     xq = quant.quantize_tensor(x, 4)
     wq = quant.quantize_weight(conv.weight, 3)
     assert torch.allclose(y, F.conv2d(xq, wq, None, 1, 1), atol=1e-5)
@@ -102,16 +102,16 @@ def test_qconv_forward_uses_quantized_input_and_weight():
 def test_running_range_ema_and_eval_mode():
     conv = QConv2d(1, 1, 1, bias=False, act_momentum=0.9)
     x = torch.tensor([[[[-1.0, 3.0]]]])
-    conv(x, Precision(8, 8, 8))
+    conv(x, Precision.fwbw(8, 8))
     # run = 0.9 * 0 + 0.1 * batch value (weight on the OLD value, the reference's convention)
     assert conv.run_lo.item() == pytest.approx(-0.1)
     assert conv.run_range.item() == pytest.approx(0.4)
-    conv(x, Precision(8, 8, 8))
+    conv(x, Precision.fwbw(8, 8))
     assert conv.run_lo.item() == pytest.approx(-0.19)
     conv.eval()
     before = (conv.run_lo.clone(), conv.run_range.clone())
     with torch.no_grad():
-        conv(torch.tensor([[[[5.0, -5.0]]]]), Precision(8, 8, 8))
+        conv(torch.tensor([[[[5.0, -5.0]]]]), Precision.fwbw(8, 8))
     assert torch.equal(before[0], conv.run_lo) and torch.equal(before[1], conv.run_range)  # eval: no update
     conv.train()
     conv(x, FP32)  # fp32 bypass: no running-range update either
@@ -122,7 +122,7 @@ def test_ste_gradients_pass_straight_through():
     torch.manual_seed(0)
     conv = QConv2d(2, 3, 3, 1, 1, bias=False)
     x = torch.randn(2, 2, 5, 5, requires_grad=True)
-    y = conv(x, Precision(3, 3, 32))  # quantized forward, fp32 backward
+    y = conv(x, Precision.fwbw(3, 32))  # quantized forward, fp32 backward
     g = torch.randn_like(y)
     y.backward(g)
     xq = quant.quantize_tensor(x.detach(), 3)
@@ -139,7 +139,7 @@ def test_gradient_quantization_in_backward_only():
     lin = QLinear(6, 5, bias=False)
     x = torch.randn(4, 6, requires_grad=True)
     y_fp = F.linear(x, lin.weight)
-    y_q = lin(x, Precision(32, 32, 2))  # 2-bit errors, fp32 forward
+    y_q = lin(x, Precision.fwbw(32, 2))  # 2-bit errors, fp32 forward
     assert torch.equal(y_fp, y_q)  # forward is the identity
     g = torch.randn(4, 5)
     y_q.backward(g)
@@ -163,11 +163,11 @@ def test_skip_is_refused_by_a_layer():
 def test_precision_value_type():
     assert str(Precision.fwbw(8, 8)) == "FW8/BW8"
     assert str(Precision.fwbw(4, 8, 6)) == "FW4/BW8/W6"
-    assert FP32.is_fp32 and not Precision(32, 32, 8).is_fp32
-    assert Precision(8, 8, 8).bitops_per_mac() == 192 and SKIP.bitops_per_mac() == 0
+    assert FP32.is_fp32 and not Precision.fwbw(32, 8).is_fp32
+    assert Precision.fwbw(8, 8).bitops_per_mac() == 192 and SKIP.bitops_per_mac() == 0
     from engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="precision.act"):
-        Precision(0, 8, 8)
+        Precision(act=0, weight=8, grad=8)
     with pytest.raises(ConfigError):
-        Precision(33, 8, 8)
+        Precision(act=33, weight=8, grad=8)

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from engine.config import parse_config
+from engine.data import RunLength
 from engine.preview import preview
 from engine.prt import choose_fw_min
-from engine.schedules import CPT, AutoPFQ, ManualPFQ, ScheduleContext, cyclic_bits
+from engine.schedules import CPT, AutoPFQ, ManualPFQ, cyclic_bits
 from engine.train import train_and_evaluate
 from tests.conftest import ROOT
 
@@ -21,10 +22,10 @@ def sched(**kw):
 
 
 def test_manual_pfq_uniform_and_given_switch_points():
-    s = ManualPFQ(sched(kind="pfq", mode="manual"), ScheduleContext(100, 10))
+    s = ManualPFQ(sched(kind="pfq", mode="manual"), RunLength(100, 10))
     bits = [(s.precision(t).act, s.precision(t).grad) for t in (0, 24, 25, 49, 50, 74, 75, 99)]
     assert bits == [(3, 6), (3, 6), (4, 6), (4, 6), (6, 8), (6, 8), (8, 8), (8, 8)]
-    s = ManualPFQ(sched(kind="pfq", mode="manual", fw=[4, 8], bw=[8, 8], switch_at=[0.9]), ScheduleContext(100, 10))
+    s = ManualPFQ(sched(kind="pfq", mode="manual", fw=[4, 8], bw=[8, 8], switch_at=[0.9]), RunLength(100, 10))
     assert s.precision(89).act == 4 and s.precision(90).act == 8
     assert s.precision(0).weight == 4  # weights follow FW unless weight_bits is set
 
@@ -36,13 +37,13 @@ def test_cpt_cycle_shape_and_occupancy():
     assert occupancy == pytest.approx([0.205, 0.164, 0.1305, 0.131, 0.1645, 0.2045], abs=0.001)
     # ceil (the paper's formula) visits fw_min only at the start of each cycle
     assert sum(cyclic_bits(t, 3, 8, 2000, "ceil") == 3 for t in range(2000)) == 1
-    s = CPT(sched(kind="cpt", fw_min=2, fw_max=6, bw_min=6, bw_max=10, num_cycles=4), ScheduleContext(400, 10))
+    s = CPT(sched(kind="cpt", fw_min=2, fw_max=6, bw_min=6, bw_max=10, num_cycles=4), RunLength(400, 10))
     assert s.period == 100 and s.precision(0).act == 2 and s.precision(0).grad == 6 and s.precision(99).grad == 10
 
 
 def test_cpt_cycles_tile_a_run_that_does_not_divide_evenly():
     # 357 iterations, 4 cycles: floor division (89) would start a fifth cycle at iteration 356, at 3 bits
-    s = CPT(sched(kind="cpt", fw_min=3, fw_max=8, num_cycles=4), ScheduleContext(357, 10))
+    s = CPT(sched(kind="cpt", fw_min=3, fw_max=8, num_cycles=4), RunLength(357, 10))
     bits = [s.precision(t).act for t in range(357)]
     starts = [t for t in range(1, 357) if bits[t] < bits[t - 1]]
     assert len(starts) == 3 and bits[0] == 3 and bits[-1] == 8  # four cycles, the run ends at the top
@@ -53,7 +54,7 @@ def test_cpt_needs_at_least_one_iteration_per_cycle():
     from engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="schedule.num_cycles: got 32; allowed: <= the run's 20 iterations"):
-        CPT(sched(kind="cpt"), ScheduleContext(20, 10))
+        CPT(sched(kind="cpt"), RunLength(20, 10))
 
 
 def test_preview_cpt_3to8_matches_the_spec(run_cli):
@@ -77,13 +78,13 @@ def test_preview_of_static_and_pfq():
 
 def test_auto_pfq_switches_at_turning_points_and_can_be_forced():
     cfg = sched(kind="pfq", eval_every=2, epsilon=0.5, alpha=1.0)
-    s = AutoPFQ(cfg, ScheduleContext(1000, 10))
+    s = AutoPFQ(cfg, RunLength(1000, 10))
     for t in range(9):
         assert s.precision(t).act == 3
         s.observe(t, 1.0)
     s.observe(9, 1.0)  # the fifth window ends at iteration 9: turning point, new stage from iteration 10
     assert s.precision(10).act == 4 and s.events[-1]["reason"] == "turning point" and s.events[-1]["iteration"] == 10
-    forced = AutoPFQ(sched(kind="pfq", force_final_at=0.5), ScheduleContext(100, 10))
+    forced = AutoPFQ(sched(kind="pfq", force_final_at=0.5), RunLength(100, 10))
     assert forced.precision(49).act == 3 and forced.precision(50).act == 8
     assert forced.events[-1]["reason"] == "forced" and forced.events[-1]["stage"] == 3
 

@@ -1,0 +1,88 @@
+"""DFQ's computation-percentage controllers (docs/methods.md §6.5).
+
+The gate picks, per input and block, one of K precision options; a controller keeps the gated cp (the
+papers' computation percentage over the gated blocks) at its target ``T``. Each controller gives the gated
+model two numbers before every iteration and observes the batch's gated cp after the forward pass:
+
+* ``price`` (nats per unit of normalised cost): the gate decides ``argmax_k (z_lk - price * c_lk)`` where
+  ``z`` are its logits and ``c_lk = (omega_l / mean omega) (kappa_k / mean kappa)`` the option's normalised
+  cost in block ``l``; the straight-through mask uses the softmax of the same priced logits.
+* ``weight(cp)``: the coefficient of the per-sample cost term in the loss, ``loss = CE + weight * mean_i c_i``.
+
+``reference`` (the papers' code, FracTrain eq. 2): price 0 and ``weight = s * beta`` with the sign ``s`` of the
+current batch's cp against T, the bang-bang rule (DFQ: -1 below T - relax, +1 at or above T + relax, +-0.1 in
+the band; FracTrain: -1 below T, +1 at or above T + band, 0 between). cp oscillates around T, and when the
+gate's logits move slowly (a low learning rate, a weak CE signal) it swings far from T for whole epochs.
+
+``dual`` (the default): ``price`` is a Lagrange multiplier updated by dual ascent on the relative error,
+``price <- clip(price + gain * (cp / T - 1), -limit, limit)``, used both in the decision (so cp responds to it
+at once, whatever the learning rate) and, scaled by ``beta``, as the cost term's weight (so the gate learns
+the trade-off the price expresses). Integral action makes the mean error over any span of N iterations
+``(price_end - price_start) / (gain * N)``: once the price settles, the epoch means sit on the target.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.gate import sign_dfq, sign_fractrain
+
+PRICE_LIMIT = 50.0  # nats: far beyond any logit gap the gate produces; a bound that keeps a runaway finite
+
+
+class ReferenceController:
+    """The reference's sign-flipping cost term (FracTrain eq. 2, algorithms as the code has them)."""
+
+    kind = "reference"
+
+    def __init__(self, beta: float, rule: str, band: float):
+        self.beta, self.rule, self.band = beta, rule, band
+        self.price = 0.0
+        self.last_sign = 0.0
+
+    def weight(self, cp: float, target: float) -> float:
+        s = sign_fractrain(cp, target, self.band) if self.rule == "fractrain" else sign_dfq(cp, target, self.band)
+        self.last_sign = s
+        return s * self.beta
+
+    def update(self, cp: float, target: float) -> None:
+        """Nothing to learn: the sign is recomputed from every batch."""
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class DualController:
+    """Dual ascent on the relative cp error; the multiplier prices the gate's decision (module docstring)."""
+
+    kind = "dual"
+
+    def __init__(self, beta: float, gain: float, limit: float = PRICE_LIMIT):
+        self.beta, self.gain, self.limit = beta, gain, limit
+        self.price = 0.0
+        self.last_sign = 0.0
+
+    def weight(self, cp: float, target: float) -> float:  # noqa: ARG002  (the price already holds the error)
+        self.last_sign = math.copysign(1.0, self.price) if self.price else 0.0
+        return self.beta * self.price
+
+    def update(self, cp: float, target: float) -> None:
+        step = self.gain * (cp / target - 1.0)
+        self.price = max(-self.limit, min(self.limit, self.price + step))
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "price": self.price}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.price = float(state["price"])
+
+
+def build_controller(sched):
+    """The controller a DFQ / FracTrain schedule config asks for."""
+    rule = "fractrain" if sched.kind == "fractrain" else "dfq"
+    if sched.controller == "reference":
+        return ReferenceController(sched.beta, rule, sched.band if rule == "fractrain" else sched.relax)
+    return DualController(sched.beta, sched.controller_gain)
