@@ -11,7 +11,7 @@ import torch
 from engine.errors import CheckpointError
 
 FILENAME = "state.pt"
-FORMAT = 1
+FORMAT = 2  # 2: the gated runner keeps its controller and staging state (checkpoints of 1 do not resume)
 
 
 def save(directory: str | Path, state: dict) -> Path:
