@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.layers import QConv2d, QLinear, quantized_layers
@@ -47,8 +48,31 @@ class LayerInfo:
     macs: int
 
 
+class ResidualBlock(nn.Module):
+    """What every residual block shares: its input width, the projection shortcut (1x1 conv + BN, when the
+    shape changes) and DFQ's skip path (methods.md §6.2). Subclasses build their convs, call
+    ``_init_shortcut`` and implement ``forward(x, prec)``."""
+
+    can_skip = True  # DFQ's skip option: the input (or its fp32 projection) passes through
+
+    def _init_shortcut(self, cin: int, cout: int, stride: int, index: int, m: float, needed: bool) -> None:
+        self.in_channels = cin
+        self.proj = None
+        if needed:
+            self.proj = QConv2d(cin, cout, 1, stride, 0, bias=False, block=index, act_momentum=m)
+            self.proj_bn = nn.BatchNorm2d(cout)
+
+    def shortcut(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
+        return x if self.proj is None else self.proj_bn(self.proj(x, prec))
+
+    def skip(self, x: torch.Tensor) -> torch.Tensor:
+        """DFQ skip: the identity, or the block's own projection run in fp32."""
+        return self.shortcut(x, FP32)
+
+
 class QModel(nn.Module):
-    """Base class: subclasses build ``self.blocks`` (an nn.ModuleList) and implement ``forward``."""
+    """Base class: subclasses build ``stem``/``stem_bn``, ``self.blocks`` (an nn.ModuleList) and ``fc``; the
+    forward pass is ``head(blocks(features(x)))`` with the layer map deciding each role's precision."""
 
     stem_quantized_by_default = True  # the reference's choice for this model family (static methods)
 
@@ -62,6 +86,20 @@ class QModel(nn.Module):
 
     def p(self, role: str, prec: Precision) -> Precision:
         return self.layer_map.resolve(role, prec)
+
+    def features(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
+        """The stem: conv + BN + ReLU."""
+        return F.relu(self.stem_bn(self.stem(x, self.p("stem", prec))))
+
+    def head(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
+        """Global average pooling and the FC."""
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1), self.p("fc", prec))
+
+    def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
+        x = self.features(x, prec)
+        for blk in self.blocks:
+            x = blk(x, prec)
+        return self.head(x, prec)
 
     @torch.no_grad()
     def layer_table(self, input_shape: tuple[int, int, int]) -> list[LayerInfo]:
@@ -125,4 +163,5 @@ def register_model(*names: str) -> Callable[[Builder], Builder]:
     return deco
 
 
-__all__ = ["LayerInfo", "LayerMap", "MODELS", "QConv2d", "QLinear", "QModel", "init_reference", "register_model"]
+__all__ = ["LayerInfo", "LayerMap", "MODELS", "QConv2d", "QLinear", "QModel", "ResidualBlock", "init_reference",
+           "register_model"]

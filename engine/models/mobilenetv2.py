@@ -1,4 +1,4 @@
-"""MobileNetV2 for CIFAR (algorithms.md 7; the E2-Train / kuangliu definition the reference uses).
+"""MobileNetV2 for CIFAR (docs/methods.md §3; the E2-Train / kuangliu definition the reference uses).
 
 Stem 3x3 stride 1 to 32 channels; 17 inverted-residual blocks (expansion, out, count, stride):
 (1,16,1,1) (6,24,2,1) (6,32,3,2) (6,64,4,2) (6,96,3,1) (6,160,3,2) (6,320,1,1); the residual is added
@@ -12,17 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.base import QConv2d, QLinear, QModel, register_model
-from engine.precision import FP32, Precision
+from engine.models.base import QConv2d, QLinear, QModel, ResidualBlock, register_model
+from engine.precision import Precision
 
 CFG = [(1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
 
 
-class InvertedResidual(nn.Module):
+class InvertedResidual(ResidualBlock):
     def __init__(self, cin: int, cout: int, expansion: int, stride: int, index: int, m: float, depthwise):
         super().__init__()
         hidden = expansion * cin
-        self.in_channels = cin
         self.stride = stride
         self.can_skip = stride == 1  # a stride-2 block changes the shape: it cannot be skipped
         self.depthwise_role = depthwise
@@ -33,17 +32,7 @@ class InvertedResidual(nn.Module):
         self.bn2 = nn.BatchNorm2d(hidden)
         self.conv3 = QConv2d(hidden, cout, 1, 1, 0, bias=False, block=index, act_momentum=m)
         self.bn3 = nn.BatchNorm2d(cout)
-        self.proj = None
-        if stride == 1 and cin != cout:
-            self.proj = QConv2d(cin, cout, 1, 1, 0, bias=False, block=index, act_momentum=m)
-            self.proj_bn = nn.BatchNorm2d(cout)
-
-    def shortcut(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        return x if self.proj is None else self.proj_bn(self.proj(x, prec))
-
-    def skip(self, x: torch.Tensor) -> torch.Tensor:
-        """DFQ skip of a stride-1 block: the shortcut (identity or fp32 1x1 projection)."""
-        return self.shortcut(x, FP32)
+        self._init_shortcut(cin, cout, 1, index, m, needed=stride == 1 and cin != cout)
 
     def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x, prec)))
@@ -70,19 +59,9 @@ class MobileNetV2(QModel):
         self.head_bn = nn.BatchNorm2d(1280)
         self.fc = QLinear(1280, num_classes, role="fc", act_momentum=m)
 
-    def features(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        return F.relu(self.stem_bn(self.stem(x, self.p("stem", prec))))
-
     def head(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        x = F.relu(self.head_bn(self.head_conv(x, self.p("head", prec))))
-        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-        return self.fc(x, self.p("fc", prec))
-
-    def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        x = self.features(x, prec)
-        for blk in self.blocks:
-            x = blk(x, prec)
-        return self.head(x, prec)
+        """The 1x1 head conv 320 -> 1280 (role ``head``), then pooling and the FC."""
+        return super().head(F.relu(self.head_bn(self.head_conv(x, self.p("head", prec)))), prec)
 
 
 register_model("mobilenetv2")(MobileNetV2)

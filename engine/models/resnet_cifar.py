@@ -1,4 +1,4 @@
-"""CIFAR ResNets (SkipNet definition, algorithms.md 7): ResNet-(6n+2) and the bottleneck ResNet-164.
+"""CIFAR ResNets (SkipNet definition, docs/methods.md §3): ResNet-(6n+2) and the bottleneck ResNet-164.
 
 Stem 3x3 conv C_in->16 + BN + ReLU; three groups of n blocks at widths 16/32/64 (spatial 32/16/8 on CIFAR);
 stride 2 at the first block of groups 2 and 3 with a 1x1 stride-2 conv + BN projection; global average
@@ -13,33 +13,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.base import QConv2d, QLinear, QModel, init_reference, register_model
-from engine.precision import FP32, Precision
+from engine.models.base import QConv2d, QLinear, QModel, ResidualBlock, init_reference, register_model
+from engine.precision import Precision
 
 
-class BasicBlock(nn.Module):
+class BasicBlock(ResidualBlock):
     expansion = 1
-    can_skip = True  # DFQ's skip option: the input (or its fp32 projection) passes through
 
     def __init__(self, cin: int, planes: int, stride: int, index: int, m: float):
         super().__init__()
-        self.in_channels = cin
         cout = planes
         self.conv1 = QConv2d(cin, cout, 3, stride, 1, bias=False, block=index, act_momentum=m)
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = QConv2d(cout, cout, 3, 1, 1, bias=False, block=index, act_momentum=m)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.proj = None
-        if stride != 1 or cin != cout:
-            self.proj = QConv2d(cin, cout, 1, stride, 0, bias=False, block=index, act_momentum=m)
-            self.proj_bn = nn.BatchNorm2d(cout)
-
-    def shortcut(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        return x if self.proj is None else self.proj_bn(self.proj(x, prec))
-
-    def skip(self, x: torch.Tensor) -> torch.Tensor:
-        """DFQ skip: identity, or the block's own projection run in fp32 (algorithms.md 3.3)."""
-        return self.shortcut(x, FP32)
+        self._init_shortcut(cin, cout, stride, index, m, needed=stride != 1 or cin != cout)
 
     def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x, prec)))
@@ -47,13 +35,11 @@ class BasicBlock(nn.Module):
         return F.relu(out + self.shortcut(x, prec))
 
 
-class Bottleneck(nn.Module):
+class Bottleneck(ResidualBlock):
     expansion = 4
-    can_skip = True
 
     def __init__(self, cin: int, planes: int, stride: int, index: int, m: float):
         super().__init__()
-        self.in_channels = cin
         cout = planes * self.expansion
         self.conv1 = QConv2d(cin, planes, 1, 1, 0, bias=False, block=index, act_momentum=m)
         self.bn1 = nn.BatchNorm2d(planes)
@@ -61,17 +47,7 @@ class Bottleneck(nn.Module):
         self.bn2 = nn.BatchNorm2d(planes)
         self.conv3 = QConv2d(planes, cout, 1, 1, 0, bias=False, block=index, act_momentum=m)
         self.bn3 = nn.BatchNorm2d(cout)
-        self.proj = None
-        if stride != 1 or cin != cout:
-            self.proj = QConv2d(cin, cout, 1, stride, 0, bias=False, block=index, act_momentum=m)
-            self.proj_bn = nn.BatchNorm2d(cout)
-
-    def shortcut(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        return x if self.proj is None else self.proj_bn(self.proj(x, prec))
-
-    def skip(self, x: torch.Tensor) -> torch.Tensor:
-        """DFQ skip: identity, or the block's own projection run in fp32 (algorithms.md 3.3)."""
-        return self.shortcut(x, FP32)
+        self._init_shortcut(cin, cout, stride, index, m, needed=stride != 1 or cin != cout)
 
     def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x, prec)))
@@ -103,19 +79,6 @@ class CifarResNet(QModel):
         self.blocks = nn.ModuleList(blocks)
         self.fc = QLinear(cin, num_classes, role="fc", act_momentum=act_momentum)
         init_reference(self)
-
-    def features(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        return F.relu(self.stem_bn(self.stem(x, self.p("stem", prec))))
-
-    def head(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-        return self.fc(x, self.p("fc", prec))
-
-    def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        x = self.features(x, prec)
-        for blk in self.blocks:
-            x = blk(x, prec)
-        return self.head(x, prec)
 
 
 def _basic(depth: int):

@@ -2,7 +2,7 @@
 
 7x7 stride-2 stem + 3x3 stride-2 max pool; four stages of basic blocks (64/128/256/512 channels,
 [2,2,2,2] or [3,4,6,3]); global average pooling; FC. The reference keeps the 7x7 stem and the FC in
-fp32 on ImageNet (algorithms.md 1.7), so this family's default layer map does too. Any input size
+fp32 on ImageNet (docs/methods.md §3), so this family's default layer map does too. Any input size
 works (adaptive pooling), 28x28 Fashion-MNIST included.
 """
 
@@ -42,18 +42,8 @@ class ImageNetResNet(QModel):
                 nn.init.zeros_(mod.bias)
 
     def features(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        x = F.relu(self.stem_bn(self.stem(x, self.p("stem", prec))))
-        return F.max_pool2d(x, 3, 2, 1)
-
-    def head(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-        return self.fc(x, self.p("fc", prec))
-
-    def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        x = self.features(x, prec)
-        for blk in self.blocks:
-            x = blk(x, prec)
-        return self.head(x, prec)
+        """The 7x7 stem, then a 3x3 stride-2 max pool."""
+        return F.max_pool2d(super().features(x, prec), 3, 2, 1)
 
 
 @register_model("resnet18")
