@@ -103,3 +103,75 @@ class _GradQuantize(torch.autograd.Function):
 def quantize_grad(y: torch.Tensor, bits: int) -> torch.Tensor:
     """Identity forward; backward quantizes dL/dy to ``bits`` (per tensor, stochastic rounding)."""
     return _GradQuantize.apply(y, bits)
+
+
+def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None, stochastic: bool,
+            out: torch.Tensor) -> torch.Tensor:
+    """Quantize the row groups of ``x`` (samples along dim 0) at each group's bits into ``out``: over the
+    given range (activations: one range for the whole batch), or each group's own range (errors)."""
+    for start, end, prec in groups:
+        rows, bits = x[start:end], bits_of(prec)
+        if bits >= FULL_BITS:
+            out[start:end] = rows
+        elif lo is None:
+            quant.quantize_tensor(rows, bits, stochastic=stochastic, out=out[start:end])
+        else:
+            quant.quantize(rows, bits, lo, hi, stochastic=stochastic, out=out[start:end])
+    return out
+
+
+class _QConv2dMixed(torch.autograd.Function):
+    """``_QConv2d`` with per-sample precision (``MixedPrecision`` groups): one conv for the whole batch."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, groups, act_range, weight_bits, stride, padding, dilation, conv_groups):
+        xq = _q_rows(x.detach(), groups, lambda p: p.act, act_range[0], act_range[1], False, torch.empty_like(x))
+        wq = _q_weight(w, weight_bits)
+        ctx.save_for_backward(xq, wq)
+        ctx.conf = (groups, None if b is None else list(b.shape), stride, padding, dilation, conv_groups)
+        return F.conv2d(xq, wq, b, stride, padding, dilation, conv_groups)
+
+    @staticmethod
+    def backward(ctx, g):
+        xq, wq = ctx.saved_tensors
+        groups, bias_sizes, stride, padding, dilation, conv_groups = ctx.conf
+        g = g.contiguous()
+        buf = scratch.like(g, "grad")  # only convolution_backward reads it
+        gq = _q_rows(g, groups, lambda p: p.grad, None, None, True, torch.empty_like(g) if buf is None else buf)
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias_sizes is not None and ctx.needs_input_grad[2]]
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            gq, xq, wq, bias_sizes, list(stride), list(padding), list(dilation), False, [0, 0], conv_groups, mask)
+        return gx, gw, gb, None, None, None, None, None, None, None
+
+
+class _QLinearMixed(torch.autograd.Function):
+    """``_QLinear`` with per-sample precision (``MixedPrecision`` groups along dim 0)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, groups, act_range, weight_bits):
+        xq = _q_rows(x.detach(), groups, lambda p: p.act, act_range[0], act_range[1], False, torch.empty_like(x))
+        wq = _q_weight(w, weight_bits)
+        ctx.save_for_backward(xq, wq)
+        ctx.conf = (groups, b is not None)
+        return F.linear(xq, wq, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        xq, wq = ctx.saved_tensors
+        groups, has_bias = ctx.conf
+        g = g.contiguous()
+        gq = _q_rows(g, groups, lambda p: p.grad, None, None, True, torch.empty_like(g))
+        gx = gq @ wq if ctx.needs_input_grad[0] else None
+        g2 = gq.reshape(-1, gq.shape[-1])
+        gw = g2.t() @ xq.reshape(-1, xq.shape[-1]) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0) if has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None, None
+
+
+def qconv2d_mixed(x, w, b, groups, act_range, weight_bits: int, stride, padding, dilation, conv_groups):
+    """Quantized conv2d at per-sample precision; ``act_range`` is the (lo, hi) of the whole batch."""
+    return _QConv2dMixed.apply(x, w, b, groups, act_range, weight_bits, stride, padding, dilation, conv_groups)
+
+
+def qlinear_mixed(x, w, b, groups, act_range, weight_bits: int):
+    return _QLinearMixed.apply(x, w, b, groups, act_range, weight_bits)

@@ -24,9 +24,42 @@ from torch import nn
 
 from engine import autograd, quant
 from engine.errors import ConfigError
-from engine.precision import FP32, FULL_BITS, Precision
+from engine.precision import FP32, FULL_BITS, MixedPrecision, Precision
 
 ROLES = ("stem", "body", "depthwise", "head", "fc")
+
+
+class _FrozenRanges:
+    """While on, train-mode layers quantize with the batch range but leave their running range alone (a
+    forward-only probe must not change the model's state: DFQ's sampled alternatives, methods.md §6.3)."""
+
+    on = False
+
+
+_frozen_ranges = _FrozenRanges()
+
+
+class frozen_state:
+    """Context manager: forward passes that change no running statistic (activation ranges and BN)."""
+
+    def __init__(self, model: nn.Module):
+        self.bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+    def __enter__(self):
+        self.saved = [(bn.momentum, None if bn.num_batches_tracked is None else bn.num_batches_tracked.clone())
+                      for bn in self.bns]
+        for bn in self.bns:  # momentum 0: running = (1 - 0) * running + 0 * batch
+            bn.momentum = 0.0
+        self.was, _frozen_ranges.on = _frozen_ranges.on, True
+        return self
+
+    def __exit__(self, *exc):
+        for bn, (m, tracked) in zip(self.bns, self.saved):
+            bn.momentum = m
+            if tracked is not None:
+                bn.num_batches_tracked.copy_(tracked)
+        _frozen_ranges.on = self.was
+        return False
 
 
 class _Quantized:
@@ -47,6 +80,8 @@ class _Quantized:
         the running range in eval mode."""
         if bits >= FULL_BITS:
             return None
+        if self.training and _frozen_ranges.on:  # a forward-only probe: the batch range, the EMA untouched
+            return quant.tensor_range(x)
         if self.training:
             lo, hi = quant.tensor_range(x)
             with torch.no_grad():
@@ -57,7 +92,12 @@ class _Quantized:
         lo = float(self.run_lo)
         return lo, lo + float(self.run_range)
 
-    def _check(self, prec: Precision) -> None:
+    def _mixed_range(self, x: torch.Tensor, prec: MixedPrecision) -> tuple[float, float] | None:
+        """One activation range for every group of a mixed-precision batch (as every option of masked
+        execution sees the whole batch's range); the running range is updated once."""
+        return self._act_range(x, min(p.act for _, _, p in prec.groups))
+
+    def _check(self, prec: Precision | MixedPrecision) -> None:
         if prec.skip:
             raise ValueError(f"{type(self).__name__} cannot run at SKIP; skipping is decided per block")
 
@@ -70,10 +110,13 @@ class QConv2d(_Quantized, nn.Conv2d):
         nn.Conv2d.__init__(self, *args, **kw)
         self._init_quant(role, block, act_momentum)
 
-    def forward(self, x: torch.Tensor, prec: Precision = FP32) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prec: Precision | MixedPrecision = FP32) -> torch.Tensor:
         self._check(prec)
         if prec.is_fp32:
             return self._conv_forward(x, self.weight, self.bias)
+        if isinstance(prec, MixedPrecision):
+            return autograd.qconv2d_mixed(x, self.weight, self.bias, prec.groups, self._mixed_range(x, prec),
+                                          prec.weight, self.stride, self.padding, self.dilation, self.groups)
         return autograd.qconv2d(x, self.weight, self.bias, prec.act, self._act_range(x, prec.act), prec.weight,
                                 prec.grad, self.stride, self.padding, self.dilation, self.groups)
 
@@ -83,10 +126,13 @@ class QLinear(_Quantized, nn.Linear):
         nn.Linear.__init__(self, *args, **kw)
         self._init_quant(role, block, act_momentum)
 
-    def forward(self, x: torch.Tensor, prec: Precision = FP32) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prec: Precision | MixedPrecision = FP32) -> torch.Tensor:
         self._check(prec)
         if prec.is_fp32:
             return F.linear(x, self.weight, self.bias)
+        if isinstance(prec, MixedPrecision):
+            return autograd.qlinear_mixed(x, self.weight, self.bias, prec.groups, self._mixed_range(x, prec),
+                                          prec.weight)
         return autograd.qlinear(x, self.weight, self.bias, prec.act, self._act_range(x, prec.act), prec.weight,
                                 prec.grad)
 

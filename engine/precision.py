@@ -74,3 +74,23 @@ class Precision:
 
 FP32 = Precision()
 SKIP = Precision(skip=True)
+
+
+@dataclass(frozen=True, slots=True)
+class MixedPrecision:
+    """Per-sample precision of one batch (DFQ's routed execution, methods.md §6.3): the batch's samples are
+    sorted so that each option's samples are contiguous, ``groups`` holds ``(start, end, Precision)`` per
+    option present, and every option shares the weight bits ``weight`` (DFQ's fixed ``weight_bits``). A
+    quantized layer quantizes each group's input rows at the group's FW bits (one range for the whole batch)
+    and each group's rows of dL/dY at its BW bits, then runs one conv for the whole batch."""
+
+    groups: tuple[tuple[int, int, Precision], ...]
+    weight: int
+    skip: bool = False
+
+    @property
+    def is_fp32(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return "mixed(" + ", ".join(f"{e - s}x{p}" for s, e, p in self.groups) + ")"

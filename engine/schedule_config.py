@@ -183,6 +183,9 @@ class GatedSettings(Strict):
     beta: float = Field(0.128, ge=0.0, le=1000.0)  # cost term per sample: reference s*beta (1e-3 x batch 128), dual beta*price
     block_cost: Literal["uniform", "macs"] | None = None  # omega_l; None: the reference (uniform for ResNets)
     execution: Literal["masked", "routed"] = "masked"  # masked: the reference (every option for every sample)
+    # routed's gate gradient (methods.md §6.3): sampled = the chosen option against one sampled alternative per
+    # sample (one forward-only pass more); skip = computing against skipping only
+    routed_estimator: Literal["sampled", "skip"] = "sampled"
     gate_dim: int = Field(32, ge=1, le=4096)
     embed_dim: int = Field(16, ge=1, le=4096)
     hidden_dim: int = Field(16, ge=1, le=4096)

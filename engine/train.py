@@ -73,7 +73,7 @@ def prepare(cfg: ExperimentConfig, data_info, device: torch.device):
     if cfg.gated:
         s = cfg.schedule
         model = GatedModel(backbone, s.option_precisions(cfg.model.name), s.execution, s.gate_dim, s.embed_dim,
-                           s.hidden_dim)
+                           s.hidden_dim, s.routed_estimator)
     return model.to(device), counter
 
 

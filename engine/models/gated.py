@@ -1,19 +1,24 @@
 """DFQ's gated networks: any fractune backbone with residual ``blocks`` plus a recurrent gate that picks each
-block's precision option per input (algorithms.md 3.2-3.3).
+block's precision option per input (docs/methods.md §6.1, §6.3).
 
-Two execution modes give the same forward values for the same choices (in eval mode; in train mode the
-batch statistics of BN and of the activation ranges are those of the batch each option sees):
+Two executions give the same forward values for the same choices in eval mode:
 
 * ``masked`` (the reference): every option runs on the whole batch, ``h_l = sum_k m_lk * y_lk``. The gate's
   CE gradient is ``<dL/dh_l, y_lk>`` for every option k, which is why every candidate is materialised.
-* ``routed``: samples are grouped by their chosen option and each group runs only at that option; the skip
-  path (an identity, or the block's 1x1 projection in fp32) runs for every sample. Gradient estimator: the
-  straight-through mask as in ``masked``, with every unchosen non-skip option assumed to produce the chosen
-  option's output: ``h = (sum_{k != skip} m_k) * y_c + m_skip * y_skip``. The gate's CE gradient then compares
-  computing the block with skipping it, ``dL/dp_k = <dL/dh, y_c>`` for non-skip k and ``<dL/dh, y_skip>``
-  for skip, which is the masked estimator when the options' outputs differ only by quantization noise; a
-  sample that skipped gets no CE signal between options. The cost term's gradient needs no outputs and is
-  identical in both modes. (Without a skip option, the CE gives the gate no signal in this mode.)
+* ``routed``: each sample runs only at its chosen option, in one pass of the block over every computed sample
+  (``MixedPrecision``: each option's rows quantized at its bits, one batch range for the activations), so BN
+  and the activation ranges see the whole computed batch as in masked execution; skipped samples take the
+  skip path (the identity, or the block's 1x1 projection in fp32). Gradient estimator (``routed_estimator``):
+
+  - ``sampled`` (default): for every sample one alternative non-skip option ``a`` is drawn uniformly from
+    those it did not choose and run forward only (no gradient, no change to running statistics). With
+    ``Y_comp`` = the chosen output (or ``y_a`` for a sample that skipped), the block's output is
+    ``h = (m_nonskip - m_a) * Y_comp + m_a * sg(y_a) + m_skip * y_skip``: one-hot in value, and the gate's CE
+    gradient compares the chosen option with the alternative and with skipping, for every sample.
+  - ``skip``: no alternative; every unchosen non-skip option is taken to produce the chosen output, so the
+    CE gradient compares computing the block with skipping it only (a sample that skipped gets none).
+
+  The cost term's gradient needs no outputs and is the same in every execution.
 """
 
 from __future__ import annotations
@@ -22,22 +27,25 @@ import torch
 from torch import nn
 
 from engine.gate import GateTrace, RecurrentGate, straight_through
+from engine.layers import frozen_state
 from engine.models.base import QModel
-from engine.precision import FP32, Precision
+from engine.precision import FP32, MixedPrecision, Precision
 
 
 class GatedModel(nn.Module):
     def __init__(self, backbone: QModel, options: list[Precision], execution: str = "masked",
-                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16):
+                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "sampled"):
         super().__init__()
         self.backbone = backbone
         self.options = list(options)
         self.execution = execution
+        self.routed_estimator = routed_estimator
         allowed = torch.tensor([[not (o.skip and not getattr(b, "can_skip", False)) for o in self.options]
                                 for b in backbone.blocks])
         if not allowed.any(dim=1).all():
             raise ValueError("every block needs at least one option it can take")
         self.skip_index = next((k for k, o in enumerate(self.options) if o.skip), None)
+        self.weight_bits = next((o.weight for o in self.options if not o.skip), 32)
         self.gate = RecurrentGate([b.in_channels for b in backbone.blocks], len(self.options), allowed,
                                   gate_dim, embed_dim, hidden_dim)
         # the dual controller's price on the options' normalised costs (engine.controller): (L, K) and a scalar;
@@ -55,41 +63,69 @@ class GatedModel(nn.Module):
     def blocks(self) -> nn.ModuleList:
         return self.backbone.blocks
 
-    def _option(self, block: nn.Module, k: int, h: torch.Tensor) -> torch.Tensor:
-        opt = self.options[k]
-        return block.skip(h) if opt.skip else block(h, opt)
-
+    # -- masked -----------------------------------------------------------------------------------------
     def _masked(self, i: int, block: nn.Module, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         out = None
-        for k in range(len(self.options)):
+        for k, opt in enumerate(self.options):
             if not bool(self.gate.allowed[i, k]):
                 continue
-            y = self._option(block, k, h) * mask[:, k].view(-1, 1, 1, 1)
+            y = (block.skip(h) if opt.skip else block(h, opt)) * mask[:, k].view(-1, 1, 1, 1)
             out = y if out is None else out + y
         return out
+
+    # -- routed -----------------------------------------------------------------------------------------
+    def _run_mixed(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
+                   rows: torch.Tensor) -> torch.Tensor:
+        """The block over samples ``rows`` of ``h``, each at its ``option``, in one pass: (len(rows), ...)
+        outputs in the order of ``rows``."""
+        order = torch.argsort(option[rows], stable=True)
+        sorted_rows = rows[order]
+        counts = torch.bincount(option[sorted_rows], minlength=len(self.options)).tolist()
+        groups, start = [], 0
+        for k, c in enumerate(counts):
+            if c:
+                groups.append((start, start + c, self.options[k]))
+                start += c
+        y_sorted = block(h.index_select(0, sorted_rows), MixedPrecision(tuple(groups), self.weight_bits))
+        return y_sorted.index_select(0, torch.argsort(order))
+
+    def _alternatives(self, i: int, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One non-skip option per sample other than its choice, drawn uniformly: (option (B,), valid (B,))."""
+        ok = self.gate.allowed[i].clone()
+        if self.skip_index is not None:
+            ok[self.skip_index] = False
+        cand = ok.unsqueeze(0).expand(len(choice), -1).clone()
+        cand[torch.arange(len(choice), device=choice.device), choice] = False
+        valid = cand.any(1)
+        weights = cand.to(torch.float32) + (~valid).unsqueeze(1).to(torch.float32)  # rows without a candidate
+        return torch.multinomial(weights, 1).squeeze(1), valid
 
     def _routed(self, i: int, block: nn.Module, h: torch.Tensor, choice: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
         skip_k = self.skip_index
-        computed = choice if skip_k is None else choice.masked_fill(choice == skip_k, -1)
-        y_skip = block.skip(h) if skip_k is not None and bool(self.gate.allowed[i, skip_k]) else None
-        parts, order = [], []
-        for k in torch.unique(computed).tolist():
-            idx = (computed == k).nonzero().squeeze(1)
-            parts.append(y_skip.index_select(0, idx) if k < 0 else block(h.index_select(0, idx), self.options[k]))
-            order.append(idx)
-        perm = torch.cat(order)
-        inverse = torch.empty_like(perm)
-        inverse[perm] = torch.arange(len(perm), device=perm.device)
-        y = torch.cat(parts).index_select(0, inverse)  # the chosen option's output (skip path if skipped)
-        if y_skip is None:  # no skip option: every option "computes"; the value is the chosen output
+        can_skip = skip_k is not None and bool(self.gate.allowed[i, skip_k])
+        everyone = torch.arange(len(choice), device=choice.device)
+        if not can_skip:  # every sample computes; the value is the chosen output
+            y = self._run_mixed(block, h, choice, everyone)
             return y * mask.gather(1, choice.unsqueeze(1)).view(-1, 1, 1, 1)
-        # h = (sum of the non-skip masks) * y + m_skip * y_skip: one-hot in value; the gate's CE gradient
-        # compares computing the block (the chosen output) with skipping it (see the module docstring)
-        m_skip = mask[:, skip_k]
-        m_comp = mask.sum(1) - m_skip
-        return m_comp.view(-1, 1, 1, 1) * y + m_skip.view(-1, 1, 1, 1) * y_skip
+        computed = (choice != skip_k).nonzero().squeeze(1)
+        y_skip = block.skip(h)
+        m_skip = mask[:, skip_k].view(-1, 1, 1, 1)
+        m_nonskip = (mask.sum(1) - mask[:, skip_k]).view(-1, 1, 1, 1)
+        sampled = self.routed_estimator == "sampled" and self.training
+        if not sampled:
+            y_comp = y_skip if len(computed) == 0 else y_skip.index_copy(0, computed, self._run_mixed(
+                block, h, choice, computed))
+            return m_nonskip * y_comp + m_skip * y_skip
+        alt, valid = self._alternatives(i, choice)
+        with torch.no_grad(), frozen_state(block):
+            y_alt = self._run_mixed(block, h, alt, everyone)
+        y_comp = y_alt if len(computed) == 0 else y_alt.index_copy(0, computed, self._run_mixed(
+            block, h, choice, computed))
+        m_alt = (mask.gather(1, alt.unsqueeze(1)).squeeze(1) * valid).view(-1, 1, 1, 1)
+        return (m_nonskip - m_alt) * y_comp + m_alt * y_alt + m_skip * y_skip
 
+    # -- forward ----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, GateTrace]:
         """Logits and the gate's decisions. ``forced`` (B, L) overrides the choices (tests, analysis)."""
         bb = self.backbone
