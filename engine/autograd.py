@@ -1,4 +1,4 @@
-"""Custom autograd functions beside the quantization math (algorithms.md 1.2-1.5).
+"""Custom autograd functions beside the quantization math (docs/methods.md §1).
 
 ``qconv2d`` / ``qlinear`` are one autograd node per quantized layer:
 

@@ -69,7 +69,7 @@ class DataConfig(Strict):
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
-        # Ray trials run in another working directory: resolve relative paths now (ecosystem.md 7.3).
+        # Ray trials run in another working directory: resolve relative paths now.
         return None if v is None else str(Path(v).expanduser().resolve())
 
 

@@ -31,7 +31,7 @@ PRICE_LIMIT = 50.0  # nats: far beyond any logit gap the gate produces; a bound 
 
 
 class ReferenceController:
-    """The reference's sign-flipping cost term (FracTrain eq. 2, algorithms as the code has them)."""
+    """The reference's sign-flipping cost term (FracTrain eq. 2, as the reference code has it)."""
 
     kind = "reference"
 

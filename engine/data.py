@@ -1,4 +1,4 @@
-"""Data sets (algorithms.md 8): Fashion-MNIST (the embedded default), digits (tests), CIFAR-10/100, ImageNet.
+"""Data sets (docs/methods.md §8): Fashion-MNIST (the embedded default), digits (tests), CIFAR-10/100, ImageNet.
 
 Small data sets live in memory as uint8 tensors and are batched here, with augmentation done per sample
 but vectorised over the batch (random crop with zero padding + horizontal flip, as torchvision's

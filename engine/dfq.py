@@ -162,6 +162,7 @@ class GatedRunner:
         loss = ce + weight * cost_per_sample(trace, self.kappa, self.omega).mean() if weight else ce
         value = sgd_step(self.opt, loss, ce)
         self.controller.update(cp, target)
+        self.last_cp = cp
         self._account(trace.choices, cp, target)
         self.goal.observe(iteration, value, float(loss.detach()), cp)
         return value, int((logits.argmax(1) == y).sum())

@@ -1,18 +1,19 @@
-"""DFQ's gate, cost term and cp controller (FracTrain 3.2; algorithms.md 3.2, 3.4, 3.5).
+"""DFQ's gate, cost term and gated cp (FracTrain 3.2; docs/methods.md §6.1, §6.4).
 
 Gate (SkipNet-style recurrent gate): for block ``l`` the embedding of its input ``h_{l-1}`` (global average
 pool -> 1x1 conv C->gate_dim -> ReLU -> 1x1 conv gate_dim->embed_dim; the 1x1 convs on a pooled vector are
 linear layers) is one time step of a single LSTM shared over depth (state zeroed per forward, carried block
-to block); a linear layer and a softmax give ``p_l`` over the K precision options, per sample. The choice is
-``u_l = onehot(argmax p_l)`` in train and eval (no sampling), and the straight-through mask is
+to block); a linear layer gives the logits ``z_l`` over the K precision options, per sample. The gated model
+prices them (``z - price * c``, the dual controller of methods.md §6.5) and takes ``p_l = softmax``; the
+choice is ``u_l = onehot(argmax p_l)`` in train and eval (no sampling), and the straight-through mask is
 ``m_l = u_l + p_l - sg(p_l)``: the forward value is the one-hot, the backward the softmax Jacobian.
 Options a block cannot take (skip on a stride-2 MobileNetV2 block) get probability 0.
 
-Cost term, per sample (the reference's batch sum made independent of the batch size, 10.4):
+Cost term, per sample (the reference's batch sum made independent of the batch size, methods.md §9):
 ``c_i = sum_l omega_l sum_k m_ilk kappa_k / mean(omega)`` with ``kappa_k = (a_k w + g_k w + a_k g_k) / 1024``
-(the FW, EB and GC effective MACs of one MAC; 0 for skip), and ``loss = CE + s * beta * mean_i c_i``.
-cp over the gated blocks is ``100 * sum_l omega_l sum_k u_lk kappa_k / (3 sum_l omega_l)`` per sample.
-The sign ``s`` is the reference's bang-bang rule on the current batch's cp against the target T.
+(the FW, EB and GC effective MACs of one MAC; 0 for skip), and ``loss = CE + weight * mean_i c_i`` with the
+controller's weight. cp over the gated blocks is ``100 * sum_l omega_l sum_k u_lk kappa_k / (3 sum_l omega_l)``
+per sample. The reference's sign rules (``sign_dfq``, ``sign_fractrain``) live here; engine.controller uses them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Quantized layers that take their precision at call time (algorithms.md 1.5).
+"""Quantized layers that take their precision at call time (docs/methods.md §1).
 
 ``QConv2d(x, prec)`` / ``QLinear(x, prec)``:
 
@@ -10,7 +10,7 @@
 
 Each component is bypassed on its own when it is 32 bits. The running range follows the reference's
 EMA convention: ``run = m * run + (1 - m) * batch`` with ``m`` (``act_momentum``) the weight on the *old*
-value, both buffers starting at 0 (algorithms.md 1.3).
+value, both buffers starting at 0 (methods.md §1).
 
 ``role`` and ``block`` label the layer for the layer-precision map and BitOPs accounting: role is one of
 ``stem``, ``body``, ``depthwise``, ``head``, ``fc``; ``block`` is the residual block index or None.

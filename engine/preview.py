@@ -1,6 +1,6 @@
 """Preview a precision schedule without training (``fractune schedule``).
 
-The global cost ratio of algorithms.md 6.2: every layer at the schedule's bits,
+The global cost ratio of docs/methods.md §2: every layer at the schedule's bits,
 ``mean_t (a*w + g*w + a*g) / (3 * 32 * 32)`` (= ``(a^2 + 2ag) / 3072`` with ``w = a``), against FP32 and
 against FW8/BW8 (0.0625). CPT 3->8 / BW8 with ``rint`` gives 0.03958, 36.7% below FW8/BW8. Auto PFQ depends
 on the training loss: it is previewed with uniform stages (``deterministic: false``).

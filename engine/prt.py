@@ -1,4 +1,4 @@
-"""CPT's precision range test (algorithms.md 5.3): pick ``fw_min`` before cyclic training starts.
+"""CPT's precision range test (docs/methods.md §5.2): pick ``fw_min`` before cyclic training starts.
 
 Not in either reference repo; the CPT paper describes it. From a fresh model (the run's own seed), train
 ``iterations_per_bit`` iterations at each candidate forward precision in ascending order (backward at

@@ -1,4 +1,4 @@
-"""The quantization math (algorithms.md section 1.1): small pure functions on tensors.
+"""The quantization math (docs/methods.md §1): small pure functions on tensors.
 
 Asymmetric min/max affine quantization, simulated ("fake quant": quantize then dequantize):
 
@@ -8,7 +8,7 @@ Asymmetric min/max affine quantization, simulated ("fake quant": quantize then d
     x_q = u * s + lo
 
 ``lo`` acts as the zero point, so 0 is generally not exactly representable (reference behaviour).
-Ranges: weights per output channel, activations and gradients per tensor (sections 1.2-1.4).
+Ranges: weights per output channel, activations and gradients per tensor (methods.md §1).
 Per-tensor ranges are Python floats and every op after the first works in place on one buffer (fresh,
 or scratch where the result is consumed at once): the overhead of quantized training is a handful of
 memory passes per layer, not a graph of small ops.

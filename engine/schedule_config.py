@@ -1,7 +1,7 @@
 """The ``schedule`` section of an experiment: one class per ``kind`` (a discriminated union in config.py).
 
-fp32 / static (section 1), pfq (FracTrain PFQ, algorithms.md 2), cpt (+ its precision range test, 5),
-dfq (FracTrain DFQ, 3) and fractrain (PFQ's indicator scheduling DFQ's cp target, 4). Defaults follow the
+fp32 / static (docs/methods.md §1), pfq (FracTrain PFQ, §4), cpt (+ its precision range test, §5),
+dfq (FracTrain DFQ, §6) and fractrain (PFQ's indicator scheduling DFQ's cp target, §7). Defaults follow the
 reference code; the options it lacks are fields that default to its behaviour.
 """
 

@@ -1,4 +1,4 @@
-"""Precision as a function of training progress (architecture rule 5; algorithms.md 2 and 5).
+"""Precision as a function of training progress (architecture rule 5; docs/methods.md §4, §5).
 
 A runtime schedule answers ``precision(iteration)`` before every optimizer step and ``observe``s the loss
 after it. Static, manual PFQ and CPT are pure functions of the iteration; auto PFQ asks the one stateful
@@ -102,7 +102,7 @@ class AutoPFQ(RunSchedule):
 
 
 def cyclic_bits(t: int, lo: int, hi: int, period: float, rounding: str = "rint") -> int:
-    """CPT's rising half-cosine inside each cycle: lo at the cycle start, about hi at its end (algorithms.md 5.2).
+    """CPT's rising half-cosine inside each cycle: lo at the cycle start, about hi at its end (methods.md §5.1).
 
     b(t) = round(lo + (hi - lo) * (1 - cos(pi * (t mod T) / T)) / 2), rint = half to even (the code),
     ceil = the paper's formula. T may be fractional (total iterations / cycles), so the cycles tile the whole

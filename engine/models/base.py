@@ -1,7 +1,7 @@
 """What every fractune model shares: the layer-precision map, the MACs table, the registry.
 
 A model's ``forward(x, prec)`` runs its body at ``prec``; which other layers follow ``prec`` is the
-explicit ``LayerMap`` (algorithms.md 1.7 and 10.8): the reference quantizes the stem in static / PFQ /
+explicit ``LayerMap`` (docs/methods.md §3, §9): the reference quantizes the stem in static / PFQ /
 CPT CIFAR ResNets but keeps it fp32 in DFQ / FracTrain and on ImageNet; the FC is always fp32; the
 MobileNetV2 depthwise convs run at a fixed 8/16 that no schedule changes.
 """
@@ -40,7 +40,7 @@ class LayerMap:
 
 @dataclass(frozen=True)
 class LayerInfo:
-    """One conv/linear layer: forward MACs for one sample (M_l in algorithms.md 6.1)."""
+    """One conv/linear layer: forward MACs for one sample (M_l in methods.md §2)."""
 
     name: str
     role: str
@@ -138,7 +138,7 @@ class QModel(nn.Module):
 
 
 def init_reference(model: nn.Module) -> None:
-    """The reference's init (algorithms.md 7): conv N(0, sqrt(2/(k^2 C_out))), BN 1/0, linear N(0, sqrt(2/(in*out)))."""
+    """The reference's init (methods.md §3): conv N(0, sqrt(2/(k^2 C_out))), BN 1/0, linear N(0, sqrt(2/(in*out)))."""
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             n = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
