@@ -34,6 +34,6 @@ def test_engine_sources_never_name_service_libraries():
 
 def test_store_readers_import_no_ray():
     # `fractune pareto`, `report` and `ui` only read the MLflow store: Ray's 1-2 s import is not theirs to pay.
-    stmt = ("import orchestrator.store, orchestrator.ablation, orchestrator.commands_ablate, dashboards.report, "
+    stmt = ("import orchestrator.store, orchestrator.ablation_analysis, orchestrator.commands_ablate, dashboards.report, "
             "dashboards.ui, dashboards.data")
     assert _loaded_after(stmt, ("ray",)) == []
