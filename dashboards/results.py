@@ -37,6 +37,9 @@ def schedule_label(cfg: ExperimentConfig) -> str:
         bws = f"{s.bw_min}" if s.bw_min == s.bw_max else f"{s.bw_min}->{s.bw_max}"
         return f"CPT FW{s.fw_min}->{s.fw_max}/BW{bws}{w}"
     opts = "" if s.options == "paper" else f" {s.options if isinstance(s.options, str) else '[' + ','.join(s.options) + ']'}"
+    defaults = type(s).model_fields  # the gate's settings that differ from the engine's defaults
+    opts += f" {s.controller}" if s.controller != defaults["controller"].default else ""
+    opts += f" beta {s.beta:g}" if s.beta != defaults["beta"].default else ""
     if s.kind == "dfq":
         return f"DFQ cp {s.target_cp:g}% {s.execution}{opts}"
     return f"FracTrain cp {s.first_target():g}+{s.cp_step:g} {s.execution}{opts}"  # fractrain

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from orchestrator import store
-from tests.conftest import ROOT
+from tests.conftest import ROOT, needs_root
 from tests.orchestrator.procs import kill_session, wait_for
 
 BIN = Path(sys.executable).parent
@@ -130,6 +130,7 @@ def cluster(tmp_path_factory):
         assert all(proc.poll() is not None for proc in procs), "a cluster process survived"
 
 
+@needs_root  # the second node runs in its own mount namespace
 def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(cluster):
     shared = cluster["folder"] / "shared"
     r = _cli("submit", str(cluster["spec"]), "--address", cluster["dashboard"], "--tracking-uri",
@@ -163,6 +164,7 @@ def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(clust
     assert jobs[out["job_id"]]["status"] == "SUCCEEDED" and jobs[out["job_id"]]["sweep"] == "cluster4"
 
 
+@needs_root  # the second node runs in its own mount namespace
 def test_stop_ends_a_running_job(cluster):
     slow = {**SPEC, "name": "cluster_slow", "base": {**SPEC["base"], "optim": {"epochs": 50},
                                                       "debug": {"sleep_per_iteration": 0.2}}}
@@ -186,6 +188,7 @@ def test_stop_ends_a_running_job(cluster):
     assert unknown.returncode == 2 and "job_id" in unknown.stderr and "no such job" in unknown.stderr
 
 
+@needs_root  # the second node runs in its own mount namespace
 def test_attaching_refuses_storage_that_a_node_cannot_see(cluster):
     blind = cluster["folder"] / "blind"
     r = _cli("sweep", str(cluster["spec"]), "--address", cluster["gcs"], "--storage", str(blind),

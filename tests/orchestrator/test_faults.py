@@ -19,6 +19,7 @@ import yaml
 from orchestrator import store
 from orchestrator.sweep import SweepOptions, run_sweep
 from search_spaces.spec import parse_spec
+from tests.conftest import needs_root
 from tests.orchestrator.procs import kill_session, start_cli, wait_for
 
 SLOW = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 6},
@@ -225,6 +226,7 @@ def tiny_mount(tmp_path):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+@needs_root
 def test_full_or_unwritable_storage_is_a_clear_error(run_cli, tmp_path, tiny_mount):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "disk", "base": {**SLOW, "optim": {"epochs": 1}, "debug": {}}}))
@@ -241,6 +243,7 @@ def test_full_or_unwritable_storage_is_a_clear_error(run_cli, tmp_path, tiny_mou
         assert time.monotonic() - t < 60
 
 
+@needs_root
 def test_storage_filling_up_mid_sweep_fails_trials_not_the_machine(run_cli, tmp_path, tiny_mount):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "fills", "base": {**SLOW, "debug": {}},

@@ -69,6 +69,45 @@ def test_four_trial_sweep_tracks_every_trial(ray_local, tmp_path, sqlite_uri):
     assert {p["run_id"] for p in again["pareto"]} == front_ids and again["trials"] == 4
 
 
+ASHA = {
+    "name": "digits_asha",
+    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 3},
+             "schedule": {"kind": "static", "fw": 8, "bw": 8}},
+    # one trial at a learning rate that cannot learn: ASHA stops it at its first rung
+    "parameters": {"optim.lr": {"grid": [0.1, 0.05, 1e-6]}},
+    "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2},
+    "budget": {"max_concurrent_trials": 1},  # in grid order: the stopped trial meets the recorded rungs
+    "resources": {"cpu": 1},
+}
+
+
+def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_local, tmp_path, sqlite_uri):
+    from orchestrator import runs
+    from orchestrator.pareto import pareto_rows
+    from tests.conftest import run_main
+
+    out = run_sweep(parse_spec(ASHA), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"),
+                                                    progress=False))
+    assert out["trials"] == 3 and out["errored"] == 0
+    data = runs.load(sqlite_uri, "digits_asha")
+    stopped = [r for r in data.rows if not r["complete"]]
+    assert stopped and all(r["status"] == "FINISHED" and r["epochs"] < r["planned_epochs"] == 3 for r in stopped)
+    assert {r["point"]["optim.lr"] for r in stopped} >= {1e-6}
+    # a stopped trial ran fewer epochs, so it is cheap: a front over FINISHED runs alone would take it
+    naive = {r["run_id"] for r in pareto_rows([r for r in data.rows if r["status"] == "FINISHED"])}
+    assert naive & {r["run_id"] for r in stopped}
+    assert not {p["run_id"] for p in out["pareto"]} & {r["run_id"] for r in stopped}
+
+    code, _, again = run_main("pareto", "digits_asha", "--tracking-uri", sqlite_uri, "--json")
+    assert code == 0
+    assert again["pareto"] == json.loads(json.dumps(out["pareto"])) and again["trials"] == 3
+    assert again["finished"] == 3 - len(stopped)
+    # the sweep's own record on the parent run says the same
+    summary = store.artifact_json(data.client, data.parent_run_id, "pareto.json")
+    assert [p["run_id"] for p in summary["pareto"]] == [p["run_id"] for p in again["pareto"]]
+    assert {t["run_id"] for t in summary["trials"] if not t["complete"]} == {r["run_id"] for r in stopped}
+
+
 def test_optuna_multi_objective_sweep(ray_local, tmp_path, sqlite_uri):
     spec = {**DIGITS, "name": "digits_optuna",
             "base": {**DIGITS["base"], "optim": {"epochs": 1}, "schedule": {"kind": "static", "fw": 8, "bw": 8}},
