@@ -87,14 +87,18 @@ def test_base_from_a_file_and_set(tmp_path):
         load_spec(missing)
 
 
-def test_validate_cli_exit_codes(run_cli, tmp_path):
-    good = run_cli("validate", str(PRESETS_DIR / "demo.yaml"), "--json")
-    assert good.returncode == 0 and '"valid": true' in good.stdout
+def test_validate_cli_exit_codes(tmp_path, capsys):
+    from tests.conftest import run_main
+
+    code, _, good = run_main("validate", str(PRESETS_DIR / "demo.yaml"), "--json")
+    assert code == 0 and good["valid"] is True and good["trials"] == 7
     bad = write_yaml(tmp_path / "bad.yaml", "name: x\nparameters: {schedule.fw: {grid: [40]}}\n"
                      "base: {schedule: {kind: static}}\nresources: {gpu: -1}\n")
-    r = run_cli("validate", str(bad))
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    lines = r.stderr.strip().splitlines()
+    capsys.readouterr()
+    code = run_main("validate", str(bad))[0]
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
     assert len(lines) == 2  # the spec's own field and the grid point, reported together
     assert "resources.gpu: got -1" in lines[0] and "schedule.fw: got 40" in lines[1]
 

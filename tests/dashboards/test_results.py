@@ -18,7 +18,7 @@ from orchestrator import store
 STUDY = {
     "name": "mini_study",
     "description": "four methods, two seeds",
-    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 2}},
+    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 1}},
     "parameters": {"schedule": {"grid": [
         {"kind": "fp32"},
         {"kind": "static", "fw": 8, "bw": 8},
@@ -154,11 +154,15 @@ def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
     assert logged == {"results/results.md", "results/results_pareto.png"}
 
 
-def test_results_bad_input_is_one_line(mini_study, run_cli):
-    r = run_cli("results", "no_such_sweep", "--tracking-uri", mini_study["uri"])
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no_such_sweep" in r.stderr
-    r = run_cli("results", "mini_study", "--tracking-uri", mini_study["uri"], "--notes", "/nonexistent/notes.md")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--notes" in r.stderr
+def test_results_bad_input_is_one_line(mini_study, capsys):
+    from tests.conftest import run_main
+
+    code = run_main("results", "no_such_sweep", "--tracking-uri", mini_study["uri"])[0]
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "no_such_sweep" in err
+    code = run_main("results", "mini_study", "--tracking-uri", mini_study["uri"], "--notes", "/nonexistent/notes.md")[0]
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--notes" in err
 
 
 def test_pfq_is_checked_against_the_static_run_at_its_final_precision():

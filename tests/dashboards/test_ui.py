@@ -23,12 +23,14 @@ def test_ui_serves_a_loopback_server_with_one_worker(mlflow_server):
     assert argv[argv.index(b"--artifacts-destination") + 1] == str(db.parent / "mlartifacts").encode()
 
 
-def test_a_busy_port_is_refused(run_cli, tmp_path):
+def test_a_busy_port_is_refused(tmp_path, capsys):
+    from tests.conftest import run_main
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = run_cli("ui", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--port", str(port))
-    assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == (f"fractune ui: error: --port: got {port}; already in use: give a "
+        code = run_main("ui", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--port", str(port))[0]
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (f"fractune ui: error: --port: got {port}; already in use: give a "
                                                   "free port, or --port 0 for any free one")

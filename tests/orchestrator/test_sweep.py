@@ -10,6 +10,7 @@ from engine.errors import ConfigError
 from orchestrator import store
 from orchestrator.sweep import SweepOptions, run_sweep
 from search_spaces.spec import parse_spec
+from tests.conftest import run_main
 
 DIGITS = {
     "name": "digits_sweep",
@@ -56,18 +57,6 @@ def test_four_trial_sweep_tracks_every_trial(ray_local, tmp_path, sqlite_uri):
     assert fp32.data.metrics["cp"] == 100.0
     assert "pareto.json" in [a.path for a in c.list_artifacts(parent.info.run_id)]
 
-    # `fractune pareto` recomputes the same front from MLflow alone
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "pareto", "digits_sweep", "--tracking-uri", sqlite_uri,
-                        "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stderr
-    again = json.loads(r.stdout.strip().splitlines()[-1])
-    assert {p["run_id"] for p in again["pareto"]} == front_ids and again["trials"] == 4
-
 
 ASHA = {
     "name": "digits_asha",
@@ -81,10 +70,9 @@ ASHA = {
 }
 
 
-def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_local, tmp_path, sqlite_uri):
+def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_local, tmp_path, sqlite_uri, run_cli):
     from orchestrator import runs
     from orchestrator.pareto import pareto_rows
-    from tests.conftest import run_main
 
     out = run_sweep(parse_spec(ASHA), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"),
                                                     progress=False))
@@ -98,8 +86,9 @@ def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_lo
     assert naive & {r["run_id"] for r in stopped}
     assert not {p["run_id"] for p in out["pareto"]} & {r["run_id"] for r in stopped}
 
-    code, _, again = run_main("pareto", "digits_asha", "--tracking-uri", sqlite_uri, "--json")
-    assert code == 0
+    r = run_cli("pareto", "digits_asha", "--tracking-uri", sqlite_uri, "--json")  # from MLflow alone
+    assert r.returncode == 0, r.stderr
+    again = json.loads(r.stdout.strip().splitlines()[-1])
     assert again["pareto"] == json.loads(json.dumps(out["pareto"])) and again["trials"] == 3
     assert again["finished"] == 3 - len(stopped)
     # the sweep's own record on the parent run says the same
@@ -160,13 +149,13 @@ def test_a_failing_trial_does_not_kill_the_sweep(ray_local, tmp_path, sqlite_uri
     assert runs["FINISHED"].data.tags["fractune.device"] == "cpu"
 
 
-def test_cli_reports_spec_and_cluster_errors_together(run_cli, tmp_path):
+def test_cli_reports_spec_and_cluster_errors_together(ray_local, tmp_path, capsys):
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: bad\nbase: {model: {name: tiny}, data: {dataset: digits}, schedule: {kind: static}}\n"
                     "parameters: {schedule.fw: {grid: [4, 99]}}\nresources: {cpu: 512}\n")
-    r = run_cli("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri",
-                f"sqlite:///{tmp_path}/m.db", env={"RAY_ADDRESS": ""})
-    assert r.returncode == 2, r.stderr
-    lines = [x for x in r.stderr.splitlines() if "error:" in x]
+    code, _, _ = run_main("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri",
+                          f"sqlite:///{tmp_path}/m.db")
+    lines = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
+    assert code == 2, lines
     assert any("schedule.fw: got 99" in x for x in lines) and any("resources.cpu: got 512" in x for x in lines)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("bad-*"))
