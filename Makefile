@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 export RAY_USAGE_STATS_ENABLED := 0
+# apt-get waits up to 10 minutes for the dpkg lock (another install running) instead of failing at once
+APT_GET := env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600
 
 .PHONY: install data browser docker-tools demo test bench lint clean
 
@@ -21,7 +23,7 @@ data:
 	elif command -v apt-get >/dev/null 2>&1; then \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
 	  echo "installing Debian package dataset-fashion-mnist"; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
+	  $$SUDO $(APT_GET) update -qq && $$SUDO $(APT_GET) install -y -qq dataset-fashion-mnist >/dev/null; \
 	else echo "warning: $(FMNIST_DIR) missing and apt-get unavailable; pass --data-dir to fractune" >&2; fi
 
 # Headless Chromium for the browser tests (tests/dashboards/test_browser.py): Debian's chromium and
@@ -31,7 +33,7 @@ browser:
 	elif command -v apt-get >/dev/null 2>&1; then \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
 	  echo "installing Debian packages chromium chromium-driver"; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  $$SUDO $(APT_GET) update -qq && $$SUDO $(APT_GET) install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "warning: /usr/bin/chromium missing and apt-get unavailable; the browser tests will fail" >&2; fi
 
 # Static checks of docker/ (tests/test_docker.py; no Docker engine needed): Debian's docker-compose validates
@@ -42,7 +44,7 @@ docker-tools:
 	elif command -v apt-get >/dev/null 2>&1; then \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
 	  echo "installing Debian package docker-compose"; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq docker-compose >/dev/null; \
+	  $$SUDO $(APT_GET) update -qq && $$SUDO $(APT_GET) install -y -qq docker-compose >/dev/null; \
 	else echo "warning: docker-compose missing and apt-get unavailable; tests/test_docker.py will fail" >&2; fi
 
 demo: install

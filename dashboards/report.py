@@ -15,9 +15,11 @@ from pathlib import Path
 
 from dashboards import figures, pngs
 from dashboards import html as H
-from dashboards.data import GATED, SweepData, artifact_json, bit_allocation, histories, load_sweep
+from dashboards.data import SweepData, bit_allocation, histories, load_sweep
+from engine.config import GATED_KINDS
 from engine.errors import ConfigError
 from orchestrator.output import emit_json, info
+from orchestrator.store import artifact_json
 
 MAX_CHOSEN = 6  # runs in the precision figure when none are named
 MAX_GATED = 4  # heatmaps
@@ -38,21 +40,21 @@ def choose_runs(data: SweepData, front: list[dict], wanted: list[str] | None) ->
 
 def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | Path | None = None,
                  runs: list[str] | None = None, log: bool = True, data: SweepData | None = None) -> dict:
-    from orchestrator.ablation import analyse, importances
-    from orchestrator.pareto import pareto_rows
+    from orchestrator.ablation_analysis import analyse, importances
+    from orchestrator.runs import front as pareto_front
 
     started = time.perf_counter()
     data = data or load_sweep(uri, sweep, sweep_id)
     c = data.client
     done = data.finished()
-    front = pareto_rows(done)
+    front = pareto_front(data.rows)
     analysis = analyse(done, data.meta) if data.meta else None
     importance = analysis["importance"] if analysis else importances(done, data.factors, "fanova")
     chosen = choose_runs(data, front, runs)
     hist = {r["run_id"]: histories(c, r["run_id"], figures.PRECISION_KEYS) for r in chosen}
     events = {r["run_id"]: artifact_json(c, r["run_id"], "events.json") or [] for r in chosen}
-    gated = [r for r in chosen if r["schedule"] in GATED]
-    gated += [r for r in data.finished() if r["schedule"] in GATED and r not in gated]
+    gated = [r for r in chosen if r["schedule"] in GATED_KINDS]
+    gated += [r for r in data.finished() if r["schedule"] in GATED_KINDS and r not in gated]
     allocs = {r["run_id"]: a for r in gated[:MAX_GATED] if (a := bit_allocation(c, r))}
     names = {r["run_id"]: r["name"] for r in data.rows}
 

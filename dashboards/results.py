@@ -16,36 +16,41 @@ import statistics
 import time
 from pathlib import Path
 
-from dashboards.data import GATED, SweepData, load_sweep
+from dashboards.data import SweepData, load_sweep
+from engine.config import ExperimentConfig
+from engine.schedule_config import GatedSettings
 
 TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
 
 
-def method_label(point: dict) -> str:
-    s = point.get("schedule")
-    if not isinstance(s, dict):
-        return ", ".join(f"{k}={v}" for k, v in sorted(point.items())) or "base"
-    kind = s.get("kind", "?")
-    w = f" W{s['weight_bits']}" if s.get("weight_bits") not in (None,) and kind in ("static", "pfq", "cpt") else ""
-    if kind == "fp32":
+def schedule_label(cfg: ExperimentConfig) -> str:
+    """A method's name from its resolved schedule: the engine's values, defaults included."""
+    s = cfg.schedule
+    w = f" W{s.weight_bits}" if s.kind in ("static", "pfq", "cpt") and s.weight_bits is not None else ""
+    if s.kind == "fp32":
         return "FP32"
-    if kind == "static":
-        return f"FW{s.get('fw', 8)}/BW{s.get('bw', 8)}{w}"
-    if kind == "pfq":
-        fw, bw = s.get("fw", [3, 4, 6, 8]), s.get("bw", [6, 6, 8, 8])
-        return f"PFQ {s.get('mode', 'auto')} FW{'-'.join(map(str, fw))}/BW{'-'.join(map(str, bw))}{w}"
-    if kind == "cpt":
-        bw = s.get("bw_min", 8), s.get("bw_max", 8)
-        bws = f"{bw[0]}" if bw[0] == bw[1] else f"{bw[0]}->{bw[1]}"
-        return f"CPT FW{s.get('fw_min', 3)}->{s.get('fw_max', 8)}/BW{bws}{w}"
-    opts = s.get("options", "paper")
-    opts = "" if opts == "paper" else f" {opts if isinstance(opts, str) else '[' + ','.join(opts) + ']'}"
-    if kind == "dfq":
-        return f"DFQ cp {s.get('target_cp', 3.0):g}% {s.get('execution', 'masked')}{opts}"
-    if kind == "fractrain":
-        start = s.get("cp0") if s.get("cp0") is not None else f"total {s.get('cp_total')}"
-        return f"FracTrain cp {start}+{s.get('cp_step', 0.5):g} {s.get('execution', 'masked')}{opts}"
-    return kind
+    if s.kind == "static":
+        return f"FW{s.fw}/BW{s.bw}{w}"
+    if s.kind == "pfq":
+        return f"PFQ {s.mode} FW{'-'.join(map(str, s.fw))}/BW{'-'.join(map(str, s.bw))}{w}"
+    if s.kind == "cpt":
+        bws = f"{s.bw_min}" if s.bw_min == s.bw_max else f"{s.bw_min}->{s.bw_max}"
+        return f"CPT FW{s.fw_min}->{s.fw_max}/BW{bws}{w}"
+    opts = "" if s.options == "paper" else f" {s.options if isinstance(s.options, str) else '[' + ','.join(s.options) + ']'}"
+    defaults = type(s).model_fields  # the gate's settings that differ from the engine's defaults
+    opts += f" {s.controller}" if s.controller != defaults["controller"].default else ""
+    opts += f" beta {s.beta:g}" if s.beta != defaults["beta"].default else ""
+    if s.kind == "dfq":
+        return f"DFQ cp {s.target_cp:g}% {s.execution}{opts}"
+    return f"FracTrain cp {s.first_target():g}+{s.cp_step:g} {s.execution}{opts}"  # fractrain
+
+
+def method_label(point: dict, cfg: ExperimentConfig | None) -> str:
+    """The schedule's name when the point sets the schedule, plus the other swept values; else the values."""
+    others = ", ".join(f"{k}={v}" for k, v in sorted(point.items()) if not k.startswith("schedule"))
+    if cfg is None or not any(k.startswith("schedule") for k in point):
+        return others or "base"
+    return schedule_label(cfg) + (f", {others}" if others else "")
 
 
 def _std(values: list[float]) -> float:
@@ -53,11 +58,13 @@ def _std(values: list[float]) -> float:
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Finished trials grouped by method; savings against the sweep's own FP32 and FW8/BW8 groups."""
+    """Finished trials grouped by method (the swept point); savings against the sweep's own FP32 and FW8/BW8
+    groups. Each row carries ``config``: its resolved ``ExperimentConfig`` (None when it could not be read)."""
     groups: dict[str, dict] = {}
     for r in rows:
         key = json.dumps(r["point"], sort_keys=True, default=str)
-        g = groups.setdefault(key, {"method": method_label(r["point"]), "point": r["point"], "runs": []})
+        g = groups.setdefault(key, {"method": method_label(r["point"], r["config"]), "point": r["point"],
+                                    "config": r["config"], "runs": []})
         g["runs"].append(r)
     out = []
     for g in groups.values():
@@ -66,21 +73,28 @@ def summarise(rows: list[dict]) -> list[dict]:
         cps = [r["cp"] for r in g["runs"] if math.isfinite(r.get("cp", math.nan))]
         gated = [r["cp_gated"] for r in g["runs"] if math.isfinite(r.get("cp_gated", math.nan))]
         walls = [r["wall_seconds"] for r in g["runs"] if math.isfinite(r.get("wall_seconds", math.nan))]
-        out.append({"method": g["method"], "kind": (g["point"].get("schedule") or {}).get("kind"),
-                    "point": g["point"], "n": len(acc), "seeds": sorted(r["seed"] for r in g["runs"]),
+        cfg = g["config"]
+        out.append({"method": g["method"], "kind": cfg.schedule.kind if cfg is not None else None,
+                    "point": g["point"], "config": cfg, "n": len(acc), "seeds": sorted(r["seed"] for r in g["runs"]),
                     "accuracy_mean": statistics.fmean(acc), "accuracy_std": _std(acc),
                     "train_bitops_mean": statistics.fmean(ops), "train_bitops_std": _std(ops),
                     "cp_mean": statistics.fmean(cps) if cps else math.nan,
                     "cp_gated_mean": statistics.fmean(gated) if gated else math.nan,
                     "wall_seconds_mean": statistics.fmean(walls) if walls else math.nan})
     fp32 = next((g for g in out if g["kind"] == "fp32"), None)
-    sbm = next((g for g in out if g["method"] == "FW8/BW8"), None)
+    sbm = _static(out).get((8, 8))
     for g in out:
         for ref, name in ((fp32, "fp32"), (sbm, "fw8bw8")):
             g[f"savings_vs_{name}"] = (1 - g["train_bitops_mean"] / ref["train_bitops_mean"]) if ref else math.nan
             g[f"accuracy_delta_vs_{name}_pp"] = (100 * (g["accuracy_mean"] - ref["accuracy_mean"])) if ref else math.nan
     out.sort(key=lambda g: -g["train_bitops_mean"])
     return out
+
+
+def _static(groups: list[dict]) -> dict[tuple[int, int], dict]:
+    """The static groups with weights at the forward bits, by (FW, BW): (8, 8) is FracTrain's SBM baseline."""
+    return {(g["config"].schedule.fw, g["config"].schedule.bw): g for g in groups
+            if g["kind"] == "static" and g["config"].schedule.weight_bits is None}
 
 
 def front_of(groups: list[dict]) -> list[dict]:
@@ -97,13 +111,24 @@ def comparable(g: dict, ref: dict) -> bool:
     return g["accuracy_mean"] >= ref["accuracy_mean"] - margin
 
 
+def gate_key(cfg: ExperimentConfig) -> dict:
+    """Everything of a DFQ/FracTrain run but its cp target: the gate's settings as the engine resolves them
+    (option names, block costs), the model, and the rest of the experiment (data, optim, quant)."""
+    s = cfg.schedule
+    key = {f: getattr(s, f) for f in GatedSettings.model_fields}
+    key.update(options=s.option_names(cfg.model.name), block_cost=s.omega_kind(cfg.model.name))
+    rest = cfg.model_dump(mode="json", exclude={"schedule", "seed", "name"})
+    return {**key, "experiment": rest}
+
+
 def trends(groups: list[dict]) -> list[dict]:
     """The papers' claims, each checked against this sweep's numbers (only those whose methods it ran)."""
     by_kind: dict[str, list[dict]] = {}
     for g in groups:
         by_kind.setdefault(g["kind"] or "?", []).append(g)
     fp32 = next(iter(by_kind.get("fp32", [])), None)
-    sbm = next((g for g in groups if g["method"] == "FW8/BW8"), None)
+    statics = _static(groups)
+    sbm = statics.get((8, 8))
     out = []
 
     def check(claim: str, source: str, g: dict, ref: dict, min_savings: float = 0.0) -> None:
@@ -120,12 +145,10 @@ def trends(groups: list[dict]) -> list[dict]:
     if fp32 and sbm:
         check("8-bit training (FW8/BW8, SBM) matches FP32 accuracy", "SBM (Banner et al. 2018), FracTrain's baseline",
               sbm, fp32, 0.5)
-    statics = {(g["point"]["schedule"].get("fw", 8), g["point"]["schedule"].get("bw", 8)): g
-               for g in by_kind.get("static", []) if not g["point"]["schedule"].get("weight_bits")}
     if sbm:
         for g in by_kind.get("pfq", []):  # against the static run at PFQ's final precision (FW8/BW16: SBM-16)
-            s = g["point"]["schedule"]
-            ref = statics.get((s.get("fw", [8])[-1], s.get("bw", [8])[-1]), sbm)
+            s = g["config"].schedule
+            ref = statics.get((s.fw[-1], s.bw[-1]), sbm)
             check(f"PFQ saves BitOPs over static {ref['method']} at comparable accuracy",
                   "FracTrain supplement sec. 1", g, ref)
         for g in by_kind.get("cpt", []):
@@ -134,13 +157,10 @@ def trends(groups: list[dict]) -> list[dict]:
             check("DFQ saves most of FW8/BW8's BitOPs at comparable accuracy", "FracTrain supplement sec. 6", g, sbm)
         for g in by_kind.get("fractrain", []):
             check("FracTrain saves BitOPs over FW8/BW8 at comparable accuracy", "FracTrain abstract", g, sbm)
-    for f in by_kind.get("fractrain", []):  # FracTrain vs DFQ run at FracTrain's final cp, same execution
-        final = (f["point"]["schedule"].get("cp0") or 0) + (f["point"]["schedule"].get("cp_step", 0.5)
-                                                          * f["point"]["schedule"].get("num_turning_points", 3))
-        ex = f["point"]["schedule"].get("execution", "masked")
+    for f in by_kind.get("fractrain", []):  # FracTrain vs DFQ at FracTrain's final cp target, the same gate
+        final, key = f["config"].schedule.targets()[-1], gate_key(f["config"])
         for d in by_kind.get("dfq", []):
-            s = d["point"]["schedule"]
-            if s.get("execution", "masked") == ex and abs(s.get("target_cp", 3.0) - final) < 1e-9:
+            if math.isclose(d["config"].schedule.target_cp, final, abs_tol=1e-9) and gate_key(d["config"]) == key:
                 check("FracTrain costs less than DFQ at its final cp, at comparable accuracy",
                       "FracTrain: PFQ schedules DFQ's cp", f, d)
     return out
@@ -223,7 +243,7 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
 
 def setup_of(data: SweepData) -> dict:
     """A few lines on the sweep's common setting, from the parent run's logged spec."""
-    from dashboards.data import artifact_json
+    from orchestrator.store import artifact_json
 
     spec = artifact_json(data.client, data.parent_run_id, "sweep_spec.yaml") or {}
     base = spec.get("base") if isinstance(spec.get("base"), dict) else {}
@@ -241,14 +261,30 @@ def setup_of(data: SweepData) -> dict:
     return out
 
 
+def with_configs(data: SweepData) -> list[dict]:
+    """The finished rows, each with ``config``: the trial's resolved ``ExperimentConfig``, parsed by the engine
+    from the ``config.yaml`` the tracker logged (one read per swept point: the seeds share everything else)."""
+    from engine.config import parse_config
+    from engine.errors import ConfigError
+    from orchestrator.store import artifact_json
+
+    cache: dict[str, ExperimentConfig | None] = {}
+    rows = []
+    for r in data.finished():
+        key = json.dumps(r["point"], sort_keys=True, default=str)
+        if key not in cache:
+            try:
+                cache[key] = parse_config(artifact_json(data.client, r["run_id"], "config.yaml") or {})
+            except ConfigError:  # logged by an engine whose config this one no longer reads
+                cache[key] = None
+        rows.append({**r, "config": cache[key]})
+    return rows
+
+
 def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, notes: str | None = None,
                   log: bool = True, command: str | None = None) -> dict:
     data = load_sweep(uri, sweep, sweep_id)
-    done = data.finished()
-    for r in done:  # gated runs: the papers' cp, averaged over the epochs
-        if r["schedule"] in GATED:
-            hist = [m.value for m in data.client.get_metric_history(r["run_id"], "cp_gated")]
-            r["cp_gated"] = statistics.fmean(hist) if hist else math.nan
+    done = with_configs(data)
     groups = summarise(done)
     front = front_of(groups)
     checks = trends(groups)
@@ -263,8 +299,11 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
         data.client.log_artifact(data.parent_run_id, str(page), "results")
         data.client.log_artifact(data.parent_run_id, str(plot), "results")
         artifact = data.client.get_run(data.parent_run_id).info.artifact_uri.rstrip("/") + f"/results/{page.name}"
+    methods = [{k: v for k, v in g.items() if k != "config"} | {"schedule": g["config"].schedule.model_dump(mode="json")
+                                                                 if g["config"] is not None else None}
+               for g in groups]
     return {"sweep": data.name, "sweep_id": data.sweep_id, "parent_run_id": data.parent_run_id,
-            "trials": len(data.rows), "finished": len(data.finished()), "methods": groups,
+            "trials": len(data.rows), "finished": len(done), "methods": methods,
             "pareto": [r["method"] for r in front], "trends": checks, "markdown": str(page), "plot": str(plot),
             "artifact": artifact}
 

@@ -16,17 +16,43 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+# The arguments several commands share, added by `_shared` (a command may reword the help, never the meaning).
+SHARED: dict[str, tuple[tuple[str, ...], dict]] = {
+    "json": (("--json",), {"action": "store_true", "help": "last stdout line: one JSON object"}),
+    "tracking_uri": (("--tracking-uri",), {"help": "MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
+                                                   "sqlite:///$PWD/mlflow.db)"}),
+    "ray_address": (("--address",), {"help": "attach to a running Ray cluster: auto or HOST:PORT (default: start "
+                                             "local Ray)"}),
+    "jobs_address": (("--address",), {"help": "the Ray dashboard (Jobs API) of the cluster, http://HOST:8265 "
+                                              "(default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS when it is an http "
+                                              "URL, else http://127.0.0.1:8265)"}),
+    "storage": (("--storage",), {"help": "Tune storage folder, shared by every node (default: $FRACTUNE_STORAGE or "
+                                         "./fractune_runs)"}),
+    "dashboard": (("--dashboard",), {"action": "store_true", "help": "start the Ray dashboard with a local cluster"}),
+    "quiet": (("--quiet",), {"action": "store_true", "help": "no per-epoch progress lines"}),
+    "sweep_id": (("--sweep-id",), {"help": "a specific sweep invocation, e.g. demo-20261123-101500"}),
+    "set": (("--set",), {"dest": "overrides", "action": "append", "default": [], "metavar": "KEY.PATH=VALUE",
+                         "help": "override a config field, e.g. --set schedule.fw=6 (repeatable)"}),
+    "data_dir": (("--data-dir",), {"help": "folder holding the data set (overrides data.data_dir)"}),
+}
+
+
+def _shared(p: argparse.ArgumentParser, *names: str, **helps: str) -> None:
+    """Add the shared arguments ``names`` to ``p``; ``helps`` rewords one's help for this command."""
+    for name in names:
+        flags, kwargs = SHARED[name]
+        p.add_argument(*flags, **{**kwargs, **({"help": helps[name]} if name in helps else {})})
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="run one experiment in this process",
                        description="Train one experiment config in this process and report accuracy and BitOPs.")
     p.add_argument("config", help="experiment YAML (see examples/)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="override a config field, e.g. --set schedule.fw=6 (repeatable)")
-    p.add_argument("--data-dir", help="folder holding the data set (overrides data.data_dir)")
+    _shared(p, "set", "data_dir")
     p.add_argument("--checkpoint-dir", help="write a checkpoint here after every epoch")
     p.add_argument("--resume", metavar="DIR", help="resume from a checkpoint folder written by --checkpoint-dir")
     p.add_argument("--history", metavar="FILE", help="also write the per-epoch metrics as JSON lines")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object with the results")
+    _shared(p, "json", json="last stdout line: one JSON object with the results")
     p.set_defaults(func="orchestrator.commands_engine:cmd_train")
 
 
@@ -42,7 +68,7 @@ def _add_cost(sub) -> None:
     p.add_argument("--weight-bits", type=int, help="weight bits (default: FW)")
     p.add_argument("--stem", choices=["quantized", "fp32"], default="quantized")
     p.add_argument("--fc", choices=["quantized", "fp32"], default="quantized")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_engine:cmd_cost")
 
 
@@ -52,20 +78,14 @@ def _add_sweep(sub) -> None:
                        "log every trial to MLflow and print the Pareto front of accuracy vs training BitOPs. "
                        "Exit code 1 if any trial errored.")
     p.add_argument("spec", help="sweep spec YAML (see search_spaces/)")
-    p.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT (default: start local Ray)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)")
-    p.add_argument("--storage", help="Tune storage folder, shared by every node (default: $FRACTUNE_STORAGE or ./fractune_runs)")
+    _shared(p, "ray_address", "tracking_uri", "storage")
     p.add_argument("--resume", action="store_true", help="resume the latest unfinished sweep of this name")
-    p.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with a local cluster")
-    p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
+    _shared(p, "dashboard", "quiet")
     p.add_argument("--report-dir", metavar="DIR", help="where the HTML report goes (default: "
                    "./fractune_reports/SWEEP_ID); it is also logged on the sweep's parent run")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report at the end")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_sweep:cmd_sweep")
-
-
-_URI_HELP = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)"
 
 
 def _add_ablate(sub) -> None:
@@ -76,14 +96,11 @@ def _add_ablate(sub) -> None:
                        "BitOPs, Optuna's parameter importance for each objective and a sensitivity verdict per "
                        "factor, and write the HTML report. See docs/ablations.md. Exit code 1 if any trial errored.")
     p.add_argument("spec", help="ablation spec YAML (e.g. search_spaces/pfq_sensitivity.yaml)")
-    p.add_argument("--address", help="attach to a running Ray cluster: auto or HOST:PORT (default: start local Ray)")
-    p.add_argument("--tracking-uri", help=_URI_HELP)
-    p.add_argument("--storage", help="Tune storage folder, shared by every node (default: $FRACTUNE_STORAGE or ./fractune_runs)")
+    _shared(p, "ray_address", "tracking_uri", "storage")
     p.add_argument("--resume", action="store_true", help="resume the latest unfinished ablation of this name")
-    p.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with a local cluster")
+    _shared(p, "dashboard")
     p.add_argument("--out", metavar="DIR", help="report folder (default: ./fractune_reports/SWEEP_ID)")
-    p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "quiet", "json")
     p.set_defaults(func="orchestrator.commands_ablate:cmd_ablate")
 
 
@@ -95,12 +112,11 @@ def _add_report(sub) -> None:
                        "matplotlib PNGs of the key plots. Logged under report/ on the sweep's parent run.")
     p.add_argument("sweep", help="sweep name (the MLflow experiment)")
     p.add_argument("--out", metavar="DIR", help="report folder (default: ./fractune_reports/SWEEP_ID)")
-    p.add_argument("--sweep-id", help="a specific sweep invocation, e.g. demo-20261123-101500")
-    p.add_argument("--tracking-uri", help=_URI_HELP)
+    _shared(p, "sweep_id", "tracking_uri")
     p.add_argument("--run", dest="runs", action="append", metavar="RUN",
                    help="a run (id, trial id or name) for the precision plot (repeatable; default: the Pareto front)")
     p.add_argument("--no-log", action="store_true", help="write the files only, do not log them to MLflow")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "json")
     p.set_defaults(func="dashboards.report:cmd_report")
 
 
@@ -109,12 +125,12 @@ def _add_ui(sub) -> None:
                        description="Start `mlflow server --workers 1` on 127.0.0.1 for a sqlite store and print the "
                        "URL (the sweep's runs page with --sweep); stays in the foreground until Ctrl-C. For an "
                        "http(s) tracking URI (a server already) only the URL is printed.")
-    p.add_argument("--tracking-uri", help=_URI_HELP)
+    _shared(p, "tracking_uri")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000; 0: any free port)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others expose the "
                    "unauthenticated UI to the network)")
     p.add_argument("--sweep", help="print the URL of this sweep's runs page")
-    p.add_argument("--json", action="store_true", help="once the server is up, a JSON line with the url")
+    _shared(p, "json", json="once the server is up, a JSON line with the url")
     p.set_defaults(func="dashboards.ui:cmd_ui")
 
 
@@ -123,9 +139,7 @@ def _add_pareto(sub) -> None:
                        description="Recompute the Pareto front (accuracy max, training BitOPs min) of the latest "
                        "sweep of this name (or --sweep-id) from its MLflow runs.")
     p.add_argument("sweep", help="sweep name (the MLflow experiment)")
-    p.add_argument("--sweep-id", help="a specific sweep invocation, e.g. demo-20261123-101500")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "sweep_id", "tracking_uri", "json")
     p.set_defaults(func="orchestrator.commands_sweep:cmd_pareto")
 
 
@@ -134,7 +148,7 @@ def _add_validate(sub) -> None:
                        description="Validate a sweep spec (every grid point and range end), an ablation spec (every "
                        "level and point) or an experiment config.")
     p.add_argument("file", help="sweep spec, ablation spec or experiment config YAML")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_sweep:cmd_validate")
 
 
@@ -144,9 +158,9 @@ def _add_schedule(sub) -> None:
                        "iterations, mean FW/BW bits, occupancy and the global cost ratio (every layer at the "
                        "schedule's bits) against FP32 and FW8/BW8. Auto PFQ is previewed with uniform stages.")
     p.add_argument("config", help="experiment YAML")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    _shared(p, "set")
     p.add_argument("--plot", metavar="FILE.png", help="also plot the bits over iterations")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_engine:cmd_schedule")
 
 
@@ -155,9 +169,7 @@ def _add_prt(sub) -> None:
                        description="Run CPT's precision range test for a cpt config (schedule.prt settings) and "
                        "report the chosen fw_min/fw_max with the per-bit training accuracy and gains.")
     p.add_argument("config", help="experiment YAML with schedule.kind: cpt")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
-    p.add_argument("--data-dir", help="folder holding the data set (overrides data.data_dir)")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "set", "data_dir", "json")
     p.set_defaults(func="orchestrator.commands_engine:cmd_prt")
 
 
@@ -169,18 +181,13 @@ def _add_results(sub) -> None:
                        "stated; a plot of the method means with the Pareto front. The page and plot are logged "
                        "under results/ on the sweep's parent run. docs/results.md is made this way.")
     p.add_argument("sweep", help="the sweep's name (its MLflow experiment)")
-    p.add_argument("--sweep-id", help="a particular run of the sweep (default: the latest)")
-    p.add_argument("--tracking-uri", help=_URI_HELP)
+    _shared(p, "sweep_id", "tracking_uri", sweep_id="a particular run of the sweep (default: the latest)")
     p.add_argument("--out", default="results.md", help="the markdown file (default: ./results.md); the plot is "
                    "written beside it: results.md -> results_pareto.png")
     p.add_argument("--notes", metavar="FILE", help="a markdown file appended verbatim (the analysis)")
     p.add_argument("--no-log", action="store_true", help="do not log the page on the parent run")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "json")
     p.set_defaults(func="dashboards.results:cmd_results")
-
-
-_ADDRESS_HELP = ("the Ray dashboard (Jobs API) of the cluster, http://HOST:8265 (default: $RAY_API_SERVER_ADDRESS, "
-                 "$RAY_ADDRESS when it is an http URL, else http://127.0.0.1:8265)")
 
 
 def _add_cluster(sub) -> None:
@@ -191,31 +198,28 @@ def _add_cluster(sub) -> None:
                        "on the head node. Prints the job id; with --follow streams the logs and exits with the "
                        "job's status (0 succeeded, 1 failed or stopped). See docs/cluster.md.")
     p.add_argument("spec", help="sweep spec YAML (see search_spaces/)")
-    p.add_argument("--address", help=_ADDRESS_HELP)
-    p.add_argument("--tracking-uri", help="MLflow tracking URI as the cluster sees it, e.g. http://mlflow:5000 "
-                   "(default: $MLFLOW_TRACKING_URI)")
-    p.add_argument("--storage", help="Tune storage folder mounted by every node (default: the cluster's "
-                   "$FRACTUNE_STORAGE)")
+    _shared(p, "jobs_address", "tracking_uri", "storage",
+            tracking_uri="MLflow tracking URI as the cluster sees it, e.g. http://mlflow:5000 (default: "
+            "$MLFLOW_TRACKING_URI)",
+            storage="Tune storage folder mounted by every node (default: the cluster's $FRACTUNE_STORAGE)")
     p.add_argument("--installed", action="store_true", help="use the fractune installed on the cluster's image "
                    "instead of uploading this checkout's code")
     p.add_argument("--resume", action="store_true", help="resume the latest unfinished sweep of this name in --storage")
     p.add_argument("--job-id", help="the submission id to use (default: Ray picks raysubmit_...)")
     p.add_argument("--follow", action="store_true", help="stream the job's logs; exit with its status")
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_cluster:cmd_submit")
 
     p = sub.add_parser("jobs", help="list the Ray Jobs of a cluster",
                        description="List the jobs of a Ray cluster (id, status, fractune sweep name).")
-    p.add_argument("--address", help=_ADDRESS_HELP)
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "jobs_address", "json")
     p.set_defaults(func="orchestrator.commands_cluster:cmd_jobs")
 
     p = sub.add_parser("stop", help="stop a Ray Job",
                        description="Stop a running Ray Job; its sweep can be resumed with `fractune submit "
                        "--resume` (same spec and --storage).")
     p.add_argument("job_id", help="the job's submission id (see `fractune jobs`)")
-    p.add_argument("--address", help=_ADDRESS_HELP)
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    _shared(p, "jobs_address", "json")
     p.set_defaults(func="orchestrator.commands_cluster:cmd_stop")
 
 

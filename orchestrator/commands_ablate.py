@@ -9,7 +9,7 @@ from orchestrator.output import emit_json, fmt, info, table
 def cmd_ablate(args) -> int:
     from dashboards.data import load_sweep
     from orchestrator import store
-    from orchestrator.ablation import analyse
+    from orchestrator.ablation_analysis import analyse
     from orchestrator.commands_sweep import load_for_cluster, write_report
     from orchestrator.sweep import SweepOptions, run_sweep
     from search_spaces.ablation import load_ablation

@@ -133,36 +133,18 @@ def write_report(out: dict, folder: str | None, data=None, uri: str | None = Non
 
 
 def cmd_pareto(args) -> int:
-    from orchestrator import store
-    from orchestrator.pareto import pareto_rows
+    from orchestrator import runs, store
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    store.preflight(uri)
-    c = store.client(uri)
-    parent = store.sweep_parent(c, args.sweep, args.sweep_id)
-    if parent is None:
-        raise ConfigError.single("sweep", args.sweep, f"no sweep of that name in {uri}")
-    rows = []
-    for run in store.child_runs(c, parent):
-        if run.info.status != "FINISHED":
-            continue
-        m, p = run.data.metrics, run.data.params
-        swept = [s for s in run.data.tags.get("fractune.swept", "").split(",") if s]
-        params = {k: v for k, v in p.items() if any(k == s or k.startswith(s + ".") for s in swept)}
-        params["seed"] = p.get("seed")
-        rows.append({"run_id": run.info.run_id, "trial_id": run.data.tags.get(store.TRIAL_TAG),
-                     "accuracy": m.get("accuracy", float("nan")), "train_bitops": m.get("train_bitops", float("nan")),
-                     "cp": m.get("cum_cp"), "params": params})
-    front = pareto_rows(rows)
-    sweep_id = parent.data.tags.get(store.SWEEP_TAG)
-    print(f"sweep {sweep_id}: {len(rows)} finished trials, {len(front)} on the Pareto front")
-    pareto_table(front)
+    data = runs.load(uri, args.sweep, args.sweep_id)
+    front = runs.front(data.rows)
+    done = len(data.finished())
+    print(f"sweep {data.sweep_id}: {len(data.rows)} trials, {done} finished their planned epochs, "
+          f"{len(front)} on the Pareto front")
+    entries = [runs.front_entry(r) for r in front]
+    pareto_table(entries)
     if args.json:
-        emit_json({"sweep": args.sweep, "sweep_id": sweep_id, "experiment_id": parent.info.experiment_id,
-                   "parent_run_id": parent.info.run_id, "trials": len(rows),
-                   "pareto": [{k: r[k] for k in ("run_id", "trial_id", "accuracy", "train_bitops", "cp", "params")}
-                              for r in front]})
+        emit_json({"sweep": args.sweep, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
+                   "parent_run_id": data.parent_run_id, "trials": len(data.rows), "finished": done,
+                   "pareto": entries})
     return 0
-
-
-

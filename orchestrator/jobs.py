@@ -22,17 +22,13 @@ from urllib.parse import urlparse
 
 import yaml
 
-from engine.errors import ConfigError, FractuneError
+from engine.errors import ConfigError
 
 PACKAGES = ("engine", "trainables", "search_spaces", "orchestrator", "dashboards")
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 AGENT_WAIT_S = 60.0  # how long a submission waits for a just-started head's job agent
-
-
-class JobFailed(FractuneError):
-    exit_code = 1
 
 
 def dashboard_address(address: str | None) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path
 PARENT_TAG = "mlflow.parentRunId"
 TRIAL_TAG = "ray_trial_id"
 SWEEP_TAG = "fractune.sweep_id"
-POINT_TAG = "fractune.point"  # JSON of the trial's swept values {dotted path: value}
+POINT_TAG = "fractune.point"  # JSON of the trial's swept values {dotted path: value} (search_spaces.trial)
+PLANNED_TAG = "fractune.planned_epochs"  # the engine's run_length(cfg).epochs of the trial's resolved config
 
 
 def default_tracking_uri() -> str:
@@ -47,13 +48,22 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def artifact_root(uri: str, experiment: str) -> str | None:
+    """Where a new experiment's artifacts go: beside a sqlite database (``<db folder>/mlartifacts/<name>``),
+    never ``./mlruns`` of whatever folder the command ran in (MLflow's default for a client on sqlite); None
+    for a server, which has its own artifact root."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / experiment).as_uri()
+
+
 def ensure_experiment(c, name: str) -> str:
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
         return exp.experiment_id
-    return c.create_experiment(name)
+    return c.create_experiment(name, artifact_location=artifact_root(c.tracking_uri, name))
 
 
 def trial_error_text(trial) -> str:
@@ -67,47 +77,6 @@ def trial_error_text(trial) -> str:
 
 def one_line_error(err: BaseException | str) -> str:
     return _one_line(str(err))[:2000]
-
-
-def point_tag(values: dict) -> str:
-    """The swept values as JSON, so reports read them back typed (params are flattened strings); cut to
-    MLflow's tag limit, beyond which readers fall back to the flattened params."""
-    import json
-
-    text = json.dumps(values, sort_keys=True, default=str)
-    return text if len(text) <= 7000 else ""
-
-
-def client(uri: str):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
-
-
-def preflight(uri: str, timeout: float = 5.0) -> None:
-    """Fail before any trial when the tracking store cannot be used."""
-    from engine.errors import ConfigError
-
-    if uri.startswith(("http://", "https://")):
-        import urllib.error
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:  # noqa: S310
-                if resp.status != 200:
-                    raise OSError(f"/health answered {resp.status}")
-        except (OSError, urllib.error.URLError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ConfigError.single("--tracking-uri", uri, f"MLflow server unreachable ({reason})") from None
-        return
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
-        if not db.parent.is_dir() or not os.access(db.parent, os.W_OK):
-            raise ConfigError.single("--tracking-uri", uri, f"folder {db.parent} must exist and be writable")
-    try:
-        client(uri).search_experiments(max_results=1)
-    except Exception as exc:  # mlflow raises many types; the message is what matters
-        raise ConfigError.single("--tracking-uri", uri, f"tracking store unusable ({_one_line(str(exc))})") from None
 
 
 def _one_line(text: str) -> str:
@@ -139,3 +108,17 @@ def child_runs(c, parent) -> list:
         token = page.token
         if not token:
             return out
+
+
+def artifact_json(c, run_id: str, path: str):
+    """A JSON (or YAML) artifact of a run, or None when the run has none of that name."""
+    import tempfile
+
+    import yaml
+
+    parent_dir = str(Path(path).parent) if "/" in path else None
+    if path not in {a.path for a in c.list_artifacts(run_id, parent_dir)}:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        local = c.download_artifacts(run_id, path, tmp)
+        return yaml.safe_load(Path(local).read_text())

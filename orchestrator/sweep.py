@@ -9,7 +9,6 @@ node would stay PENDING forever), and after ``fit()`` trial errors are surfaced,
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -18,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError, FractuneError
-from search_spaces.spec import LoadedSpec, resolve_trial_config
+from search_spaces import trial
+from search_spaces.spec import LoadedSpec
 
 OBJECTIVES = (("accuracy", "max"), ("train_bitops", "min"))
 
@@ -159,17 +159,15 @@ def domain(param):
 
 
 def param_space(loaded: LoadedSpec, sweep_id: str) -> dict:
+    """The trial dict (``search_spaces.trial``) with Tune's domains: what Tune samples each trial from."""
     from ray import tune
 
     seeds = loaded.spec.seeds
     points = getattr(loaded, "points", None)  # an ablation: its explicit list of points, one grid over them
-    return {
-        "sweep": sweep_id,
-        "base": loaded.base_tree,
-        "params": (tune.grid_search([dict(p) for p in points]) if points is not None
-                   else {path: domain(p) for path, p in loaded.spec.parameters.items()}),
-        "seed": tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0],
-    }
+    params = (tune.grid_search([dict(p) for p in points]) if points is not None
+              else {path: domain(p) for path, p in loaded.spec.parameters.items()})
+    return trial.encode(sweep_id, loaded.base_tree, params,
+                        tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0])
 
 
 def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
@@ -193,45 +191,11 @@ def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
                         storage=storage, sampler=sampler)
 
 
-def planned_epochs(cfg) -> int:
-    from engine.data import iterations_per_epoch
-
-    if cfg.optim.iterations:
-        return math.ceil(cfg.optim.iterations / iterations_per_epoch(cfg.data))
-    return cfg.optim.epochs
-
-
-class ProgressPrinter:
-    """A Tune callback printing one line per epoch result and per finished trial (to stderr)."""
-
-    def __new__(cls, *a, **k):
-        from ray import tune
-
-        class _Printer(tune.Callback):
-            def __init__(self, total: int | None):
-                self.total = total
-                self.done = 0
-
-            def on_trial_result(self, iteration, trials, trial, result, **info):
-                print(f"  {trial.trial_id} epoch {result.get('epoch')}: accuracy {result.get('accuracy', float('nan')):.4f} "
-                      f"cp {result.get('cp', float('nan')):.2f}% fw {result.get('fw_bits', 0):.2f} "
-                      f"bw {result.get('bw_bits', 0):.2f}", file=sys.stderr, flush=True)
-
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                self.done += 1
-                print(f"[{self.done}/{self.total or '?'}] {trial.trial_id} finished", file=sys.stderr, flush=True)
-
-            def on_trial_error(self, iteration, trials, trial, **info):
-                self.done += 1
-                print(f"[{self.done}/{self.total or '?'}] {trial.trial_id} ERRORED", file=sys.stderr, flush=True)
-
-        return _Printer(*a, **k)
-
-
 def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
     from ray import tune
 
     from orchestrator import store
+    from orchestrator.progress import ProgressPrinter
     from orchestrator.tracker import MLflowTracker
     from trainables.tune_trainable import train_trial
 
@@ -266,7 +230,9 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
         if spec.scheduler.kind == "asha":
             from ray.tune.schedulers import ASHAScheduler
 
-            max_t = planned_epochs(resolve_trial_config(param_space_point(loaded)))
+            from engine.data import run_length
+
+            max_t = run_length(trial.decode(loaded.base_trial())).epochs
             scheduler = ASHAScheduler(time_attr="training_iteration", metric="accuracy", mode="max", max_t=max_t,
                                       grace_period=spec.scheduler.grace_period,
                                       reduction_factor=spec.scheduler.reduction_factor)
@@ -294,67 +260,57 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
     return finish(loaded, grid, uri, sweep_id, exp_path, time.perf_counter() - started, report)
 
 
-def param_space_point(loaded: LoadedSpec) -> dict:
-    """A trial dict for the base point (no parameters applied), to read planned lengths."""
-    return {"base": loaded.base_tree, "params": {}, "seed": loaded.spec.seeds[0], "sweep": loaded.name}
-
-
 def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,
            report: dict | None = None) -> dict:
-    from orchestrator import store
-    from orchestrator.pareto import pareto_rows
+    """The sweep's outcome: its trial rows as MLflow holds them (``orchestrator.runs``, the loader every reader
+    uses), the front tagged and ``pareto.json`` written beside the experiment and on the parent run."""
+    from orchestrator import runs, store
     from orchestrator.tracker import REPORT_FILE
 
     report_file = exp_path / REPORT_FILE
     track = dict(report) if report else (json.loads(report_file.read_text()) if report_file.is_file() else {})
-    runs, parent_id = track.get("runs", {}), track.get("parent_run_id")
-    rows, errors = [], []
-    for result in grid:
-        trial_id = result.metrics.get("trial_id")
-        if result.error is not None:
-            errors.append({"trial_id": trial_id, "run_id": runs.get(trial_id),
-                           "error": store.one_line_error(result.error)})
-            continue
-        m = result.metrics
-        cfg = resolve_trial_config(result.config)
-        complete = int(m.get("epoch", 0)) >= planned_epochs(cfg)
-        rows.append({"trial_id": trial_id, "run_id": runs.get(trial_id),
-                     "accuracy": float(m.get("accuracy", float("nan"))),
-                     "train_bitops": float(m.get("train_bitops", float("nan"))),
-                     "cp": m.get("cum_cp"), "epochs": m.get("epoch"), "complete": complete,
-                     "node_id": m.get("node_id"),
-                     "params": {**swept_values(result.config), "seed": cfg.seed}})
-    front = pareto_rows([r for r in rows if r["complete"]])
+    run_ids, parent_id = track.get("runs", {}), track.get("parent_run_id")
+    errors = [{"trial_id": r.metrics.get("trial_id"), "run_id": run_ids.get(r.metrics.get("trial_id")),
+               "error": store.one_line_error(r.error)} for r in grid if r.error is not None]
+    c = parent = rows = None
+    try:
+        c = store.client(uri)
+        parent = c.get_run(parent_id) if parent_id else None
+        if parent is not None and not track.get("pending"):
+            rows = runs.trial_rows(c, parent)[0]
+    except Exception as exc:  # the store went away at the very end: the summary comes from Tune's results
+        track["final_error"] = store.one_line_error(exc)
+    if rows is None:  # the store is unreachable or behind (operations pending): the same rows from Tune
+        rows = [result_row(r, run_ids) for r in grid]
+    front = runs.front(rows)
     summary = {"pareto": front, "errors": errors, "trials": rows}
     try:
         (exp_path / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if MLflow is down
     except OSError as exc:
         track["storage_error"] = f"{exp_path}: {exc.strerror}"
-    experiment_id = None
-    try:
-        c = store.client(uri)
-        parent = c.get_run(parent_id) if parent_id else None
-        if parent is not None:
-            experiment_id = parent.info.experiment_id
+    if parent is not None:
+        try:
             for r in front:
                 if r["run_id"]:
                     c.set_tag(r["run_id"], "pareto", "true")
             c.log_dict(parent_id, summary, "pareto.json")
             c.set_tag(parent_id, "fractune.errored", str(len(errors)))
-            c.set_tag(parent_id, "fractune.trials", str(len(rows) + len(errors)))
+            c.set_tag(parent_id, "fractune.trials", str(len(grid)))
             c.set_terminated(parent_id, "FINISHED")
-    except Exception as exc:  # the store went away at the very end: the summary is on disk
+        except Exception as exc:  # the summary is on disk
+            track["pending"] = track.get("pending", 0) + 1
+            track["final_error"] = store.one_line_error(exc)
+    elif track.get("final_error"):  # the store could not be read at the end: the summary is on disk only
         track["pending"] = track.get("pending", 0) + 1
-        track["final_error"] = store.one_line_error(exc)
     return {
         "sweep": loaded.name,
         "sweep_id": sweep_id,
-        "experiment_id": experiment_id,
+        "experiment_id": parent.info.experiment_id if parent is not None else None,
         "parent_run_id": parent_id,
-        "trials": len(rows) + len(errors),
+        "trials": len(grid),
         "errored": len(errors),
         "errors": errors,
-        "pareto": [{k: r[k] for k in ("run_id", "trial_id", "accuracy", "train_bitops", "cp", "params")} for r in front],
+        "pareto": [runs.front_entry(r) for r in front],
         "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
                                                "report_error", "storage_error") if track.get(k) is not None},
         "storage": str(exp_path),
@@ -364,18 +320,19 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
     }
 
 
-def swept_values(trial_config: dict) -> dict:
-    out = {}
-    for path, value in (trial_config.get("params") or {}).items():
-        out[path] = value
-    return out
+def result_row(result, run_ids: dict) -> dict:
+    """A trial's row from its Tune result, for when the tracking store cannot give it (same fields and rule)."""
+    from engine.data import run_length
+    from orchestrator import runs
+
+    m, cfg = result.metrics, trial.decode(result.config)
+    return runs.make_row(run_id=run_ids.get(m.get("trial_id")), trial_id=m.get("trial_id"), name=None,
+                         status="FAILED" if result.error is not None else "FINISHED", schedule=cfg.schedule.kind,
+                         metrics=m, seed=cfg.seed, point=trial.swept_values(result.config),
+                         planned_epochs=run_length(cfg).epochs, node_id=m.get("node_id"))
 
 
 def ui_command(uri: str, sweep: str | None = None) -> str:
     if uri.startswith("http"):
         return f"open {uri}"
     return f"fractune ui --tracking-uri {uri}" + (f" --sweep {sweep}" if sweep else "")
-
-
-def dump(obj: Any) -> str:
-    return json.dumps(obj, default=str)

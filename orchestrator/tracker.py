@@ -4,6 +4,11 @@ An MLflow experiment per sweep name, a parent run per sweep, a child run per tri
 ``mlflow.parentRunId``) with the flattened resolved config as params, the per-epoch metrics at
 ``step = epoch``, provenance tags, the resolved config, events and DFQ bit allocations as artifacts.
 
+The metrics are whatever the engine reports: every numeric (not boolean) top-level key of a trial's result is
+logged, except Ray Tune's own bookkeeping (``TUNE_KEYS``: ``training_iteration``, ``time_this_iter_s``,
+``timestamp``, ``pid``...) and where the trial ran (the trainable's ``PLACEMENT_KEYS``, kept as tags). A
+metric the engine adds reaches MLflow without a change here.
+
 Every write is an operation in a FIFO queue: it runs at once, and when the tracking store is unreachable it
 stays queued (training goes on) and is retried at every later callback and at the end of the sweep, in
 order, so nothing is silently dropped; ``tracking_report`` (written next to the experiment) counts the failed
@@ -21,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from ray import tune
+from ray.tune.result import AUTO_RESULT_KEYS, DEFAULT_EXPERIMENT_INFO_KEYS, DONE, SHOULD_CHECKPOINT
 
 from orchestrator import provenance
 from orchestrator.store import (
     PARENT_TAG,
+    PLANNED_TAG,
     POINT_TAG,
     SWEEP_TAG,
     TRIAL_TAG,
@@ -32,14 +39,15 @@ from orchestrator.store import (
     ensure_experiment,
     flatten,
     one_line_error,
-    point_tag,
     trial_error_text,
 )
+from search_spaces import trial as trial_dict
+from trainables.tune_trainable import PLACEMENT_KEYS
 
-EPOCH_METRICS = ("accuracy", "val_accuracy", "loss", "train_accuracy", "val_loss", "test_loss", "step_bitops",
-                 "epoch_gbitops", "cum_gbitops", "train_bitops", "cp", "cum_cp", "fw_bits", "bw_bits", "lr", "stage",
-                 "pfq_epsilon", "cpt_fw_min", "target_cp", "cp_gated", "cost_sign_up", "wall_seconds")
-METRIC_PREFIXES = ("alloc_",)  # DFQ's per-block bit allocation: alloc_fw_b00, alloc_bw_b00, alloc_skip_b00
+# what Tune adds to every result (iteration counters, clocks, host, pid, done...): not the engine's metrics
+TUNE_KEYS = frozenset(AUTO_RESULT_KEYS) | frozenset(DEFAULT_EXPERIMENT_INFO_KEYS) | {DONE, SHOULD_CHECKPOINT,
+                                                                                     "checkpoint_dir_name"}
+NOT_METRICS = TUNE_KEYS | frozenset(PLACEMENT_KEYS)
 REPORT_FILE = "fractune_tracking.json"
 FLUSH_RETRIES, FLUSH_WAIT_S = 5, 2.0
 
@@ -107,7 +115,7 @@ class MLflowTracker(tune.Callback):
             self._create_parent()
             return
         if kind == "trial":
-            self._create_trial(op["trial_id"], op["config"], op["swept"], op.get("point", {}))
+            self._create_trial(op["trial_id"], op["config"], op["swept"], op.get("point", {}), op.get("planned"))
             return
         run_id = self.state["parent_run_id"] if op["trial_id"] == "parent" else self.state["runs"][op["trial_id"]]
         if kind == "metrics":
@@ -152,7 +160,8 @@ class MLflowTracker(tune.Callback):
         self.c.log_dict(run.info.run_id, self.spec_tree, "sweep_spec.yaml")
         self.state.update(experiment_id=exp_id, parent_run_id=run.info.run_id)
 
-    def _create_trial(self, trial_id: str, config: dict, swept: list[str], point: dict) -> None:
+    def _create_trial(self, trial_id: str, config: dict, swept: list[str], point: dict,
+                      planned: int | None) -> None:
         if trial_id in self.state["runs"]:
             return
         from mlflow.entities import Param
@@ -169,8 +178,10 @@ class MLflowTracker(tune.Callback):
         tags = {PARENT_TAG: parent, TRIAL_TAG: trial_id, SWEEP_TAG: self.sweep_id, "fractune.kind": "trial",
                 "fractune.schedule": config["schedule"]["kind"], "fractune.swept": ",".join(swept),
                 **provenance.tags()}
-        if text := point_tag(point):
+        if text := trial_dict.point_tag(point):
             tags[POINT_TAG] = text
+        if planned is not None:
+            tags[PLANNED_TAG] = str(planned)
         run = self.c.create_run(self.state["experiment_id"], run_name=f"{trial_id}-{config['schedule']['kind']}",
                                 tags=tags)
         params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
@@ -191,12 +202,12 @@ class MLflowTracker(tune.Callback):
             self.state["last_epoch"][trial.trial_id] = 0  # re-reported epochs are filtered when written
             self._submit({"op": "resume", "trial_id": trial.trial_id})
             return
-        from search_spaces.spec import resolve_trial_config
+        from engine.data import run_length
 
-        config = resolve_trial_config(trial.config).to_dict()
-        params = trial.config.get("params", {})
-        self._submit({"op": "trial", "trial_id": trial.trial_id, "config": config, "swept": sorted(params),
-                      "point": dict(params)})
+        cfg = trial_dict.decode(trial.config)
+        point = trial_dict.swept_values(trial.config)
+        self._submit({"op": "trial", "trial_id": trial.trial_id, "config": cfg.to_dict(), "swept": sorted(point),
+                      "point": point, "planned": run_length(cfg).epochs})
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         tid = trial.trial_id
@@ -205,12 +216,10 @@ class MLflowTracker(tune.Callback):
             self._flush()
             return  # a retried trial re-reporting an epoch already logged
         ts = int(result.get("timestamp", time.time()) * 1000)
-        keys = [k for k in result if k in EPOCH_METRICS or k.startswith(METRIC_PREFIXES)]
-        metrics = [(k, float(result[k]), ts, epoch) for k in keys
-                   if isinstance(result[k], int | float) and not isinstance(result[k], bool)]
+        metrics = [(k, float(v), ts, epoch) for k, v in result.items() if is_metric(k, v)]
         self.state["last_epoch"][tid] = epoch
         self._submit({"op": "metrics", "trial_id": tid, "metrics": metrics})
-        where = {k: str(result[k]) for k in ("node_id", "device", "torch_threads") if k in result}
+        where = {k: str(result[k]) for k in PLACEMENT_KEYS if k in result}
         if where and self.state.setdefault("nodes", {}).get(tid) != where:  # where it ran (again, after a restore)
             self.state["nodes"][tid] = where
             for key, value in where.items():
@@ -258,3 +267,8 @@ class MLflowTracker(tune.Callback):
                 report["report_error"] = f"{path}: {exc.strerror}"
         self.last_report = report
         return report
+
+
+def is_metric(key: str, value: Any) -> bool:
+    """A number the trial reported (the engine's metrics), not Tune's bookkeeping or the trial's placement."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and key not in NOT_METRICS

@@ -25,9 +25,11 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from engine.config import parse_config, read_yaml, validation_problems
+from engine.config import parse_config, read_yaml
+from engine.config_errors import validation_problems
+from engine.config_types import Strict
 from engine.errors import ConfigError
-from search_spaces.spec import MAX_CHECKED_POINTS, LoadedSpec, Strict, dedupe_problems, parse_spec
+from search_spaces.spec import MAX_CHECKED_POINTS, LoadedSpec, dedupe_problems, parse_spec
 
 
 class Verdict(Strict):

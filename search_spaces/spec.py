@@ -16,22 +16,15 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from engine.config import (
-    NAME_PATTERN,
-    ExperimentConfig,
-    parse_config,
-    read_yaml,
-    validation_problems,
-)
+from engine.config import NAME_PATTERN, parse_config, read_yaml, set_path
+from engine.config_errors import validation_problems
+from engine.config_types import Strict
 from engine.errors import ConfigError
+from search_spaces import trial
 
 MAX_CHECKED_POINTS = 2000  # grid points validated one by one (beyond this, each value on its own)
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Param(Strict):
@@ -135,11 +128,12 @@ class LoadedSpec:
         return self.spec.name
 
     def point_tree(self, values: dict[str, Any], seed: int) -> dict:
-        tree = copy.deepcopy(self.base_tree)
-        apply_overrides_dict(tree, values)
-        tree["seed"] = seed
-        tree.setdefault("name", self.spec.name)
-        return tree
+        """The experiment tree of one point: what a trial with these swept values and seed runs."""
+        return trial.resolved_tree(trial.encode(self.spec.name, self.base_tree, values, seed))
+
+    def base_trial(self) -> dict:
+        """The trial dict of the base point (no parameter applied, the first seed): planned lengths."""
+        return trial.encode(self.spec.name, self.base_tree, {}, self.spec.seeds[0])
 
     def grid_size(self) -> int:
         n = 1
@@ -157,25 +151,6 @@ class LoadedSpec:
         return s.search.num_samples
 
 
-def apply_overrides_dict(tree: dict, values: dict[str, Any]) -> dict:
-    for path, value in values.items():
-        node = tree
-        keys = path.split(".")
-        for key in keys[:-1]:
-            child = node.get(key)
-            if not isinstance(child, dict):
-                child = node[key] = {} if child is None else child
-            if not isinstance(child, dict):
-                raise ConfigError.single(path, value, f"{key} is not a section")
-            node = child
-        node[keys[-1]] = copy.deepcopy(value)
-    return tree
-
-
-def _spec_problems(exc: ValidationError) -> list[tuple[str, object, str]]:
-    return validation_problems(exc, SweepSpec)
-
-
 def load_spec(path: str | Path) -> LoadedSpec:
     p = Path(path)
     tree = read_yaml(p)
@@ -187,7 +162,7 @@ def parse_spec(tree: dict, source: Path | None = None) -> LoadedSpec:
     try:
         spec = SweepSpec.model_validate(tree)
     except ValidationError as exc:
-        problems = _spec_problems(exc)
+        problems = validation_problems(exc, SweepSpec)
         # Report the experiment points' errors too when the sections they need are themselves valid.
         bad_sections = {f.split(".")[0].split(":")[0] for f, _, _ in problems}
         point_keys = ("base", "set", "parameters", "seeds")
@@ -218,7 +193,8 @@ def _base_tree(spec: SweepSpec, source: Path | None) -> tuple[dict, list]:
     else:
         base_tree = copy.deepcopy(spec.base)
     try:
-        apply_overrides_dict(base_tree, spec.set)
+        for path, value in spec.set.items():
+            set_path(base_tree, path, value)
     except ConfigError as err:
         problems += [(f"set.{f}", v, a) for f, v, a in err.problems]
     return base_tree, problems
@@ -303,12 +279,3 @@ def dedupe_problems(problems: list[tuple[str, object, str]]) -> list[tuple[str, 
             seen.add(key)
             out.append(p)
     return out
-
-
-def resolve_trial_config(trial_config: dict) -> ExperimentConfig:
-    """The ExperimentConfig of one Tune trial (its sampled dict, see orchestrator.sweep.param_space)."""
-    tree = copy.deepcopy(trial_config["base"])
-    apply_overrides_dict(tree, dict(trial_config.get("params", {})))
-    tree["seed"] = int(trial_config["seed"])
-    tree.setdefault("name", trial_config.get("sweep", "trial"))
-    return parse_config(tree)

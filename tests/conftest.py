@@ -1,16 +1,44 @@
-"""Shared fixtures. Tests that need Ray share one real local Ray per session (``ray_local``)."""
+"""Shared fixtures. Real components, started once per test session where tests allow: one local Ray
+(``ray_local``), one MLflow server started by `fractune ui` (``mlflow_server``) holding one small real sweep
+logged over HTTP (``served_sweep``: the report, UI, tracker and browser tests read it), one headless Chromium
+(``browser``)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
+import queue
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# The suite trains tiny models on small batches: one torch/OpenMP thread per process (this one and the CLI
+# subprocesses; a trial's threads follow its CPUs). Extra threads gain nothing there and, on two shared cores,
+# spin against each other: a tiny-model epoch measured 8x slower with two threads than with one.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1800,1100")
+
+
+# tests that mount tmpfs file systems (a full disk, a read-only one, a folder hidden in a mount namespace)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts tmpfs file systems "
+                                "(mount, unshare --mount); run the suite as root to include it")
 
 
 @pytest.fixture
@@ -30,6 +58,18 @@ def write_yaml(path: Path, text: str) -> Path:
     return path
 
 
+def run_main(*args: str) -> tuple[int, str, dict | None]:
+    """`fractune ARGS` in this process (on the session's Ray): exit code, stdout, the JSON line if any."""
+    from orchestrator.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(list(args))
+    out = buf.getvalue()
+    lines = out.strip().splitlines()
+    return code, out, json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A real local Ray (2 CPUs) started once for every test that runs sweeps."""
@@ -40,3 +80,105 @@ def ray_local():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+SWEEP = {
+    "name": "served_sweep",
+    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 2}},
+    "parameters": {"schedule": {"grid": [
+        {"kind": "static", "fw": 8, "bw": 8},
+        {"kind": "pfq", "mode": "auto", "fw": [3, 4, 6, 8], "bw": [6, 6, 8, 8], "epsilon": 0.3, "alpha": 0.5,
+         "eval_every": 2},
+        {"kind": "dfq", "options": "paper", "target_cp": 3.0, "execution": "routed"}]}},
+    "budget": {"max_concurrent_trials": 2},
+    "resources": {"cpu": 1},
+}
+
+
+def start_ui(db: str, *extra: str, timeout: float = 180.0) -> tuple[subprocess.Popen, dict]:
+    """`fractune ui --port 0 --json` in its own session; returns the process and its JSON line. The server's
+    log (stderr) goes to a file next to the database: an unread pipe would fill up and stall the server."""
+    log = open(f"{db}.ui.log", "w")  # noqa: SIM115  closed by stop_ui
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", "--tracking-uri", f"sqlite:///{db}",
+                             "--port", "0", "--json", *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=log,
+                            text=True, start_new_session=True)
+    proc.log = log
+    lines: queue.Queue = queue.Queue()  # a reader thread: select() cannot see lines already in Python's buffer
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    deadline, seen = time.monotonic() + timeout, []
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            line = lines.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if line.startswith("{"):
+            return proc, json.loads(line)
+    stop_ui(proc)
+    pytest.fail(f"fractune ui did not report a running server within {timeout:.0f} s; stdout {seen}; "
+                f"log {db}.ui.log: {open(f'{db}.ui.log').read()[-2000:]}")
+
+
+def stop_ui(proc: subprocess.Popen) -> int:
+    """Ctrl-C, as a person would; the command stops its server. Kill the group only if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    proc.stdout.close()
+    proc.log.close()
+    return proc.returncode
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """`fractune ui` serving a sqlite store on 127.0.0.1; at the end, Ctrl-C must stop all of it."""
+    folder = tmp_path_factory.mktemp("mlflow_server")
+    proc, info = start_ui(str(folder / "mlflow.db"))
+    yield {"uri": info["tracking_uri"], "folder": folder, "info": info}
+    code = stop_ui(proc)
+    port, pid = int(info["tracking_uri"].rsplit(":", 1)[1]), info["pid"]
+    server_gone = not Path(f"/proc/{pid}").exists() or b"Z" in Path(f"/proc/{pid}/stat").read_bytes()[:80]
+    assert code == 0 and not listening(port) and server_gone, f"fractune ui did not stop cleanly (exit {code})"
+
+
+@pytest.fixture(scope="session")
+def served_sweep(ray_local, mlflow_server, tmp_path_factory):
+    """`fractune sweep --json` (in this process, on the session's Ray) into the server; its JSON line."""
+    folder = tmp_path_factory.mktemp("served_sweep")
+    spec = folder / "spec.yaml"
+    spec.write_text(yaml.safe_dump(SWEEP, sort_keys=False))
+    code, out, result = run_main("sweep", str(spec), "--tracking-uri", mlflow_server["uri"], "--storage",
+                                 str(folder / "runs"), "--report-dir", str(folder / "report"), "--quiet", "--json")
+    assert code == 0, out
+    return {**result, "stdout": out, "folder": folder}
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium (Debian's chromium + chromium-driver) driven by Selenium, one per session."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
+    if missing:
+        pytest.fail(f"headless browser missing ({', '.join(missing)}): run `make browser` (apt-get install -y "
+                    "chromium chromium-driver) or `make test`, which installs it", pytrace=False)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="fractune-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for flag in (*BROWSER_FLAGS, f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)

@@ -1,11 +1,125 @@
-"""The one dependency direction (docs/architecture.md): engine knows nothing of Ray, MLflow or Optuna."""
+"""The layer rules of docs/architecture.md, checked on every package's imports (AST), and what importing the
+light entry points pulls into ``sys.modules``."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
+
+PACKAGES = ("engine", "search_spaces", "trainables", "orchestrator", "dashboards")
+# package -> the fractune packages it may import (itself included); the one direction of docs/architecture.md
+MAY_IMPORT = {
+    "engine": {"engine"},
+    "search_spaces": {"engine", "search_spaces"},
+    "trainables": {"engine", "search_spaces", "trainables"},
+    "orchestrator": {"engine", "search_spaces", "trainables", "orchestrator", "dashboards"},
+    "dashboards": {"engine", "search_spaces", "orchestrator", "dashboards"},
+}
+SERVICE_LIBRARIES = {"ray", "mlflow", "optuna"}
+MAY_USE_SERVICES = {  # package -> the service libraries it may import
+    "engine": set(), "search_spaces": set(), "trainables": {"ray"}, "orchestrator": SERVICE_LIBRARIES,
+    "dashboards": {"mlflow", "optuna"},
+}
+# the orchestrator modules that need no Ray: the read side that dashboards may use
+RAY_FREE_ORCHESTRATOR = {"orchestrator.store", "orchestrator.runs", "orchestrator.pareto", "orchestrator.output",
+                         "orchestrator.ablation_analysis", "orchestrator.provenance"}
+# orchestrator modules that import Ray at module level: the Tune callbacks, imported lazily by orchestrator.sweep
+RAY_AT_IMPORT = {"orchestrator.tracker", "orchestrator.progress"}
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level) for every import statement; ``from pkg import sub`` counts as
+    ``pkg.sub`` when ``sub`` is a module of a fractune package."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = {id(node) for node in tree.body}
+    for node in tree.body:  # module-level try/if blocks still run at import
+        if isinstance(node, ast.Try | ast.If):
+            top |= {id(n) for n in ast.walk(node)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, id(node) in top) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            assert node.level == 0, f"{path}: relative import"
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                is_module = (ROOT / Path(*sub.split("."))).with_suffix(".py").is_file()
+                out.append((sub if is_module else node.module, id(node) in top))
+    return out
+
+
+SOURCES = sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+IMPORTS = {_module(p): _imports(p) for p in SOURCES}
+
+
+def _violations(rule) -> list[str]:
+    return [f"{mod} imports {name}" + ("" if top else " (in a function)")
+            for mod, imports in IMPORTS.items() for name, top in imports if rule(mod, name, top)]
+
+
+def test_every_package_is_scanned():
+    assert {m.split(".")[0] for m in IMPORTS} == set(PACKAGES) and len(IMPORTS) > 40
+
+
+def test_fractune_packages_import_only_downwards():
+    def wrong(mod, name, top):
+        pkg, target = mod.split(".")[0], name.split(".")[0]
+        return target in PACKAGES and target not in MAY_IMPORT[pkg]
+
+    assert _violations(wrong) == []
+
+
+def test_service_libraries_only_where_allowed():
+    def wrong(mod, name, top):
+        lib = name.split(".")[0]
+        return lib in SERVICE_LIBRARIES and lib not in MAY_USE_SERVICES[mod.split(".")[0]]
+
+    assert _violations(wrong) == []
+
+
+def test_only_ray_tune_apis_never_ray_train_or_air():
+    # Ray Train V2 turned ray.train.report/RunConfig inside Tune into hard errors (ecosystem.md, pitfall 7)
+    assert _violations(lambda mod, name, top: name.split(".")[:2] in (["ray", "train"], ["ray", "air"])) == []
+
+
+def test_dashboards_use_only_the_ray_free_read_side_of_the_orchestrator():
+    def wrong(mod, name, top):
+        return mod.startswith("dashboards") and name.startswith("orchestrator") and name not in RAY_FREE_ORCHESTRATOR
+
+    assert _violations(wrong) == []
+
+
+def test_orchestrator_imports_dashboards_and_ray_lazily():
+    def wrong(mod, name, top):
+        if not mod.startswith("orchestrator") or not top:
+            return False
+        if name.split(".")[0] == "dashboards":
+            return True
+        return name.split(".")[0] == "ray" and mod not in RAY_AT_IMPORT
+
+    assert _violations(wrong) == []
+    # and nothing imports those callbacks at module level
+    assert _violations(lambda mod, name, top: top and name in RAY_AT_IMPORT) == []
+
+
+@pytest.mark.parametrize("rule", [test_fractune_packages_import_only_downwards,
+                                  test_service_libraries_only_where_allowed])
+def test_the_scan_catches_a_violation(rule, monkeypatch):
+    bad = {**IMPORTS, "engine.bad": [("orchestrator.sweep", True), ("ray.tune", True)]}
+    monkeypatch.setitem(globals(), "IMPORTS", bad)
+    with pytest.raises(AssertionError):
+        rule()
 
 
 def _loaded_after(import_stmt: str, forbidden: tuple[str, ...]) -> list[str]:
@@ -14,26 +128,14 @@ def _loaded_after(import_stmt: str, forbidden: tuple[str, ...]) -> list[str]:
     return [m for m in out.stdout.strip().split(",") if m]
 
 
-def test_engine_imports_no_service_libraries():
+def test_light_entry_points_import_no_service_libraries():
+    # the engine, and `fractune train`/`cost` (in-process, engine only); and the read side (`pareto`, `report`,
+    # `ui`, `results`) pays no Ray import
     stmt = ("import engine, engine.train, engine.config, engine.data, engine.cost, engine.models, "
-            "engine.schedules, engine.checkpoint")
+            "engine.schedules, engine.checkpoint, search_spaces.spec, search_spaces.trial, orchestrator.cli, "
+            "orchestrator.commands_engine")
     assert _loaded_after(stmt, ("ray", "mlflow", "optuna")) == []
-
-
-def test_engine_cli_commands_import_no_ray():
-    # `fractune train` and `fractune cost` run in-process and must stay light.
-    assert _loaded_after("import orchestrator.cli, orchestrator.commands_engine", ("ray", "mlflow", "optuna")) == []
-
-
-def test_engine_sources_never_name_service_libraries():
-    for path in (ROOT / "engine").rglob("*.py"):
-        text = path.read_text()
-        for lib in ("import ray", "from ray", "import mlflow", "from mlflow", "import optuna", "from optuna"):
-            assert lib not in text, f"{path.relative_to(ROOT)} contains {lib!r}"
-
-
-def test_store_readers_import_no_ray():
-    # `fractune pareto`, `report` and `ui` only read the MLflow store: Ray's 1-2 s import is not theirs to pay.
-    stmt = ("import orchestrator.store, orchestrator.ablation, orchestrator.commands_ablate, dashboards.report, "
-            "dashboards.ui, dashboards.data")
+    stmt = ("import orchestrator.store, orchestrator.runs, orchestrator.ablation_analysis, "
+            "orchestrator.commands_ablate, orchestrator.commands_sweep, dashboards.report, dashboards.ui, "
+            "dashboards.data, dashboards.results")
     assert _loaded_after(stmt, ("ray",)) == []

@@ -1,10 +1,11 @@
-"""``fractune train`` and ``fractune cost`` as a user runs them (real subprocesses)."""
+"""``fractune train`` and ``fractune cost`` as a user runs them: a real subprocess for each command's JSON line
+and exit code, the rest through the same entry point in this process (``main``: no interpreter start-up)."""
 
 from __future__ import annotations
 
 import json
 
-from tests.conftest import write_yaml
+from tests.conftest import run_main, write_yaml
 
 TINY = """
 name: cli_tiny
@@ -29,41 +30,44 @@ def test_train_json_and_checkpoint_resume(run_cli, tmp_path):
     assert out["cp"] == 100 * out["train_bitops"] / out["fp32_bitops"]
     lines = (tmp_path / "h.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
-    again = run_cli("train", str(cfg), "--json", "--resume", str(tmp_path / "ck"))
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout.strip().splitlines()[-1])["accuracy"] == out["accuracy"]
+    code, _, again = run_main("train", str(cfg), "--json", "--resume", str(tmp_path / "ck"))
+    assert code == 0 and again["accuracy"] == out["accuracy"]
 
 
-def test_train_set_override(run_cli, tmp_path):
+def test_train_set_override(tmp_path):
     cfg = write_yaml(tmp_path / "tiny.yaml", TINY)
-    r = run_cli("train", str(cfg), "--set", "optim.epochs=1", "--set", "schedule.fw=8", "--json")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["epochs"] == 1 and out["savings_vs_fw8bw8"] == 0.0
+    code, _, out = run_main("train", str(cfg), "--set", "optim.epochs=1", "--set", "schedule.fw=8", "--json")
+    assert code == 0 and out["epochs"] == 1 and out["savings_vs_fw8bw8"] == 0.0
 
 
-def _one_line_error(r, *needles):
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = [x for x in r.stderr.strip().splitlines() if x]
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-
-
-def test_bad_input_exits_2_with_one_line(run_cli, tmp_path):
+def test_bad_input_exits_2_with_one_line(run_cli, tmp_path, capsys):
     cfg = write_yaml(tmp_path / "tiny.yaml", TINY)
-    _one_line_error(run_cli("train", str(cfg), "--set", "schedule.fw=40"), "schedule.fw", "40", "1..32")
-    _one_line_error(run_cli("train", str(cfg), "--set", "model.name=vgg"), "model.name", "'vgg'", "resnet38")
-    _one_line_error(run_cli("train", str(cfg), "--set", "data.dataset=mnist"), "data.dataset", "fashion-mnist")
-    _one_line_error(run_cli("train", str(cfg), "--set", "optim.bogus=1"), "optim.bogus", "unknown key")
-    _one_line_error(run_cli("train", str(cfg), "--set", "optim.epochs=many"), "optim.epochs", "'many'")
-    _one_line_error(run_cli("train", str(tmp_path / "none.yaml")), "none.yaml")
-    _one_line_error(run_cli("train", str(cfg), "--set", "data.dataset=fashion-mnist", "--data-dir", str(tmp_path)),
-                    "data.data_dir", "dataset-fashion-mnist")
-    _one_line_error(run_cli("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/0"), "--precision")
-    _one_line_error(run_cli("cost", "--model", "resnet38", "--dataset", "svhn", "--precision", "8/8"), "--dataset")
-    _one_line_error(run_cli("train"), "config")
+
+    def one_line_error(args, *needles):
+        try:
+            code = run_main(*args)[0]
+        except SystemExit as exc:  # argparse's own errors (a missing argument) exit from the parser
+            code = exc.code
+        err = capsys.readouterr().err
+        lines = [x for x in err.strip().splitlines() if x]
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+        for n in needles:
+            assert n in lines[0], lines[0]
+
+    one_line_error(("train", str(cfg), "--set", "schedule.fw=40"), "schedule.fw", "40", "1..32")
+    one_line_error(("train", str(cfg), "--set", "model.name=vgg"), "model.name", "'vgg'", "resnet38")
+    one_line_error(("train", str(cfg), "--set", "data.dataset=mnist"), "data.dataset", "fashion-mnist")
+    one_line_error(("train", str(cfg), "--set", "optim.bogus=1"), "optim.bogus", "unknown key")
+    one_line_error(("train", str(cfg), "--set", "optim.epochs=many"), "optim.epochs", "'many'")
+    one_line_error(("train", str(tmp_path / "none.yaml")), "none.yaml")
+    one_line_error(("train", str(cfg), "--set", "data.dataset=fashion-mnist", "--data-dir", str(tmp_path)),
+                   "data.data_dir", "dataset-fashion-mnist")
+    one_line_error(("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/0"), "--precision")
+    one_line_error(("cost", "--model", "resnet38", "--dataset", "svhn", "--precision", "8/8"), "--dataset")
+    one_line_error(("train",), "config")
+    # and as a real process: exit status 2, one line on stderr
+    r = run_cli("train", str(cfg), "--set", "schedule.fw=40")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "schedule.fw" in r.stderr
 
 
 def test_cost_resnet38(run_cli):
@@ -73,5 +77,5 @@ def test_cost_resnet38(run_cli):
     assert abs(out["forward_macs_per_sample"] - 83.28e6) / 83.28e6 < 0.005
     assert out["ratio_vs_fp32"] == 0.0625
     assert out["bitops_per_sample"] == out["forward_macs_per_sample"] * 192
-    r = run_cli("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "4/8", "--fc", "fp32")
-    assert r.returncode == 0 and "layers.17.conv2" not in r.stdout and "blocks.17.conv2" in r.stdout
+    code, text, _ = run_main("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "4/8", "--fc", "fp32")
+    assert code == 0 and "layers.17.conv2" not in text and "blocks.17.conv2" in text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from engine.errors import ConfigError
@@ -85,13 +87,38 @@ def test_base_from_a_file_and_set(tmp_path):
         load_spec(missing)
 
 
-def test_validate_cli_exit_codes(run_cli, tmp_path):
-    good = run_cli("validate", str(PRESETS_DIR / "demo.yaml"), "--json")
-    assert good.returncode == 0 and '"valid": true' in good.stdout
+def test_validate_cli_exit_codes(tmp_path, capsys):
+    from tests.conftest import run_main
+
+    code, _, good = run_main("validate", str(PRESETS_DIR / "demo.yaml"), "--json")
+    assert code == 0 and good["valid"] is True and good["trials"] == 7
     bad = write_yaml(tmp_path / "bad.yaml", "name: x\nparameters: {schedule.fw: {grid: [40]}}\n"
                      "base: {schedule: {kind: static}}\nresources: {gpu: -1}\n")
-    r = run_cli("validate", str(bad))
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    lines = r.stderr.strip().splitlines()
+    capsys.readouterr()
+    code = run_main("validate", str(bad))[0]
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
     assert len(lines) == 2  # the spec's own field and the grid point, reported together
     assert "resources.gpu: got -1" in lines[0] and "schedule.fw: got 40" in lines[1]
+
+
+def test_a_trial_dict_decodes_to_the_config_of_its_point():
+    from orchestrator.store import flatten
+    from search_spaces import trial
+
+    loaded = parse_spec({**OK, "set": {"optim.epochs": 2}})
+    base = copy.deepcopy(loaded.base_tree)
+    point = {"schedule": {"kind": "static", "fw": 4, "bw": 8}, "optim.lr": 0.05}
+    t = trial.encode("s-20261123-101500", loaded.base_tree, point, 3)
+    cfg = trial.decode(t)
+    assert (cfg.schedule.fw, cfg.schedule.bw, cfg.optim.lr, cfg.optim.epochs, cfg.seed) == (4, 8, 0.05, 2, 3)
+    assert cfg.name == "s-20261123-101500" and loaded.base_tree == base  # the base is never changed
+    assert trial.swept_values(t) == point and trial.decode(loaded.base_trial()).schedule.kind == "fp32"
+    assert loaded.point_tree(point, 3) == {**trial.resolved_tree(t), "name": "s"}
+    # the point as MLflow keeps it: the JSON tag, else rebuilt typed from the flattened params
+    assert trial.point_of(trial.point_tag(point), {}, []) == point
+    params = flatten(cfg.to_dict())
+    assert trial.point_of("", params, ["schedule", "optim.lr"]) == {
+        "schedule": {"kind": "static", "fw": 4, "bw": 8, "weight_bits": None}, "optim.lr": 0.05}
+    assert trial.point_tag({"schedule.options": ["4/8"] * 2000}) == ""  # too long for a tag: params instead

@@ -1,10 +1,12 @@
 """The Ray Tune function trainable: a thin adapter around ``engine.train_and_evaluate``.
 
-The sampled trial dict becomes an ``ExperimentConfig`` (``search_spaces.resolve_trial_config``); every epoch
-is reported through ``ray.tune.report`` with a checkpoint; a restarted or restored trial resumes from
-``ray.tune.get_checkpoint()``. torch uses as many threads as the trial has CPUs
-(and the GPU Ray gave the trial: ``device: auto`` sees only that one). Each result carries the node id. Only ``ray.tune`` APIs
-are used (``ray.train.*`` is deprecated inside Tune functions and fails in Ray 2.60).
+The sampled trial dict becomes an ``ExperimentConfig`` (``search_spaces.trial.decode``); every epoch's
+metrics (the engine's, whatever keys it reports) go out through ``ray.tune.report`` with a checkpoint; a
+restarted or restored trial resumes from ``ray.tune.get_checkpoint()``. torch uses as many threads as the trial
+has CPUs (and the GPU Ray gave the trial: ``device: auto`` sees only that one). Each result also carries where
+the trial ran (``PLACEMENT_KEYS``: node id, torch device and threads), which the tracker keeps as tags, not
+metrics. Only ``ray.tune`` APIs are used (``ray.train.*`` is deprecated inside Tune functions and fails in
+Ray 2.60).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import torch
 from ray import tune
 
 from engine.train import pick_device, train_and_evaluate
-from search_spaces.spec import resolve_trial_config
+from search_spaces import trial
+
+PLACEMENT_KEYS = ("node_id", "device", "torch_threads")  # added to every result by this adapter, not the engine
 
 
 def trial_threads() -> int:
@@ -26,13 +30,13 @@ def trial_threads() -> int:
 
 
 def train_trial(config: dict) -> None:
-    cfg = resolve_trial_config(config)
+    cfg = trial.decode(config)
     threads = trial_threads()
     torch.set_num_threads(threads)
     # where it ran, with what: the node (in MLflow and pareto.json), the torch device (Ray exposes only the GPUs
     # it gave this trial, so `auto` picks one of those) and the CPU threads of its resources
-    where = {"node_id": ray.get_runtime_context().get_node_id(), "device": str(pick_device(cfg.device)),
-             "torch_threads": threads}
+    where = dict(zip(PLACEMENT_KEYS, (ray.get_runtime_context().get_node_id(), str(pick_device(cfg.device)),
+                                      threads)))
 
     def report(metrics: dict, save) -> None:
         with tempfile.TemporaryDirectory(prefix="fractune-ckpt-") as d:

@@ -4,14 +4,10 @@ opened as a file and inside the MLflow UI. Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
@@ -19,29 +15,13 @@ from selenium.webdriver.support.ui import WebDriverWait
 from orchestrator import store
 from tests.conftest import ROOT
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 SHOTS = ROOT / "test-artifacts"
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1800,1100")
 WAIT = 120  # seconds: the React app loads its bundles from the server on a busy two-core machine
 
 
-@pytest.fixture(scope="module")
-def browser():
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
-    if missing:
-        pytest.fail(f"headless browser missing ({', '.join(missing)}): run `make browser` (apt-get install -y "
-                    "chromium chromium-driver) or `make test`, which installs it", pytrace=False)
-    profile = tempfile.mkdtemp(prefix="fractune-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(CHROMIUM)
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
+@pytest.fixture(autouse=True)
+def _shots_folder():
     SHOTS.mkdir(exist_ok=True)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 def _wait(driver, condition, what: str, timeout: float = WAIT):

@@ -14,6 +14,7 @@ from dashboards import html as H
 from dashboards.data import bit_allocation, load_sweep
 from orchestrator import store
 from orchestrator.pareto import pareto_rows
+from tests.conftest import run_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -114,27 +115,26 @@ def test_report_cli_rebuilds_from_mlflow(served_sweep, mlflow_server, run_cli, t
     assert "target cp %" in html  # the gated run's target CP in the precision figure
 
 
-def test_report_errors_are_one_line_and_exit_2(served_sweep, mlflow_server, run_cli, tmp_path):
-    r = run_cli("report", "no_such_sweep", "--tracking-uri", mlflow_server["uri"])
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+def test_report_errors_are_one_line_and_exit_2(served_sweep, mlflow_server, tmp_path, capsys):
+    code = run_main("report", "no_such_sweep", "--tracking-uri", mlflow_server["uri"])[0]
+    assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
         f"fractune report: error: sweep: got 'no_such_sweep'; no sweep of that name in {mlflow_server['uri']}"]
-    r = run_cli("report", "served_sweep", "--tracking-uri", mlflow_server["uri"], "--run", "bogus", "--no-log",
-                "--out", str(tmp_path))
-    (line,) = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and line.startswith("fractune report: error: --run: got 'bogus'; allowed: a run id")
+    code = run_main("report", "served_sweep", "--tracking-uri", mlflow_server["uri"], "--run", "bogus", "--no-log",
+                    "--out", str(tmp_path))[0]
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and line.startswith("fractune report: error: --run: got 'bogus'; allowed: a run id")
 
 
 @pytest.mark.parametrize("args, field", [(("--port", "70000"), "--port"),
                                          (("--tracking-uri", "ftp://host/x"), "--tracking-uri")])
-def test_ui_bad_input_exits_2(run_cli, tmp_path, args, field):
-    base = ["ui", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"]
-    r = run_cli(*base, *args)
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(f"fractune ui: error: {field}: got")
+def test_ui_bad_input_exits_2(tmp_path, args, field, capsys):
+    code = run_main("ui", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", *args)[0]
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines()[-1].startswith(f"fractune ui: error: {field}: got")
 
 
-def test_ui_for_a_server_prints_the_runs_page(served_sweep, mlflow_server, run_cli):
-    r = run_cli("ui", "--tracking-uri", mlflow_server["uri"], "--sweep", "served_sweep", "--json")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+def test_ui_for_a_server_prints_the_runs_page(served_sweep, mlflow_server):
+    code, _, out = run_main("ui", "--tracking-uri", mlflow_server["uri"], "--sweep", "served_sweep", "--json")
+    assert code == 0
     assert out == {"url": f"{mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs",
                    "tracking_uri": mlflow_server["uri"], "started": False}

@@ -12,12 +12,13 @@ import pytest
 import yaml
 
 from dashboards.results import comparable, method_label, summarise, trends
+from engine.config import parse_config, set_path
 from orchestrator import store
 
 STUDY = {
     "name": "mini_study",
     "description": "four methods, two seeds",
-    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 2}},
+    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 1}},
     "parameters": {"schedule": {"grid": [
         {"kind": "fp32"},
         {"kind": "static", "fw": 8, "bw": 8},
@@ -29,19 +30,53 @@ STUDY = {
 }
 
 
+def _config(point: dict):
+    """The resolved config of a point, as `fractune results` gets it (the engine parses the logged config)."""
+    tree = {"model": {"name": "tiny"}, "data": {"dataset": "digits"}, "optim": {"epochs": 3}}
+    for path, value in point.items():
+        set_path(tree, path, value)
+    return parse_config(tree)
+
+
 def _row(point, seed, acc, ops, cp=float("nan")):
-    return {"point": point, "seed": seed, "accuracy": acc, "train_bitops": ops, "cp": cp}
+    return {"point": point, "config": _config(point), "seed": seed, "accuracy": acc, "train_bitops": ops, "cp": cp}
 
 
-def test_labels_name_each_method():
-    assert method_label({"schedule": {"kind": "fp32"}}) == "FP32"
-    assert method_label({"schedule": {"kind": "static", "fw": 6, "bw": 8}}) == "FW6/BW8"
-    assert method_label({"schedule": {"kind": "cpt", "fw_min": 3, "fw_max": 8, "bw_min": 8, "bw_max": 8}}) == \
-        "CPT FW3->8/BW8"
-    assert method_label({"schedule": {"kind": "dfq", "target_cp": 6.0, "execution": "routed"}}) == \
-        "DFQ cp 6% routed"
-    assert method_label({"schedule": {"kind": "pfq", "mode": "manual", "fw": [3, 8], "bw": [6, 8]}}) == \
-        "PFQ manual FW3-8/BW6-8"
+def _label(schedule: dict) -> str:
+    return method_label({"schedule": schedule}, _config({"schedule": schedule}))
+
+
+def test_labels_name_each_method_with_the_engines_values():
+    assert _label({"kind": "fp32"}) == "FP32"
+    assert _label({"kind": "static", "fw": 6, "bw": 8}) == "FW6/BW8"
+    assert _label({"kind": "cpt", "fw_min": 3, "fw_max": 8, "num_cycles": 4}) == "CPT FW3->8/BW8"
+    assert _label({"kind": "dfq", "target_cp": 4.0, "execution": "routed"}) == "DFQ cp 4% routed"
+    assert _label({"kind": "dfq", "target_cp": 3.0, "beta": 1.0, "controller": "reference"}) == \
+        "DFQ cp 3% masked reference beta 1"
+    assert _label({"kind": "pfq", "mode": "manual", "fw": [3, 8], "bw": [6, 8]}) == "PFQ manual FW3-8/BW6-8"
+    # defaults are the engine's, not re-derived here: PFQ's bits, FracTrain's first target (1.5, or from cp_total)
+    assert _label({"kind": "pfq"}) == "PFQ auto FW3-4-6-8/BW6-6-8-8"
+    assert _label({"kind": "fractrain"}) == "FracTrain cp 1.5+0.5 masked"
+    assert _label({"kind": "fractrain", "cp_total": 2.75, "execution": "routed"}) == "FracTrain cp 2+0.5 routed"
+    point = {"schedule": {"kind": "fp32"}, "optim.lr": 0.05}
+    assert method_label(point, _config(point)) == "FP32, optim.lr=0.05"
+    assert method_label({"optim.lr": 0.05}, _config({"optim.lr": 0.05})) == "optim.lr=0.05"
+
+
+def test_fractrain_is_checked_against_dfq_at_its_final_target_with_the_same_gate():
+    sbm = {"schedule": {"kind": "static", "fw": 8, "bw": 8}}
+    gate = {"execution": "routed", "beta": 1.0}
+    dfq = {cp: {"schedule": {"kind": "dfq", "target_cp": cp, **gate}} for cp in (1.5, 3.0, 3.5)}
+    other_gates = [{"schedule": {"kind": "dfq", "target_cp": 3.0, "execution": "routed"}},  # the default beta
+                   {"schedule": {"kind": "dfq", "target_cp": 3.0, "execution": "masked", "beta": 1.0}}]
+    # cp0 unset: the engine's 1.5 -> 2 -> 2.5 -> 3; cp_total 2.75: 2 -> 2.5 -> 3 -> 3.5 (supplement eq. 1)
+    default = {"schedule": {"kind": "fractrain", **gate}}
+    total = {"schedule": {"kind": "fractrain", "cp_total": 2.75, **gate}}
+    points = [sbm, *dfq.values(), *other_gates, default, total]
+    rows = [_row(p, s, 0.9, 100.0 - i) for i, p in enumerate(points) for s in (0, 1)]
+    pairs = {(c["method"], c["reference"]) for c in trends(summarise(rows)) if c["claim"].startswith("FracTrain costs")}
+    assert pairs == {("FracTrain cp 1.5+0.5 routed beta 1", "DFQ cp 3% routed beta 1"),
+                     ("FracTrain cp 2+0.5 routed beta 1", "DFQ cp 3.5% routed beta 1")}
 
 
 def test_summary_statistics_savings_and_trend_rule():
@@ -52,6 +87,7 @@ def test_summary_statistics_savings_and_trend_rule():
             _row(low, 0, 0.80, 40.0), _row(low, 1, 0.84, 60.0)]
     groups = {g["method"]: g for g in summarise(rows)}
     assert [g["method"] for g in summarise(rows)] == ["FP32", "FW8/BW8", "PFQ auto FW3-4-6-8/BW6-6-8-8"]
+    assert all(g["kind"] == g["config"].schedule.kind for g in groups.values())
     g = groups["PFQ auto FW3-4-6-8/BW6-6-8-8"]
     assert g["accuracy_mean"] == pytest.approx(0.82) and g["accuracy_std"] == pytest.approx(statistics.stdev([.8, .84]))
     assert g["savings_vs_fp32"] == pytest.approx(0.95) and g["savings_vs_fw8bw8"] == pytest.approx(0.5)
@@ -118,11 +154,15 @@ def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
     assert logged == {"results/results.md", "results/results_pareto.png"}
 
 
-def test_results_bad_input_is_one_line(mini_study, run_cli):
-    r = run_cli("results", "no_such_sweep", "--tracking-uri", mini_study["uri"])
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no_such_sweep" in r.stderr
-    r = run_cli("results", "mini_study", "--tracking-uri", mini_study["uri"], "--notes", "/nonexistent/notes.md")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--notes" in r.stderr
+def test_results_bad_input_is_one_line(mini_study, capsys):
+    from tests.conftest import run_main
+
+    code = run_main("results", "no_such_sweep", "--tracking-uri", mini_study["uri"])[0]
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "no_such_sweep" in err
+    code = run_main("results", "mini_study", "--tracking-uri", mini_study["uri"], "--notes", "/nonexistent/notes.md")[0]
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--notes" in err
 
 
 def test_pfq_is_checked_against_the_static_run_at_its_final_precision():

@@ -24,8 +24,12 @@ SPEC = {
 }
 
 
-def test_ablate_runs_aggregates_and_reports(ray_local, tmp_path, sqlite_uri, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # a sqlite store keeps artifacts in ./mlruns of the cwd: not in the repository
+def test_ablate_runs_aggregates_and_reports(ray_local, tmp_path, capsys, monkeypatch):
+    # run from another folder than the store's: the artifacts go beside the database, not to ./mlruns here
+    (tmp_path / "store").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    sqlite_uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path / "elsewhere")
     spec = tmp_path / "abl.yaml"
     spec.write_text(yaml.safe_dump(SPEC, sort_keys=False))
     code = main(["ablate", str(spec), "--tracking-uri", sqlite_uri, "--storage", str(tmp_path / "runs"),
@@ -72,3 +76,9 @@ def test_ablate_runs_aggregates_and_reports(ray_local, tmp_path, sqlite_uri, cap
                                                                                                   "report")}
     children = store.child_runs(c, parent)
     assert sorted(json.loads(r.data.tags[store.POINT_TAG])["schedule.fw"] for r in children) == [4, 4, 8, 8, 8, 8]
+    # every artifact is in <db folder>/mlartifacts/<experiment>, none in the cwd's ./mlruns
+    assert not (tmp_path / "elsewhere" / "mlruns").exists() and not (tmp_path / "mlruns").exists()
+    assert c.get_experiment(parent.info.experiment_id).artifact_location == \
+        (tmp_path / "store" / "mlartifacts" / "digits_ablation").as_uri()
+    on_disk = {p.name for p in (tmp_path / "store" / "mlartifacts" / "digits_ablation").rglob("*") if p.is_file()}
+    assert {"ablation.json", "pareto.json", "report.html", "config.yaml"} <= on_disk

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from engine.errors import ConfigError
-from orchestrator.ablation import analyse, frame, importances, level_stats, pooled_seed_std, verdict
+from orchestrator.ablation_analysis import analyse, frame, importances, level_stats, pooled_seed_std, verdict
 from orchestrator.cli import main
 from search_spaces.ablation import parse_ablation
 from tests.conftest import ROOT

@@ -10,6 +10,7 @@ from engine.errors import ConfigError
 from orchestrator import store
 from orchestrator.sweep import SweepOptions, run_sweep
 from search_spaces.spec import parse_spec
+from tests.conftest import run_main
 
 DIGITS = {
     "name": "digits_sweep",
@@ -56,17 +57,44 @@ def test_four_trial_sweep_tracks_every_trial(ray_local, tmp_path, sqlite_uri):
     assert fp32.data.metrics["cp"] == 100.0
     assert "pareto.json" in [a.path for a in c.list_artifacts(parent.info.run_id)]
 
-    # `fractune pareto` recomputes the same front from MLflow alone
-    import subprocess
-    import sys
 
-    from tests.conftest import ROOT
+ASHA = {
+    "name": "digits_asha",
+    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 3},
+             "schedule": {"kind": "static", "fw": 8, "bw": 8}},
+    # one trial at a learning rate that cannot learn: ASHA stops it at its first rung
+    "parameters": {"optim.lr": {"grid": [0.1, 0.05, 1e-6]}},
+    "scheduler": {"kind": "asha", "grace_period": 1, "reduction_factor": 2},
+    "budget": {"max_concurrent_trials": 1},  # in grid order: the stopped trial meets the recorded rungs
+    "resources": {"cpu": 1},
+}
 
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "pareto", "digits_sweep", "--tracking-uri", sqlite_uri,
-                        "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_local, tmp_path, sqlite_uri, run_cli):
+    from orchestrator import runs
+    from orchestrator.pareto import pareto_rows
+
+    out = run_sweep(parse_spec(ASHA), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"),
+                                                    progress=False))
+    assert out["trials"] == 3 and out["errored"] == 0
+    data = runs.load(sqlite_uri, "digits_asha")
+    stopped = [r for r in data.rows if not r["complete"]]
+    assert stopped and all(r["status"] == "FINISHED" and r["epochs"] < r["planned_epochs"] == 3 for r in stopped)
+    assert {r["point"]["optim.lr"] for r in stopped} >= {1e-6}
+    # a stopped trial ran fewer epochs, so it is cheap: a front over FINISHED runs alone would take it
+    naive = {r["run_id"] for r in pareto_rows([r for r in data.rows if r["status"] == "FINISHED"])}
+    assert naive & {r["run_id"] for r in stopped}
+    assert not {p["run_id"] for p in out["pareto"]} & {r["run_id"] for r in stopped}
+
+    r = run_cli("pareto", "digits_asha", "--tracking-uri", sqlite_uri, "--json")  # from MLflow alone
     assert r.returncode == 0, r.stderr
     again = json.loads(r.stdout.strip().splitlines()[-1])
-    assert {p["run_id"] for p in again["pareto"]} == front_ids and again["trials"] == 4
+    assert again["pareto"] == json.loads(json.dumps(out["pareto"])) and again["trials"] == 3
+    assert again["finished"] == 3 - len(stopped)
+    # the sweep's own record on the parent run says the same
+    summary = store.artifact_json(data.client, data.parent_run_id, "pareto.json")
+    assert [p["run_id"] for p in summary["pareto"]] == [p["run_id"] for p in again["pareto"]]
+    assert {t["run_id"] for t in summary["trials"] if not t["complete"]} == {r["run_id"] for r in stopped}
 
 
 def test_optuna_multi_objective_sweep(ray_local, tmp_path, sqlite_uri):
@@ -121,13 +149,13 @@ def test_a_failing_trial_does_not_kill_the_sweep(ray_local, tmp_path, sqlite_uri
     assert runs["FINISHED"].data.tags["fractune.device"] == "cpu"
 
 
-def test_cli_reports_spec_and_cluster_errors_together(run_cli, tmp_path):
+def test_cli_reports_spec_and_cluster_errors_together(ray_local, tmp_path, capsys):
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: bad\nbase: {model: {name: tiny}, data: {dataset: digits}, schedule: {kind: static}}\n"
                     "parameters: {schedule.fw: {grid: [4, 99]}}\nresources: {cpu: 512}\n")
-    r = run_cli("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri",
-                f"sqlite:///{tmp_path}/m.db", env={"RAY_ADDRESS": ""})
-    assert r.returncode == 2, r.stderr
-    lines = [x for x in r.stderr.splitlines() if "error:" in x]
+    code, _, _ = run_main("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri",
+                          f"sqlite:///{tmp_path}/m.db")
+    lines = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
+    assert code == 2, lines
     assert any("schedule.fw: got 99" in x for x in lines) and any("resources.cpu: got 512" in x for x in lines)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("bad-*"))

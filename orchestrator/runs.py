@@ -1,0 +1,120 @@
+"""A sweep's trials as rows read back from MLflow: the one loader behind the sweep's own summary
+(``pareto.json`` and its JSON line), ``fractune pareto``, the HTML report and ``fractune results``.
+
+A row: ``run_id``, ``trial_id``, ``name``, ``status``, ``schedule`` (the kind), the objectives ``accuracy`` and
+``train_bitops``, ``cp`` (the run's cumulative cp), ``cp_gated`` (DFQ/FracTrain: the mean of the per-epoch gated
+cp the papers report, else NaN), ``seed``, ``wall_seconds``, ``point`` (the swept values, typed), ``epochs``
+(the last epoch logged), ``planned_epochs``, ``complete``, ``node_id`` and ``pareto`` (the front's tag).
+
+``complete``: the run FINISHED and logged its planned epochs, the engine's ``run_length(cfg).epochs`` of the
+trial's resolved config, which the tracker records in the ``fractune.planned_epochs`` tag when it creates the
+run. Runs logged before that tag fall back to the sweep's own record (``pareto.json``), else FINISHED. Only
+complete trials with both objectives are ``finished``: the only ones a Pareto front or a statistic uses (an
+ASHA-stopped trial's BitOPs are those of a shorter run). No Ray here, so readers start fast.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from engine.errors import ConfigError
+from orchestrator import store
+from orchestrator.pareto import pareto_rows
+from search_spaces import trial
+
+
+@dataclass
+class SweepRuns:
+    uri: str
+    name: str
+    sweep_id: str
+    experiment_id: str
+    parent_run_id: str
+    rows: list[dict]  # every trial run, sorted by run name
+    factors: list[str]  # the swept dotted paths
+    client: object = field(default=None, repr=False)
+
+    def finished(self) -> list[dict]:
+        return finished(self.rows)
+
+
+def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
+    """The latest sweep of ``name`` (or ``sweep_id``) in the store at ``uri``, one row per trial."""
+    uri = store.normalise_uri(uri)
+    store.preflight(uri)
+    c = store.client(uri)
+    parent = store.sweep_parent(c, name, sweep_id)
+    if parent is None:
+        what = f"no sweep {sweep_id!r} of that name" if sweep_id else "no sweep of that name"
+        raise ConfigError.single("sweep", name, f"{what} in {uri}")
+    rows, factors = trial_rows(c, parent)
+    return SweepRuns(uri, name, parent.data.tags.get(store.SWEEP_TAG, ""), parent.info.experiment_id,
+                     parent.info.run_id, rows, factors, c)
+
+
+def trial_rows(c, parent) -> tuple[list[dict], list[str]]:
+    """One row per child run of the sweep's parent run, and the swept paths in the order first seen."""
+    children = store.child_runs(c, parent)
+    record = None
+    if any(store.PLANNED_TAG not in run.data.tags for run in children):  # runs from before the tag
+        trials = (store.artifact_json(c, parent.info.run_id, "pareto.json") or {}).get("trials")
+        record = {t["run_id"] for t in trials if t.get("complete")} if trials is not None else None
+    rows, factors = [], []
+    for run in children:
+        swept = [s for s in run.data.tags.get("fractune.swept", "").split(",") if s]
+        factors += [s for s in swept if s not in factors]
+        rows.append(_row(c, run, swept, record))
+    rows.sort(key=lambda r: r["name"] or "")
+    return rows, factors
+
+
+def _row(c, run, swept: list[str], record: set[str] | None) -> dict:
+    tags, m, status = run.data.tags, run.data.metrics, run.info.status
+    planned = tags.get(store.PLANNED_TAG)
+    schedule = tags.get("fractune.schedule", run.data.params.get("schedule.kind"))
+    cp_gated = math.nan
+    if "cp_gated" in m:  # DFQ and FracTrain: the papers' cp, the mean over the epochs
+        history = [x.value for x in c.get_metric_history(run.info.run_id, "cp_gated")]
+        cp_gated = math.fsum(history) / len(history) if history else math.nan
+    row = make_row(run_id=run.info.run_id, trial_id=tags.get(store.TRIAL_TAG), name=run.info.run_name,
+                   status=status, schedule=schedule, metrics=m, seed=trial.param_value(run.data.params.get("seed")),
+                   point=trial.point_of(tags.get(store.POINT_TAG), run.data.params, swept),
+                   planned_epochs=int(planned) if planned else None, node_id=tags.get("fractune.node_id"),
+                   cp_gated=cp_gated, pareto=tags.get("pareto") == "true")
+    if planned is None:  # logged before the planned-epochs tag: the sweep's own record, else FINISHED
+        row["complete"] = status == "FINISHED" and (record is None or run.info.run_id in record)
+    return row
+
+
+def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, status: str, schedule: str | None,
+             metrics: dict, seed, point: dict, planned_epochs: int | None, node_id: str | None = None,
+             cp_gated: float = math.nan, pareto: bool = False) -> dict:
+    """A trial row from a run's (or a Tune result's) metrics; ``complete`` by the one rule of this module."""
+    epochs = metrics.get("epoch")
+    epochs = int(epochs) if epochs is not None else None
+    return {"run_id": run_id, "trial_id": trial_id, "name": name, "status": status, "schedule": schedule,
+            "accuracy": float(metrics.get("accuracy", math.nan)),
+            "train_bitops": float(metrics.get("train_bitops", math.nan)),
+            "cp": float(metrics.get("cum_cp", math.nan)), "cp_gated": cp_gated, "seed": seed,
+            "wall_seconds": float(metrics.get("wall_seconds", math.nan)), "point": point, "epochs": epochs,
+            "planned_epochs": planned_epochs, "node_id": node_id, "pareto": pareto,
+            "complete": (status == "FINISHED" and epochs is not None and planned_epochs is not None
+                         and epochs >= planned_epochs)}
+
+
+def finished(rows: list[dict]) -> list[dict]:
+    """Trials that ran their planned length with both objectives: the ones fronts and statistics use."""
+    return [r for r in rows if r["complete"] and math.isfinite(r["accuracy"]) and math.isfinite(r["train_bitops"])]
+
+
+def front(rows: list[dict]) -> list[dict]:
+    """The Pareto front (accuracy max, training BitOPs min) of the finished trials, cheapest first."""
+    return pareto_rows(finished(rows))
+
+
+def front_entry(row: dict) -> dict:
+    """A front member as the sweep's and ``fractune pareto``'s JSON give it: the swept values and the seed as
+    ``params``."""
+    return {"run_id": row["run_id"], "trial_id": row["trial_id"], "accuracy": row["accuracy"],
+            "train_bitops": row["train_bitops"], "cp": row["cp"], "params": {**row["point"], "seed": row["seed"]}}

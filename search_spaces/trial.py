@@ -1,0 +1,91 @@
+"""A trial's config as Ray Tune carries it: the one place that encodes and decodes it.
+
+A trial is the dict ``{"sweep": sweep id, "base": the spec's base tree, "params": {dotted path: value},
+"seed": int}``. The orchestrator encodes it (with Tune's search domains as the values: ``tune.grid_search``,
+``tune.choice``...), Tune samples it, and the trainable, the tracker and the sweep's summary decode the sampled
+dict to the ``ExperimentConfig`` the engine runs: the base tree with every swept value set at its dotted path
+(``engine.config.set_path``), then the seed. The swept values also travel to MLflow, as JSON in the
+``fractune.point`` tag of the trial's run, which the readers decode typed (MLflow params are strings).
+
+No Ray here: the domains are whatever the caller puts in ``params``. ``engine.config`` (which imports torch) is
+imported where a config is built, so readers of MLflow that only decode points (``fractune pareto``) start fast.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    from engine.config import ExperimentConfig
+
+SWEEP, BASE, PARAMS, SEED = "sweep", "base", "params", "seed"
+MAX_POINT_TAG = 7000  # characters: MLflow's tag limit is 8000; longer points fall back to the flattened params
+
+
+def encode(sweep: str, base_tree: dict, params: Any, seed: Any) -> dict:
+    """A trial dict; ``params`` and ``seed`` may hold Tune domains (a whole grid of points, for ablations)."""
+    return {SWEEP: sweep, BASE: base_tree, PARAMS: params, SEED: seed}
+
+
+def resolved_tree(trial: dict) -> dict:
+    """The experiment tree of a sampled trial: the base, every swept value at its path, the seed."""
+    from engine.config import set_path
+
+    tree = copy.deepcopy(trial[BASE])
+    for path, value in swept_values(trial).items():
+        set_path(tree, path, value)
+    tree["seed"] = int(trial[SEED])
+    tree.setdefault("name", trial.get(SWEEP) or "trial")
+    return tree
+
+
+def decode(trial: dict) -> ExperimentConfig:
+    """The ``ExperimentConfig`` of a sampled trial (validated: a bad point raises ``ConfigError``)."""
+    from engine.config import parse_config
+
+    return parse_config(resolved_tree(trial))
+
+
+def swept_values(trial: dict) -> dict[str, Any]:
+    """``{dotted path: value}`` of the parameters sampled for this trial (the seed is not one of them)."""
+    return dict(trial.get(PARAMS) or {})
+
+
+def point_tag(values: dict[str, Any]) -> str:
+    """The swept values as the JSON of the ``fractune.point`` tag; empty when too long for a tag."""
+    text = json.dumps(values, sort_keys=True, default=str)
+    return text if len(text) <= MAX_POINT_TAG else ""
+
+
+def point_of(tag: str | None, params: dict[str, str], swept: list[str]) -> dict[str, Any]:
+    """A run's swept values, typed: the JSON tag, else rebuilt from the flattened params (sections as dicts)."""
+    if tag:
+        return json.loads(tag)
+    out: dict[str, Any] = {}
+    for path in swept:
+        if path in params:
+            out[path] = param_value(params[path])
+            continue
+        sub = {k[len(path) + 1:]: param_value(v) for k, v in params.items() if k.startswith(path + ".")}
+        if sub:
+            from engine.config import set_path
+
+            section: dict = {}
+            for key, value in sub.items():
+                set_path(section, key, value)
+            out[path] = section
+    return out
+
+
+def param_value(text: str | None) -> Any:
+    """A flattened MLflow param back as a value (``"8"`` -> 8, ``"[3, 4]"`` -> [3, 4], ``"null"`` -> None)."""
+    if text is None:
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text

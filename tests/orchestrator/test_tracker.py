@@ -1,0 +1,45 @@
+"""The tracker logs what the engine reports: every numeric metric of a trial's epochs reaches MLflow, and nothing
+of Tune's own bookkeeping does. Checked on the session's served sweep (a static, an auto-PFQ and a routed-DFQ
+trial on digits, logged over HTTP) against the engine's own per-epoch history in each trial's checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine import checkpoint
+from orchestrator import store
+from orchestrator.tracker import NOT_METRICS, is_metric
+
+
+def _engine_history(storage: Path, trial_id: str) -> list[dict]:
+    """The per-epoch metrics the engine reported, as its last checkpoint of this trial keeps them."""
+    (trial_dir,) = [p for p in storage.iterdir() if p.is_dir() and trial_id in p.name]
+    last = max(trial_dir.glob("checkpoint_*"), key=lambda p: p.name)
+    return checkpoint.load(last)["history"]
+
+
+def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server):
+    c = store.client(mlflow_server["uri"])
+    children = store.child_runs(c, c.get_run(served_sweep["parent_run_id"]))
+    assert len(children) == 3
+    for run in children:
+        history = _engine_history(Path(served_sweep["storage"]), run.data.tags[store.TRIAL_TAG])
+        reported = {k for k, v in history[-1].items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        logged = set(run.data.metrics)
+        assert logged == reported, (run.info.run_name, logged ^ reported)  # nothing dropped, nothing of Tune's
+        for key in ("accuracy", "epoch"):
+            assert [m.step for m in c.get_metric_history(run.info.run_id, key)] == [1, 2]
+    dfq = next(r for r in children if r.data.tags["fractune.schedule"] == "dfq")
+    # metrics the engine added after the tracker was written (it once kept an allow-list that dropped them)
+    for key in ("gate_price", "cp_batch_error", "alloc_fw_b00"):
+        assert [m.step for m in c.get_metric_history(dfq.info.run_id, key)] == [1, 2], key
+    # where a trial ran is a tag, not a metric
+    assert {"fractune.node_id", "fractune.device", "fractune.torch_threads"} <= set(dfq.data.tags)
+
+
+def test_tune_bookkeeping_and_placement_are_not_metrics():
+    result = {"accuracy": 0.9, "epoch": 2, "new_engine_metric": 1.5, "stage": 1, "training_iteration": 2,
+              "time_this_iter_s": 0.3, "timestamp": 1700000000, "pid": 42, "date": "2026-11-23", "done": False,
+              "torch_threads": 1, "node_id": "abc", "events": [], "flag": True}
+    assert {k for k, v in result.items() if is_metric(k, v)} == {"accuracy", "epoch", "new_engine_metric", "stage"}
+    assert {"training_iteration", "time_total_s", "iterations_since_restore", "torch_threads"} <= NOT_METRICS
