@@ -1,4 +1,4 @@
-"""BitOPs accounting by hand (algorithms.md 6.1-6.3)."""
+"""BitOPs accounting by hand (docs/methods.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PFQ's loss indicator on synthetic loss sequences (algorithms.md 2.2)."""
+"""PFQ's loss indicator on synthetic loss sequences (docs/methods.md §4.2)."""
 
 from __future__ import annotations
 

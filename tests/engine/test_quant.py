@@ -1,4 +1,4 @@
-"""The quantizer against hand-computed values (algorithms.md 1.1-1.5)."""
+"""The quantizer against hand-computed values (docs/methods.md §1)."""
 
 from __future__ import annotations
 
