@@ -90,15 +90,16 @@ class GatedModel(nn.Module):
         return y_sorted.index_select(0, torch.argsort(order))
 
     def _alternatives(self, i: int, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One non-skip option per sample other than its choice, drawn uniformly: (option (B,), valid (B,))."""
+        """One non-skip option per sample other than its choice, drawn uniformly: (option (B,), number of
+        candidates it was drawn from (B,), 0 where there was none)."""
         ok = self.gate.allowed[i].clone()
         if self.skip_index is not None:
             ok[self.skip_index] = False
         cand = ok.unsqueeze(0).expand(len(choice), -1).clone()
         cand[torch.arange(len(choice), device=choice.device), choice] = False
-        valid = cand.any(1)
-        weights = cand.to(torch.float32) + (~valid).unsqueeze(1).to(torch.float32)  # rows without a candidate
-        return torch.multinomial(weights, 1).squeeze(1), valid
+        count = cand.sum(1)
+        weights = cand.to(torch.float32) + (count == 0).unsqueeze(1).to(torch.float32)  # rows without a candidate
+        return torch.multinomial(weights, 1).squeeze(1), count.to(torch.float32)
 
     def _routed(self, i: int, block: nn.Module, h: torch.Tensor, choice: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
@@ -117,12 +118,15 @@ class GatedModel(nn.Module):
             y_comp = y_skip if len(computed) == 0 else y_skip.index_copy(0, computed, self._run_mixed(
                 block, h, choice, computed))
             return m_nonskip * y_comp + m_skip * y_skip
-        alt, valid = self._alternatives(i, choice)
+        alt, candidates = self._alternatives(i, choice)
         with torch.no_grad(), frozen_state(block):
             y_alt = self._run_mixed(block, h, alt, everyone)
         y_comp = y_alt if len(computed) == 0 else y_alt.index_copy(0, computed, self._run_mixed(
             block, h, choice, computed))
-        m_alt = (mask.gather(1, alt.unsqueeze(1)).squeeze(1) * valid).view(-1, 1, 1, 1)
+        # the sampled alternative stands for every unchosen non-skip option: its contrast with the chosen output
+        # is weighted by their number (value unchanged), so the estimate of masked's gradient is unbiased
+        m_a = mask.gather(1, alt.unsqueeze(1)).squeeze(1)
+        m_alt = ((candidates > 0) * (m_a.detach() + candidates * (m_a - m_a.detach()))).view(-1, 1, 1, 1)
         return (m_nonskip - m_alt) * y_comp + m_alt * y_alt + m_skip * y_skip
 
     # -- forward ----------------------------------------------------------------------------------------

@@ -27,11 +27,14 @@ from engine.train import train_and_evaluate
 OPTS = [SKIP, Precision.fwbw(4, 8), Precision(act=6, weight=4, grad=12)]
 
 
-def toy(execution="masked", options=OPTS, seed=0):
+def toy(execution="masked", options=OPTS, seed=0, estimator="sampled"):
     torch.manual_seed(seed)
     backbone = build_model("tiny", 1, 10)  # two blocks: 8 ch (identity shortcut), 16 ch stride 2 (projection)
     backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
-    return GatedModel(backbone, options, execution)
+    return GatedModel(backbone, options, execution, routed_estimator=estimator)
+
+
+FOUR = [SKIP, Precision.fwbw(2, 6, 4), Precision.fwbw(4, 8, 4), Precision.fwbw(6, 12, 4)]
 
 
 def test_gate_shapes_and_probabilities():
@@ -115,6 +118,42 @@ def test_masked_and_routed_agree_in_forward_for_the_same_choices():
         b, tb = routed(x, forced)
     assert torch.equal(ta.choices, tb.choices)
     assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_routed_sampled_estimator_keeps_values_and_running_statistics():
+    """The forward-only alternatives change neither the block's output nor any running statistic."""
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+    forced = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 1], [0, 3], [1, 1], [2, 0], [3, 2]])
+    outs, states = [], []
+    for estimator in ("sampled", "skip"):
+        model = toy("routed", FOUR, estimator=estimator).train()
+        outs.append(model(x, forced)[0])
+        states.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+def test_routed_sampled_estimator_gives_skipped_samples_a_ce_signal():
+    """With ``skip`` a sample that skipped sees every option's CE gradient alike (no signal between computing
+    and skipping); the sampled alternative gives it one."""
+    x = torch.randn(6, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    forced = torch.tensor([[0, 1], [0, 2], [0, 3], [0, 1], [0, 2], [0, 3]])  # every sample skips block 0
+    spread = {}
+    for estimator in ("sampled", "skip"):
+        model = toy("routed", FOUR, estimator=estimator).train()
+        logits_of_gate, step = [], model.gate.step
+
+        def keep(i, h, state, step=step, logits_of_gate=logits_of_gate):
+            z, state = step(i, h, state)
+            z.retain_grad()
+            logits_of_gate.append(z)
+            return z, state
+
+        model.gate.step = keep
+        logits, _ = model(x, forced)
+        torch.nn.functional.cross_entropy(logits, torch.arange(6) % 10).backward()
+        spread[estimator] = float(logits_of_gate[0].grad.abs().max())  # dL/dz of block 0, CE only
+    assert spread["sampled"] > 1e-5 and spread["skip"] < 1e-4 * spread["sampled"]  # skip: float error only
 
 
 def test_cost_gradient_is_the_same_in_both_modes():
