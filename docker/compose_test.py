@@ -7,8 +7,8 @@ always taken down):
               started here (overlay2 where the kernel mounts overlayfs, else vfs; $FRACTUNE_DOCKERD_STORAGE picks)
  2. build     docker/local-base.sh: the Debian base (debootstrap), PostgreSQL 15, fractune:$FRACTUNE_VARIANT
  3. ca        the host's CA bundle, given to pip as a build secret, is in no layer of the image
- 4. up        compose.yaml + compose.local.yaml, two workers, Ray token authentication on, free loopback ports;
-              waits for every health check
+ 4. up        compose.yaml + compose.local.yaml, two workers, free loopback ports, Ray token authentication on
+              (RAY_AUTH_TOKEN alone, on the nodes and in the host's shell); waits for every health check
  5. backend   MLflow's backend store is the PostgreSQL service (its schema and runs are in the database)
  6. sweep     ``fractune submit search_spaces/demo.yaml --follow`` from the host (this checkout's .venv): every
               trial a FINISHED run in the MLflow server and in PostgreSQL, trials on more than one worker
@@ -126,7 +126,7 @@ class Stack:
             f"COMPOSE_PROJECT_NAME={PROJECT}", f"POSTGRES_PASSWORD={secrets.token_urlsafe(24)}",
             f"FRACTUNE_VARIANT={VARIANT}", "FRACTUNE_BIND=127.0.0.1", f"RAY_DASHBOARD_PORT={self.ray_port}",
             f"MLFLOW_PORT={self.mlflow_port}", "RAY_HEAD_CPUS=0", "RAY_WORKER_CPUS=2", "MLFLOW_WORKERS=2",
-            "RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN={self.token}", ""]))
+            f"RAY_AUTH_TOKEN={self.token}", ""]))  # no RAY_AUTH_MODE: the token alone turns token mode on
         self.env_file.chmod(0o600)
         self.dashboard = f"http://127.0.0.1:{self.ray_port}"
         self.tracking = f"http://127.0.0.1:{self.mlflow_port}"
@@ -154,7 +154,7 @@ class Stack:
 
     def host_env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
-        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token, RAY_USAGE_STATS_ENABLED="0", PATH=f"{BIN}:{env.get('PATH', '')}")
+        env.update(RAY_AUTH_TOKEN=self.token, RAY_USAGE_STATS_ENABLED="0", PATH=f"{BIN}:{env.get('PATH', '')}")
         return env
 
     def submit(self, spec: str, log: Path, follow: bool = True) -> subprocess.Popen:
@@ -284,8 +284,14 @@ def check_ca_not_in_image(summary: dict) -> None:
         summary["ca_certs_checked"] = 0
         return
     args = [a for p in probes for a in ("-e", p)]
-    r = run([docker, "run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "grep", image, "-rlIF",
-             *args, "/", "--exclude-dir=proc", "--exclude-dir=sys", "--exclude-dir=dev"], check=False, timeout=900)
+    grep = [docker, "run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "grep"]
+    # the search finds the bundle where it is (the bundle mounted into a container of the image)...
+    seen = run([*grep, "-v", f"{host_file}:/probe/bundle.crt:ro", image, "-rlIF", *args, "/probe"], check=False)
+    if seen.stdout.split() != ["/probe/bundle.crt"]:
+        raise Failed(f"the CA search does not find the bundle where it is: {seen.stdout!r} {seen.stderr[-300:]}")
+    # ...and in no file of the image itself
+    r = run([*grep, image, "-rlIF", *args, "/", "--exclude-dir=proc", "--exclude-dir=sys", "--exclude-dir=dev"],
+            check=False, timeout=900)
     if r.returncode == 0:
         raise Failed(f"the host's CA certificates are in the image: {r.stdout.split()[:5]}")
     if r.returncode != 1:
