@@ -179,13 +179,13 @@ class GatedSettings(Strict):
     # the cp controller (methods.md §6.5): dual (default: a Lagrange multiplier that prices the gate's decision,
     # updated by dual ascent) or reference (the papers' bang-bang sign rule on the cost term)
     controller: Literal["dual", "reference"] = "dual"
-    controller_gain: float = Field(0.1, gt=0.0, le=100.0)  # dual: price step per unit of relative cp error
+    controller_gain: float = Field(0.3, gt=0.0, le=100.0)  # dual: price step per unit of relative cp error
     beta: float = Field(0.128, ge=0.0, le=1000.0)  # cost term per sample: reference s*beta (1e-3 x batch 128), dual beta*price
     block_cost: Literal["uniform", "macs"] | None = None  # omega_l; None: the reference (uniform for ResNets)
     execution: Literal["masked", "routed"] = "masked"  # masked: the reference (every option for every sample)
-    # routed's gate gradient (methods.md §6.3): sampled = the chosen option against one sampled alternative per
-    # sample (one forward-only pass more); skip = computing against skipping only
-    routed_estimator: Literal["sampled", "skip"] = "sampled"
+    # routed's gate gradient (methods.md §6.3): skip = computing against skipping; sampled = also the chosen
+    # option against one sampled alternative per sample (one forward-only pass more)
+    routed_estimator: Literal["skip", "sampled"] = "skip"
     gate_dim: int = Field(32, ge=1, le=4096)
     embed_dim: int = Field(16, ge=1, le=4096)
     hidden_dim: int = Field(16, ge=1, le=4096)

@@ -10,13 +10,15 @@ Two executions give the same forward values for the same choices in eval mode:
   and the activation ranges see the whole computed batch as in masked execution; skipped samples take the
   skip path (the identity, or the block's 1x1 projection in fp32). Gradient estimator (``routed_estimator``):
 
-  - ``sampled`` (default): for every sample one alternative non-skip option ``a`` is drawn uniformly from
-    those it did not choose and run forward only (no gradient, no change to running statistics). With
-    ``Y_comp`` = the chosen output (or ``y_a`` for a sample that skipped), the block's output is
-    ``h = (m_nonskip - m_a) * Y_comp + m_a * sg(y_a) + m_skip * y_skip``: one-hot in value, and the gate's CE
-    gradient compares the chosen option with the alternative and with skipping, for every sample.
-  - ``skip``: no alternative; every unchosen non-skip option is taken to produce the chosen output, so the
-    CE gradient compares computing the block with skipping it only (a sample that skipped gets none).
+  - ``skip`` (default): every unchosen non-skip option is taken to produce the chosen output,
+    ``h = m_nonskip * y_c + m_skip * y_skip``, so the gate's CE gradient compares computing the block with
+    skipping it (a sample that skipped gets none); no compute beyond the chosen options.
+  - ``sampled``: for every sample one alternative non-skip option ``a`` is drawn uniformly from those it did
+    not choose and run forward only (no gradient, no change to running statistics). With ``Y_comp`` = the
+    chosen output (or ``y_a`` for a sample that skipped), the block's output is
+    ``h = (m_nonskip - m_a) * Y_comp + m_a * sg(y_a) + m_skip * y_skip`` with ``m_a``'s gradient weighted by
+    the number of unchosen options: one-hot in value, an unbiased estimate of masked's CE gradient on the gate,
+    for every sample, at one forward pass of every block more.
 
   The cost term's gradient needs no outputs and is the same in every execution.
 """
@@ -34,7 +36,7 @@ from engine.precision import FP32, MixedPrecision, Precision
 
 class GatedModel(nn.Module):
     def __init__(self, backbone: QModel, options: list[Precision], execution: str = "masked",
-                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "sampled"):
+                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "skip"):
         super().__init__()
         self.backbone = backbone
         self.options = list(options)
