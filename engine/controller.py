@@ -14,16 +14,23 @@ current batch's cp against T, the bang-bang rule (DFQ: -1 below T - relax, +1 at
 the band; FracTrain: -1 below T, +1 at or above T + band, 0 between). cp oscillates around T, and when the
 gate's logits move slowly (a low learning rate, a weak CE signal) it swings far from T for whole epochs.
 
-``dual`` (the default): ``price`` is a Lagrange multiplier updated by dual ascent on the relative error,
-``price <- clip(price + gain * (cp / T - 1), -limit, limit)``, used both in the decision (so cp responds to it
-at once, whatever the learning rate) and, scaled by ``beta``, as the cost term's weight (so the gate learns
-the trade-off the price expresses). Integral action makes the mean error over any span of N iterations
-``(price_end - price_start) / (gain * N)``: once the price settles, the epoch means sit on the target.
+``dual`` (the default): the price is a Lagrange multiplier of the constraint ``cp = T``, used in the decision
+(so cp responds to it at once, whatever the learning rate; for fixed logits a higher price never raises cp)
+and, scaled by ``beta``, as the cost term's weight (so the gate learns the trade-off the price expresses).
+The price is the sum of two states. ``base`` moves, after every iteration, a fraction ``rate`` of the way to
+the price that would have put that batch exactly on target with its logits held fixed
+(``engine.gate.price_for_target``, a search over the monotone step function cp(price)); ``offset`` integrates
+``gain`` times the batch's relative cp error, which cancels what the fixed-logits model misses (later blocks'
+logits depend on earlier decisions), so the mean error over a span goes to zero. Solving for the batch's own price
+makes the step size independent of how sharply cp reacts to the price: a gate indifferent between options
+(cp jumping with tiny price changes) and a confident one (cp barely moving) are both tracked, where a fixed
+gain on the error alone oscillates on the first or lags on the second.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from engine.gate import sign_dfq, sign_fractrain
 
@@ -45,7 +52,7 @@ class ReferenceController:
         self.last_sign = s
         return s * self.beta
 
-    def update(self, cp: float, target: float) -> None:
+    def update(self, cp: float, target: float, batch_price: Callable[[], float] | None = None) -> None:
         """Nothing to learn: the sign is recomputed from every batch."""
 
     def state_dict(self) -> dict:
@@ -56,12 +63,17 @@ class ReferenceController:
 
 
 class DualController:
-    """Dual ascent on the relative cp error; the multiplier prices the gate's decision (module docstring)."""
+    """The price as a Lagrange multiplier (module docstring), the sum of two states: ``base``, which moves a
+    fraction ``rate`` of the way to the price that would have put each batch on target (its logits held
+    fixed), and ``offset``, the integral of the relative cp error scaled by ``gain`` (it cancels whatever the
+    fixed-logits model misses, so the mean error over a span goes to zero)."""
 
     kind = "dual"
 
-    def __init__(self, beta: float, gain: float, limit: float = PRICE_LIMIT):
-        self.beta, self.gain, self.limit = beta, gain, limit
+    def __init__(self, beta: float, rate: float, gain: float, limit: float = PRICE_LIMIT):
+        self.beta, self.rate, self.gain, self.limit = beta, rate, gain, limit
+        self.base = 0.0
+        self.offset = 0.0
         self.price = 0.0
         self.last_sign = 0.0
 
@@ -69,15 +81,20 @@ class DualController:
         self.last_sign = math.copysign(1.0, self.price) if self.price else 0.0
         return self.beta * self.price
 
-    def update(self, cp: float, target: float) -> None:
-        step = self.gain * (cp / target - 1.0)
-        self.price = max(-self.limit, min(self.limit, self.price + step))
+    def update(self, cp: float, target: float, batch_price: Callable[[], float] | None = None) -> None:
+        if batch_price is not None:
+            self.base += self.rate * (batch_price() - self.base)
+        lim = self.limit
+        self.offset = max(-2 * lim, min(2 * lim, self.offset + self.gain * (cp / target - 1.0)))  # anti-windup
+        self.price = max(-lim, min(lim, self.base + self.offset))
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "price": self.price}
+        return {"kind": self.kind, "price": self.price, "base": self.base, "offset": self.offset}
 
     def load_state_dict(self, state: dict) -> None:
         self.price = float(state["price"])
+        self.base = float(state.get("base", 0.0))
+        self.offset = float(state.get("offset", self.price - self.base))
 
 
 def build_controller(sched):
@@ -85,4 +102,4 @@ def build_controller(sched):
     rule = "fractrain" if sched.kind == "fractrain" else "dfq"
     if sched.controller == "reference":
         return ReferenceController(sched.beta, rule, sched.band if rule == "fractrain" else sched.relax)
-    return DualController(sched.beta, sched.controller_gain)
+    return DualController(sched.beta, sched.controller_rate, sched.controller_gain)

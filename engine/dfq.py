@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.controller import build_controller
+from engine.controller import PRICE_LIMIT, build_controller
 from engine.cost import BitOpsCounter, layer_cost
 from engine.data import RunLength
-from engine.gate import cost_per_sample, gated_cp, normalised_cost, option_kappa
+from engine.gate import cost_per_sample, gated_cp, normalised_cost, option_kappa, price_for_target
 from engine.indicator import Staging
 from engine.models.gated import GatedModel
 from engine.precision import FP32, Precision
@@ -161,7 +161,8 @@ class GatedRunner:
         weight = self.controller.weight(cp, target)
         loss = ce + weight * cost_per_sample(trace, self.kappa, self.omega).mean() if weight else ce
         value = sgd_step(self.opt, loss, ce)
-        self.controller.update(cp, target)
+        self.controller.update(cp, target, lambda: price_for_target(
+            trace.logits, self.model.option_cost, self.kappa, self.omega, target, PRICE_LIMIT))
         self.last_cp = cp
         self._account(trace.choices, cp, target)
         self.goal.observe(iteration, value, float(loss.detach()), cp)

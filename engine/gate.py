@@ -66,11 +66,13 @@ def straight_through(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class GateTrace:
-    """One forward's gate decisions: masks (B, L, K) with straight-through gradients, hard choices (B, L)."""
+    """One forward's gate decisions: masks (B, L, K) with straight-through gradients, hard choices (B, L), the
+    priced probabilities (B, L, K) and the gate's own logits before the price (B, L, K; detached)."""
 
     masks: torch.Tensor
     choices: torch.Tensor
     probs: torch.Tensor
+    logits: torch.Tensor | None = None
 
 
 def option_kappa(options: list[Precision]) -> torch.Tensor:
@@ -90,6 +92,41 @@ def cost_per_sample(trace: GateTrace, kappa: torch.Tensor, omega: torch.Tensor) 
     """c_i = sum_l omega_l sum_k m_ilk kappa_k / mean(omega), differentiable through the masks: (B,)."""
     om = omega.to(trace.masks)
     return torch.einsum("blk,k,l->b", trace.masks, kappa.to(trace.masks), om) / om.mean()
+
+
+def cp_at_prices(logits: torch.Tensor, prices: torch.Tensor, option_cost: torch.Tensor, kappa: torch.Tensor,
+                 omega: torch.Tensor) -> torch.Tensor:
+    """The gated cp a batch would have at each candidate price, its logits held fixed: (P,) for prices (P,).
+
+    The decision at price ``q`` is ``argmax_k (z_lk - q c_lk)`` (ties to the first option, as ``argmax``); for
+    fixed logits cp never rises with the price. Exact for the first block; for the later ones it holds their
+    logits, which in the network depend on the earlier blocks' decisions, fixed (methods.md §6.5)."""
+    z = logits.detach().to(torch.float64)  # (B, L, K)
+    c = option_cost.to(z)  # (L, K)
+    scored = z.unsqueeze(0) - prices.to(z).view(-1, 1, 1, 1) * c  # (P, B, L, K)
+    choices = scored.argmax(-1)  # (P, B, L)
+    k = kappa.to(z)[choices]
+    om = omega.to(z)
+    return 100.0 * (k * om).sum((1, 2)) / (3.0 * om.sum() * z.shape[0])
+
+
+def price_for_target(logits: torch.Tensor, option_cost: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor,
+                     target: float, limit: float, steps: int = 32) -> float:
+    """The price that puts this batch's gated cp at ``target`` (logits held fixed): the boundary of the
+    monotone step function ``cp_at_prices``, found by a vectorised search over ``[-limit, limit]`` (one grid of
+    ``steps`` prices per round, four rounds); +-limit when the target is beyond what the options reach."""
+    lo, hi = -limit, limit
+    for _ in range(4):
+        grid = torch.linspace(lo, hi, steps, dtype=torch.float64)
+        cps = cp_at_prices(logits, grid, option_cost, kappa, omega)
+        above = (cps > target).nonzero()
+        if len(above) == 0:  # even the lowest price keeps cp at or under the target
+            return lo if lo == -limit else float(grid[0])
+        i = int(above[-1])  # the last price still above the target
+        if i == steps - 1:
+            return hi
+        lo, hi = float(grid[i]), float(grid[i + 1])
+    return hi  # the lowest price found at or under the target (within (2 limit) / 31^4 of the boundary)
 
 
 def gated_cp(choices: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor) -> float:

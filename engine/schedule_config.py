@@ -179,7 +179,10 @@ class GatedSettings(Strict):
     # the cp controller (methods.md §6.5): dual (default: a Lagrange multiplier that prices the gate's decision,
     # updated by dual ascent) or reference (the papers' bang-bang sign rule on the cost term)
     controller: Literal["dual", "reference"] = "dual"
-    controller_gain: float = Field(0.3, gt=0.0, le=100.0)  # dual: price step per unit of relative cp error
+    # dual: each iteration the price moves this fraction of the way to the price that would have put the batch
+    # on target (its logits held fixed) ...
+    controller_rate: float = Field(0.2, gt=0.0, le=1.0)
+    controller_gain: float = Field(0.05, ge=0.0, le=100.0)  # ... plus this times the batch's relative cp error
     beta: float = Field(0.128, ge=0.0, le=1000.0)  # cost term per sample: reference s*beta (1e-3 x batch 128), dual beta*price
     block_cost: Literal["uniform", "macs"] | None = None  # omega_l; None: the reference (uniform for ResNets)
     execution: Literal["masked", "routed"] = "masked"  # masked: the reference (every option for every sample)

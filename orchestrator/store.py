@@ -57,6 +57,38 @@ def artifact_root(uri: str, experiment: str) -> str | None:
     return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / experiment).as_uri()
 
 
+def client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def preflight(uri: str, timeout: float = 5.0) -> None:
+    """Fail before any trial when the tracking store cannot be used."""
+    from engine.errors import ConfigError
+
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:  # noqa: S310
+                if resp.status != 200:
+                    raise OSError(f"/health answered {resp.status}")
+        except (OSError, urllib.error.URLError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ConfigError.single("--tracking-uri", redact(uri), f"MLflow server unreachable ({reason})") from None
+        return
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.parent.is_dir() or not os.access(db.parent, os.W_OK):
+            raise ConfigError.single("--tracking-uri", uri, f"folder {db.parent} must exist and be writable")
+    try:
+        client(uri).search_experiments(max_results=1)
+    except Exception as exc:  # mlflow raises many types; the message is what matters
+        raise ConfigError.single("--tracking-uri", redact(uri), f"tracking store unusable ({_one_line(str(exc))})") from None
+
+
 def ensure_experiment(c, name: str) -> str:
     exp = c.get_experiment_by_name(name)
     if exp is not None:

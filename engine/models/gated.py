@@ -137,10 +137,11 @@ class GatedModel(nn.Module):
         bb = self.backbone
         h = bb.features(x, FP32)  # the layer map keeps the stem fp32 in DFQ
         state = None
-        masks, choices, probs = [], [], []
+        masks, choices, probs, raw = [], [], [], []
         priced = bool(self.price != 0)
         for i, block in enumerate(bb.blocks):
             z, state = self.gate.step(i, h, state)
+            raw.append(z.detach())
             if priced:  # the decision argmax_k (z_lk - price * c_lk) (methods.md §6.5)
                 z = z - self.price * self.option_cost[i]
             p = torch.softmax(z, dim=-1)
@@ -153,7 +154,8 @@ class GatedModel(nn.Module):
             choices.append(choice)
             probs.append(p)
         logits = bb.head(h, FP32)
-        return logits, GateTrace(torch.stack(masks, 1), torch.stack(choices, 1), torch.stack(probs, 1))
+        return logits, GateTrace(torch.stack(masks, 1), torch.stack(choices, 1), torch.stack(probs, 1),
+                                 torch.stack(raw, 1))
 
     def gate_macs(self) -> int:
         """Forward MACs of the gate for one sample (embeddings, LSTM steps, projection); kept apart."""
