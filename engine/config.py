@@ -54,7 +54,8 @@ class ModelConfig(Strict):
 
 
 class DataConfig(Strict):
-    dataset: Literal["fashion-mnist", "digits", "cifar10", "cifar100", "imagenet"] = "fashion-mnist"
+    dataset: Literal["fashion-mnist", "digits", "cifar10", "cifar100", "imagenet", "wikitext103", "wikitext2",
+                     "fortunes"] = "fashion-mnist"
     data_dir: str | None = None  # default: the Debian package's folder for fashion-mnist
     download: bool = False  # torchvision download for CIFAR (needs network access)
     batch_size: int = Field(128, ge=1, le=65536)
@@ -65,6 +66,10 @@ class DataConfig(Strict):
     test_subset: int | None = Field(None, ge=1)
     augment: bool = True
     num_workers: int = Field(0, ge=0, le=64)  # DataLoader workers (ImageNet folders only)
+    # text data sets (language models): tokens per sequence, and a cap on the vocabulary (the most frequent
+    # training words; the rest become <unk>). batch_size / eval_batch_size count sequences, subsets too.
+    seq_len: int = Field(256, ge=1, le=65536)
+    vocab_size: int | None = Field(None, ge=2)
 
     @field_validator("data_dir")
     @classmethod
@@ -74,6 +79,9 @@ class DataConfig(Strict):
 
 
 class OptimConfig(Strict):
+    optimizer: Literal["sgd", "adam"] = "sgd"  # adam: the Transformer's (betas, eps below; no momentum/nesterov)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(1e-9, gt=0.0, le=1.0)
     epochs: int = Field(1, ge=1, le=100000)
     iterations: int | None = Field(None, ge=1)  # a budget in optimizer steps; overrides epochs
     lr: float = Field(0.1, gt=0.0, le=100.0)
@@ -104,6 +112,7 @@ class QuantConfig(Strict):
     depthwise_act_bits: Bits = 8  # MobileNetV2 depthwise convs: fixed, not scheduled (reference 8/16)
     depthwise_weight_bits: Bits = 8
     depthwise_grad_bits: Bits = 16
+    quantize_embedding: bool = False  # language models: the token embedding's weights at FW, its gradient at BW
 
 
 GATED_KINDS = ("dfq", "fractrain")
@@ -146,7 +155,7 @@ class ExperimentConfig(Strict):
         if self.gated:
             return LayerMap(stem=False, fc=False, head=False, depthwise=dw)
         stem = stem_default if q.quantize_stem is None else q.quantize_stem
-        return LayerMap(stem=stem, fc=q.quantize_fc, head=q.quantize_head, depthwise=dw)
+        return LayerMap(stem=stem, fc=q.quantize_fc, head=q.quantize_head, depthwise=dw, embed=q.quantize_embedding)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -202,10 +211,22 @@ def read_yaml(path: str | Path) -> dict:
 
 def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
     """Checks that need more than one section (the run's length comes from optim and data)."""
-    from engine.data import run_length  # lazy: data.py imports this module
+    from engine.data import INFO, run_length  # lazy: data.py imports this module
 
     problems = []
     sched = cfg.schedule
+    is_lm, is_text = cfg.model.name.startswith("transformer"), INFO[cfg.data.dataset].is_text
+    if is_lm != is_text:
+        problems.append(("model.name", cfg.model.name, f"allowed with data.dataset {cfg.data.dataset}: "
+                         + ("a transformer_* language model" if is_text else "an image classifier, not a transformer_*")))
+        return problems
+    if is_lm and cfg.gated:
+        problems.append(("schedule.kind", sched.kind, "allowed with a language model: fp32, static, pfq, cpt "
+                         "(DFQ/FracTrain gating per sequence and block is not built yet)"))
+        return problems
+    if is_lm and cfg.quant.quantize_stem:
+        problems.append(("quant.quantize_stem", True, "allowed: null/false with a language model (no stem; "
+                         "see quant.quantize_embedding)"))
     total = run_length(cfg).total_iterations
     if sched.kind == "cpt" and sched.num_cycles > total:
         problems.append(("schedule.num_cycles", sched.num_cycles,

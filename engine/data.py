@@ -1,4 +1,5 @@
-"""Data sets (docs/methods.md §8): Fashion-MNIST (the embedded default), digits (tests), CIFAR-10/100, ImageNet.
+"""Data sets (docs/methods.md §8): Fashion-MNIST (the embedded default), digits (tests), CIFAR-10/100, ImageNet;
+the language models' corpora (WikiText-103/-2, the embedded ``fortunes``) live in engine/text.py.
 
 Small data sets live in memory as uint8 tensors and are batched here, with augmentation done per sample
 but vectorised over the batch (random crop with zero padding + horizontal flip, as torchvision's
@@ -36,6 +37,16 @@ class DatasetInfo:
     std: tuple[float, ...]
     crop_pad: int  # augmentation: random crop padding (0: none)
     flip: bool
+    kind: str = "image"  # "text": a word-level corpus (engine/text.py); classes = the vocabulary
+    tokens: int = 0  # text: training tokens (nominal, for previews; the loaded split's count wins)
+
+    @property
+    def is_text(self) -> bool:
+        return self.kind == "text"
+
+    def input_shape(self, cfg: DataConfig) -> tuple[int, ...]:
+        """What one sample looks like to ``layer_table``: (C, H, W), or (seq_len,) for text."""
+        return (cfg.seq_len,) if self.is_text else (self.channels, self.size, self.size)
 
 
 INFO = {
@@ -44,12 +55,22 @@ INFO = {
     "cifar10": DatasetInfo("cifar10", 3, 32, 10, 50000, (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 4, True),
     "cifar100": DatasetInfo("cifar100", 3, 32, 100, 50000, (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 4, True),
     "imagenet": DatasetInfo("imagenet", 3, 224, 1000, 1281167, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 0, True),
+    # text (methods.md §10): classes = the full training vocabulary, tokens = training tokens with <eos>
+    "wikitext103": DatasetInfo("wikitext103", 1, 0, 267735, 0, (), (), 0, False, "text", 103227021),
+    "wikitext2": DatasetInfo("wikitext2", 1, 0, 33278, 0, (), (), 0, False, "text", 2088628),
+    "fortunes": DatasetInfo("fortunes", 1, 0, 30038, 0, (), (), 0, False, "text", 530734),
 }
+TEXT_DATASETS = tuple(k for k, v in INFO.items() if v.is_text)
 
 
 def split_sizes(cfg: DataConfig) -> tuple[int, int]:
-    """(train, val) sample counts, known without reading the data (used by schedule previews)."""
-    total = INFO[cfg.dataset].train_size
+    """(train, val) sample counts, known without reading the data (used by schedule previews); text: training
+    sequences (validation is its own split: 0 here)."""
+    info = INFO[cfg.dataset]
+    if info.is_text:
+        n = (info.tokens - 1) // cfg.seq_len
+        return (n if cfg.train_subset is None else min(n, cfg.train_subset)), 0
+    total = info.train_size
     n_val = int(round(total * cfg.val_fraction))
     n_train = total - n_val
     if cfg.train_subset is not None:
@@ -132,6 +153,7 @@ class DataSplits:
     train: object
     val: object | None
     test: object
+    unigram_perplexity: float | None = None  # text: the test split under the training unigram
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -162,7 +184,11 @@ FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-imag
 
 def check_available(cfg: DataConfig) -> None:
     """Fail fast, with a one-line DataError, when a data set's files are not where the config says."""
-    if cfg.dataset == "fashion-mnist":
+    if INFO[cfg.dataset].is_text:
+        from engine.text import check_text
+
+        check_text(cfg.dataset, cfg.data_dir)
+    elif cfg.dataset == "fashion-mnist":
         folder = Path(cfg.data_dir) if cfg.data_dir else FASHION_MNIST_DIR
         for stem in FMNIST_FILES:
             _find_idx(folder, stem)
@@ -224,6 +250,8 @@ def _split(x: torch.Tensor, y: torch.Tensor, cfg: DataConfig):
 
 def load_data(cfg: DataConfig) -> DataSplits:
     info = INFO[cfg.dataset]
+    if info.is_text:
+        return _text(cfg, info)
     if cfg.dataset == "imagenet":
         return _imagenet(cfg, info)
     loader = {"fashion-mnist": _fashion_mnist, "digits": _digits, "cifar10": _cifar, "cifar100": _cifar}[cfg.dataset]
@@ -289,3 +317,21 @@ def _imagenet(cfg: DataConfig, info: DatasetInfo) -> DataSplits:
         FolderSplit(torch.utils.data.Subset(val_ds, perm[:n_val].tolist()), cfg, False) if n_val else None,
         FolderSplit(test, cfg, False),
     )
+
+
+def _text(cfg: DataConfig, info: DatasetInfo) -> DataSplits:
+    """A word-level corpus (engine/text.py): three token streams; ``classes`` becomes the loaded vocabulary and
+    ``unigram_perplexity`` the test split's perplexity under the training unigram (the baseline to beat)."""
+    from dataclasses import replace
+
+    from engine.text import TokenSplit, load_corpus, unigram_perplexity
+
+    (train, valid, test), vocab = load_corpus(cfg.dataset, cfg.data_dir, cfg.split_seed, cfg.vocab_size)
+    tr = TokenSplit(train, cfg.seq_len, cfg.train_subset)
+    va = TokenSplit(valid, cfg.seq_len)
+    te = TokenSplit(test, cfg.seq_len, cfg.test_subset)
+    if min(len(tr), len(te)) == 0:
+        raise DataError(f"data.seq_len: {cfg.seq_len} is longer than the {cfg.dataset} train or test split "
+                        f"({len(train)} and {len(test)} tokens); allowed: a shorter seq_len")
+    return DataSplits(replace(info, classes=len(vocab), tokens=len(train)), tr, va if len(va) else None, te,
+                      unigram_perplexity(train, te.stream[1:te.tokens + 1], len(vocab)))

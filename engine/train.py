@@ -67,7 +67,7 @@ def prepare(cfg: ExperimentConfig, data_info, device: torch.device):
     """The model (gated for DFQ/FracTrain) with its layer map, and the BitOPs counter over the same map."""
     backbone = build_model(cfg.model.name, data_info.channels, data_info.classes, cfg.act_momentum)
     backbone.set_layer_map(cfg.layer_map(stem_default=backbone.stem_quantized_by_default))
-    table = backbone.layer_table((data_info.channels, data_info.size, data_info.size))
+    table = backbone.layer_table(data_info.input_shape(cfg.data))
     counter = BitOpsCounter(table, backbone.layer_map)
     model = backbone
     if cfg.gated:
@@ -91,6 +91,11 @@ def evaluate(model, logits_fn, split, batch_size: int, device: torch.device) -> 
     return (correct / n if n else float("nan")), (loss_sum / n if n else float("nan"))
 
 
+def perplexity(mean_ce: float) -> float:
+    """exp of the mean token cross entropy (nats); inf past exp's range, NaN stays NaN."""
+    return math.exp(mean_ce) if mean_ce < 700 else (mean_ce if math.isnan(mean_ce) else math.inf)
+
+
 def _rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
     if torch.cuda.is_available():
@@ -112,6 +117,9 @@ def seed_everything(seed: int) -> None:
 
 
 def make_optimizer(cfg: ExperimentConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optim
+    if o.optimizer == "adam":  # the Transformer's (methods.md §10); weight decay as L2, as SGD's
+        return torch.optim.Adam(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     return torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum,
                            weight_decay=cfg.optim.weight_decay, nesterov=cfg.optim.nesterov)
 
@@ -241,6 +249,7 @@ class Trainer:
         trace, epoch_cost = PrecisionTrace(), CostTotals()
         loss_sum, correct, seen = 0.0, 0, 0
         events_before = len(runner.events)
+        loop_started = time.perf_counter()
         for x, y in self.data.train.batches(cfg.data.batch_size, True, cfg.data.augment, gen, self.device):
             if self.iteration >= self.run.total_iterations:
                 break
@@ -254,6 +263,7 @@ class Trainer:
                 self.bar.update(1)
                 self.bar.set_postfix(epoch=self.epoch + 1, loss=f"{loss_value:.3f}", fw=f"{runner.last_fw:.1f}",
                                      refresh=False)
+        loop_seconds = time.perf_counter() - loop_started
         self.totals.add(epoch_cost.bitops, epoch_cost.fp32, epoch_cost.fw8bw8)
         self.epoch += 1
         fw_bits, bw_bits = trace.means()
@@ -276,6 +286,9 @@ class Trainer:
             **runner.end_epoch(),
             "events": [dict(e, epoch=self.epoch) for e in runner.events[events_before:]],
         }
+        if self.data.info.is_text:  # seen counts predicted tokens (y is flattened)
+            metrics.update(tokens=seen, train_seconds=loop_seconds, tokens_per_second=seen / max(loop_seconds, 1e-9),
+                           bitops_per_token=epoch_cost.bitops / max(seen, 1))
         self.history.append(metrics)
         return metrics
 
@@ -288,12 +301,17 @@ class Trainer:
                                          self.device)
         test_acc, test_loss = evaluate(self.model, runner.eval_logits, self.data.test, cfg.data.eval_batch_size,
                                        self.device)
-        return {"val_accuracy": val_acc, "val_loss": val_loss, "accuracy": test_acc, "test_loss": test_loss}
+        out = {"val_accuracy": val_acc, "val_loss": val_loss, "accuracy": test_acc, "test_loss": test_loss}
+        if self.data.info.is_text:  # language models: accuracy is next-token accuracy; perplexity = exp(mean CE)
+            out.update(val_perplexity=perplexity(val_loss), perplexity=perplexity(test_loss))
+        return out
 
     def result(self) -> RunResult:
         if self.bar is not None:
             self.bar.close()
         summary = summarize(self.cfg, self.history, self.totals, self.counter, self.wall_seconds())
+        if self.data.info.is_text:
+            summary.update(lm_summary(self.history, self.data, self.counter, summary))
         summary["events"] = [e for h in self.history for e in h["events"]]
         summary.update(self.runner.summary())
         if self.cfg.gated and self.history:
@@ -326,6 +344,30 @@ def train_and_evaluate(
         if report is not None:
             report(dict(metrics), trainer.snapshot)
     return trainer.result()
+
+
+def lm_summary(history: list[dict], data: DataSplits, counter: BitOpsCounter, summary: dict) -> dict:
+    """A language model's figures: test and validation perplexity (last epoch), the best validation perplexity,
+    the unigram baseline, vocabulary, tokens per second of training and training BitOPs per token (a "sample"
+    of the counter is one predicted token)."""
+    last = history[-1] if history else {}
+    val = [h["val_perplexity"] for h in history if not math.isnan(h.get("val_perplexity", math.nan))]
+    trained = sum(h.get("tokens", 0) for h in history)
+    seconds = sum(h.get("train_seconds", 0.0) for h in history)
+    return {
+        "task": "language_model",
+        "perplexity": last.get("perplexity", math.nan),
+        "val_perplexity": last.get("val_perplexity", math.nan),
+        "best_val_perplexity": min(val) if val else math.nan,
+        "test_loss": last.get("test_loss", math.nan),
+        "unigram_perplexity": data.unigram_perplexity,
+        "vocab_size": data.info.classes,
+        "seq_len": data.train.seq_len,
+        "train_tokens": trained,
+        "tokens_per_second": trained / seconds if seconds else math.nan,  # the training loops, evaluation excluded
+        "bitops_per_token": summary["train_bitops"] / trained if trained else math.nan,
+        "forward_macs_per_token": counter.forward_macs,
+    }
 
 
 def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, counter: BitOpsCounter,

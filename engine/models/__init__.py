@@ -1,4 +1,5 @@
-"""Model zoo: CIFAR ResNets (8..110, 164), MobileNetV2, ImageNet ResNet-18/34, a tiny test net.
+"""Model zoo: CIFAR ResNets (8..110, 164), MobileNetV2, ImageNet ResNet-18/34, a tiny test net, causal
+Transformer language models (``transformer_base``, ``transformer_small``, ``transformer_tiny``).
 
 ``build_model(name, in_channels, num_classes, act_momentum)`` looks a name up in ``MODELS``.
 """
@@ -6,7 +7,7 @@
 from __future__ import annotations
 
 from engine.errors import ConfigError
-from engine.models import mobilenetv2, resnet_cifar, resnet_imagenet  # noqa: F401  (registration)
+from engine.models import mobilenetv2, resnet_cifar, resnet_imagenet, transformer  # noqa: F401  (registration)
 from engine.models.base import MODELS, LayerInfo, LayerMap, QModel
 
 

@@ -27,20 +27,24 @@ class LayerMap:
     fc: bool = False
     head: bool = True
     depthwise: Precision | None = None  # fixed precision of depthwise convs; None: follow the schedule
+    embed: bool = False  # a language model's token embedding (weights at FW, its gradient at BW)
 
     def resolve(self, role: str, prec: Precision) -> Precision:
         """The precision a layer of ``role`` runs at when the schedule says ``prec``."""
         if prec.is_fp32 or role == "body":
             return prec
+        if role == "attn":  # an activation-by-activation matmul: both operands at the FW bits (methods.md §10)
+            return prec if prec.skip else Precision(act=prec.act, weight=prec.act, grad=prec.grad)
         if role == "depthwise":
             return self.depthwise if self.depthwise is not None else prec
-        follows = {"stem": self.stem, "fc": self.fc, "head": self.head}[role]
+        follows = {"stem": self.stem, "fc": self.fc, "head": self.head, "embed": self.embed}[role]
         return prec if follows else FP32
 
 
 @dataclass(frozen=True)
 class LayerInfo:
-    """One conv/linear layer: forward MACs for one sample (M_l in methods.md §2)."""
+    """One conv/linear layer, or an attention matmul (role ``attn``): forward MACs for one sample, or one token
+    of a language model (M_l in methods.md §2)."""
 
     name: str
     role: str
