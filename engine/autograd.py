@@ -179,13 +179,14 @@ def qlinear_mixed(x, w, b, groups, act_range, weight_bits: int):
 
 class _QMatmul(torch.autograd.Function):
     """Both operands of an activation-by-activation product (attention's scores and context, methods.md §10):
-    forward ``Y = Qa(A) @ Qa(B)`` (each per tensor, its own batch min/max, nearest); backward
+    forward ``Y = Qa(A) @ Qa(B)`` (each per tensor over its given (lo, hi), or its own min/max when None,
+    nearest); backward
     ``G_q = Qg(dL/dY)`` (per tensor, stochastic), ``dL/dA = G_q @ Qa(B)^T`` and ``dL/dB = Qa(A)^T @ G_q``, passed
     straight through to the fp32 operands (the same estimator as ``_QLinear``)."""
 
     @staticmethod
-    def forward(ctx, a, b, act_bits, grad_bits):
-        aq, bq = _q_input(a, act_bits, None), _q_input(b, act_bits, None)
+    def forward(ctx, a, b, act_bits, a_range, b_range, grad_bits):
+        aq, bq = _q_input(a, act_bits, a_range), _q_input(b, act_bits, b_range)
         ctx.save_for_backward(aq, bq)
         ctx.grad_bits = grad_bits
         return torch.matmul(aq, bq)
@@ -196,12 +197,13 @@ class _QMatmul(torch.autograd.Function):
         g = _q_grad(g.contiguous(), ctx.grad_bits, reuse=True)  # only the two products below read it
         ga = torch.matmul(g, bq.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
         gb = torch.matmul(aq.transpose(-1, -2), g) if ctx.needs_input_grad[1] else None
-        return ga, gb, None, None
+        return ga, gb, None, None, None, None
 
 
-def qmatmul(a: torch.Tensor, b: torch.Tensor, act_bits: int, grad_bits: int) -> torch.Tensor:
-    """Quantized batched matmul ``a @ b`` (same leading dims): operands at ``act_bits``, dL/dY at ``grad_bits``;
-    32 bits is the exact fp32 bypass of each component."""
+def qmatmul(a: torch.Tensor, b: torch.Tensor, act_bits: int, a_range, b_range, grad_bits: int) -> torch.Tensor:
+    """Quantized batched matmul ``a @ b`` (same leading dims): operands at ``act_bits`` over ``a_range`` /
+    ``b_range`` ((lo, hi) or None: the tensor's own min/max), dL/dY at ``grad_bits``; 32 bits is the exact fp32
+    bypass of each component."""
     if act_bits >= FULL_BITS and grad_bits >= FULL_BITS:
         return torch.matmul(a, b)
-    return _QMatmul.apply(a, b, act_bits, grad_bits)
+    return _QMatmul.apply(a, b, act_bits, a_range, b_range, grad_bits)

@@ -13,7 +13,10 @@ EMA convention: ``run = m * run + (1 - m) * batch`` with ``m`` (``act_momentum``
 value, both buffers starting at 0 (methods.md §1).
 
 ``role`` and ``block`` label the layer for the layer-precision map and BitOPs accounting: role is one of
-``stem``, ``body``, ``depthwise``, ``head``, ``fc``; ``block`` is the residual block index or None.
+``stem``, ``body``, ``depthwise``, ``head``, ``fc``, ``attn``; ``block`` is the residual block index or None.
+
+``QMatmul(a, b, prec)`` is the same for a product of two activations (attention's scores and context,
+methods.md §10): both operands at ``prec.act`` with a running range each, dL/dY at ``prec.grad``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from engine import autograd, quant
 from engine.errors import ConfigError
 from engine.precision import FP32, FULL_BITS, MixedPrecision, Precision
 
-ROLES = ("stem", "body", "depthwise", "head", "fc")
+ROLES = ("stem", "body", "depthwise", "head", "fc", "attn")
 
 
 class _FrozenRanges:
@@ -75,22 +78,23 @@ class _Quantized:
         self.register_buffer("run_lo", torch.zeros(()))
         self.register_buffer("run_range", torch.zeros(()))
 
-    def _act_range(self, x: torch.Tensor, bits: int) -> tuple[float, float] | None:
+    def _act_range(self, x: torch.Tensor, bits: int, suffix: str = "") -> tuple[float, float] | None:
         """(lo, hi) for the input quantizer: the batch range in train mode (updating the running range),
-        the running range in eval mode."""
+        the running range in eval mode. ``suffix`` names another pair of buffers (QMatmul's second operand)."""
         if bits >= FULL_BITS:
             return None
         if self.training and _frozen_ranges.on:  # a forward-only probe: the batch range, the EMA untouched
             return quant.tensor_range(x)
+        run_lo, run_range = getattr(self, "run_lo" + suffix), getattr(self, "run_range" + suffix)
         if self.training:
             lo, hi = quant.tensor_range(x)
             with torch.no_grad():
                 m = self.act_momentum
-                self.run_lo.mul_(m).add_((1 - m) * lo)
-                self.run_range.mul_(m).add_((1 - m) * (hi - lo))
+                run_lo.mul_(m).add_((1 - m) * lo)
+                run_range.mul_(m).add_((1 - m) * (hi - lo))
             return lo, hi
-        lo = float(self.run_lo)
-        return lo, lo + float(self.run_range)
+        lo = float(run_lo)
+        return lo, lo + float(run_range)
 
     def _mixed_range(self, x: torch.Tensor, prec: MixedPrecision) -> tuple[float, float] | None:
         """One activation range for every group of a mixed-precision batch (as every option of masked
@@ -134,6 +138,25 @@ class QLinear(_Quantized, nn.Linear):
             return autograd.qlinear_mixed(x, self.weight, self.bias, prec.groups, self._mixed_range(x, prec),
                                           prec.weight)
         return autograd.qlinear(x, self.weight, self.bias, prec.act, self._act_range(x, prec.act), prec.weight,
+                                prec.grad)
+
+
+class QMatmul(_Quantized, nn.Module):
+    """``a @ b`` of two activations (batched over leading dims) at ``prec``: each operand quantized at
+    ``prec.act`` over its own range (batch range in train mode, running range in eval mode, so an eval forward
+    pass depends on no other position or sequence), dL/dY at ``prec.grad``; fp32 is the plain matmul."""
+
+    def __init__(self, block: int | None = None, act_momentum: float = 0.9):
+        nn.Module.__init__(self)
+        self._init_quant("attn", block, act_momentum)
+        self.register_buffer("run_lo_b", torch.zeros(()))
+        self.register_buffer("run_range_b", torch.zeros(()))
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, prec: Precision = FP32) -> torch.Tensor:
+        self._check(prec)
+        if prec.is_fp32:
+            return torch.matmul(a, b)
+        return autograd.qmatmul(a, b, prec.act, self._act_range(a, prec.act), self._act_range(b, prec.act, "_b"),
                                 prec.grad)
 
 

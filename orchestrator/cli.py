@@ -63,7 +63,10 @@ def _add_cost(sub) -> None:
                        "method's layer map (the reference keeps the FC, and in DFQ the stem, in fp32).")
     p.add_argument("--model", required=True, help="model name, e.g. resnet38")
     p.add_argument("--dataset", required=True, help="fashion-mnist, digits, cifar10, cifar100 or imagenet (sets "
-                   "the input shape and class count)")
+                   "the input shape and class count); wikitext103, wikitext2 or fortunes for a transformer_* "
+                   "language model (the vocabulary; costs are then per token, the output layer is --fc)")
+    p.add_argument("--seq-len", type=int, default=256, help="language models: tokens per sequence (the attention "
+                   "matmuls cost seq_len * width MACs per token each; default 256)")
     p.add_argument("--precision", required=True, metavar="FW/BW", help="forward/backward bits, e.g. 8/8, or fp32")
     p.add_argument("--weight-bits", type=int, help="weight bits (default: FW)")
     p.add_argument("--stem", choices=["quantized", "fp32"], default="quantized")

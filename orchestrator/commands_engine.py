@@ -82,13 +82,23 @@ def cmd_cost(args) -> int:
 
     if args.dataset not in INFO:
         raise ConfigError.single("--dataset", args.dataset, f"allowed: {', '.join(INFO)}")
-    DataConfig(dataset=args.dataset)
+    if args.seq_len < 1:
+        raise ConfigError.single("--seq-len", args.seq_len, "allowed: an integer >= 1")
+    data_cfg = DataConfig(dataset=args.dataset, seq_len=args.seq_len)
     info_ = INFO[args.dataset]
     prec = parse_precision(args.precision, args.weight_bits)
-    model = build_model(args.model, info_.channels, info_.classes)
+    import torch
+
+    lm_name = args.model.startswith("transformer")
+    with torch.device("meta" if lm_name else "cpu"):  # an LM's table is analytic: no 270M-weight allocation
+        model = build_model(args.model, info_.channels, info_.classes)
+    is_lm = getattr(model, "is_language_model", False)
+    if is_lm != info_.is_text:
+        allowed = "wikitext103, wikitext2, fortunes" if is_lm else "an image data set (transformer_* models need text)"
+        raise ConfigError.single("--dataset", args.dataset, f"allowed with --model {args.model}: {allowed}")
     layer_map = LayerMap(stem=args.stem == "quantized", fc=args.fc == "quantized", head=True, depthwise=None)
     model.set_layer_map(layer_map)
-    counter = BitOpsCounter(model.layer_table((info_.channels, info_.size, info_.size)), layer_map)
+    counter = BitOpsCounter(model.layer_table(info_.input_shape(data_cfg)), layer_map)
     bitops, fp32 = counter.per_sample(prec), counter.fp32_per_sample()
     out = {
         "model": args.model,
@@ -100,6 +110,13 @@ def cmd_cost(args) -> int:
         "fp32_bitops_per_sample": fp32,
         "ratio_vs_fp32": bitops / fp32,
     }
+    if is_lm:  # a "sample" is one predicted token; the output layer over the vocabulary is a large share
+        fc_macs = sum(x.macs for x in counter.table if x.role == "fc")
+        out.update(seq_len=args.seq_len, vocab_size=info_.classes, forward_macs_per_token=counter.forward_macs,
+                   bitops_per_token=bitops, fp32_bitops_per_token=fp32,
+                   attention_matmul_macs_per_token=sum(x.macs for x in counter.table if x.role == "attn"),
+                   output_layer_macs_per_token=fc_macs, output_layer_share=fc_macs / counter.forward_macs,
+                   output_layer=f"{'quantized' if layer_map.fc else 'fp32'} (--fc)")
     if not args.json:
         table(counter.per_layer(prec), ["layer", "role", "block", "macs", "precision", "bitops"])
         print()

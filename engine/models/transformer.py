@@ -4,7 +4,7 @@ Token embedding (scaled by sqrt(d)) + sinusoidal positions + dropout, then ``lay
 (``x + attn(LN(x))``, then ``x + ff(LN(x))``), a final LayerNorm and the output layer over the vocabulary.
 Every linear layer (the fused query/key/value projection, the attention output projection, both
 feed-forward layers) is a ``QLinear`` at the scheduled precision; both attention matmuls (scores ``Q K^T``
-and context ``P V``) run through ``autograd.qmatmul``, operands at FW and dL/dY at BW. LayerNorm, softmax,
+and context ``P V``) are ``QMatmul`` (one ``autograd.qmatmul`` node each), operands at FW and dL/dY at BW. LayerNorm, softmax,
 the residual additions and the embedding stay fp32; the output layer (role ``fc``, ``quant.quantize_fc``)
 and the embedding (role ``embed``, ``quant.quantize_embedding``) follow the schedule by config.
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import autograd, quant
-from engine.layers import QLinear
+from engine.layers import QLinear, QMatmul
 from engine.models.base import LayerInfo, QModel, register_model
 from engine.precision import FULL_BITS, Precision
 
@@ -37,17 +37,17 @@ def sinusoids(length: int, dim: int, device=None) -> torch.Tensor:
     return table
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prec: Precision, dropout: float = 0.0,
-                     training: bool = False) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prec: Precision, scores_mm: QMatmul,
+                     context_mm: QMatmul, dropout: float = 0.0, training: bool = False) -> torch.Tensor:
     """Causal scaled dot-product attention over ``(B, H, T, dh)``; both matmuls quantized at ``prec`` (fp32:
-    equals ``F.scaled_dot_product_attention(q, k, v, is_causal=True)``)."""
+    equals ``F.scaled_dot_product_attention(q, k, v, is_causal=True)``); softmax in fp32."""
     t = q.shape[-2]
-    scores = autograd.qmatmul(q, k.transpose(-1, -2), prec.act, prec.grad) * (1.0 / math.sqrt(q.shape[-1]))
+    scores = scores_mm(q, k.transpose(-1, -2), prec) * (1.0 / math.sqrt(q.shape[-1]))
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
     probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
     if dropout and training:
         probs = F.dropout(probs, dropout, True)
-    return autograd.qmatmul(probs, v, prec.act, prec.grad)
+    return context_mm(probs, v, prec)
 
 
 class Attention(nn.Module):
@@ -56,11 +56,12 @@ class Attention(nn.Module):
         self.heads, self.attn_dropout = heads, attn_dropout
         self.qkv = QLinear(d, 3 * d, role="body", block=index, act_momentum=m)
         self.out = QLinear(d, d, role="body", block=index, act_momentum=m)
+        self.scores, self.context = QMatmul(index, m), QMatmul(index, m)
 
     def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(x, prec).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        ctx = causal_attention(q, k, v, prec, self.attn_dropout, self.training)
+        ctx = causal_attention(q, k, v, prec, self.scores, self.context, self.attn_dropout, self.training)
         return self.out(ctx.transpose(1, 2).reshape(b, t, d), prec)
 
 
