@@ -20,7 +20,7 @@ from pydantic_core import PydanticCustomError
 from engine.config_errors import validation_problems
 from engine.config_types import Bits, Strict
 from engine.errors import ConfigError
-from engine.models import MODELS
+from engine.models import MODELS, is_language_model
 from engine.models.base import LayerMap
 from engine.precision import Precision
 from engine.schedule_config import (
@@ -215,7 +215,7 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
 
     problems = []
     sched = cfg.schedule
-    is_lm, is_text = cfg.model.name.startswith("transformer"), INFO[cfg.data.dataset].is_text
+    is_lm, is_text = is_language_model(cfg.model.name), INFO[cfg.data.dataset].is_text
     if is_lm != is_text:
         problems.append(("model.name", cfg.model.name, f"allowed with data.dataset {cfg.data.dataset}: "
                          + ("a transformer_* language model" if is_text else "an image classifier, not a transformer_*")))

@@ -78,7 +78,7 @@ def cmd_cost(args) -> int:
     from engine.config import DataConfig
     from engine.cost import BitOpsCounter
     from engine.data import INFO
-    from engine.models import LayerMap, build_model
+    from engine.models import LayerMap, build_model, is_language_model
 
     if args.dataset not in INFO:
         raise ConfigError.single("--dataset", args.dataset, f"allowed: {', '.join(INFO)}")
@@ -89,8 +89,7 @@ def cmd_cost(args) -> int:
     prec = parse_precision(args.precision, args.weight_bits)
     import torch
 
-    lm_name = args.model.startswith("transformer")
-    with torch.device("meta" if lm_name else "cpu"):  # an LM's table is analytic: no 270M-weight allocation
+    with torch.device("meta" if is_language_model(args.model) else "cpu"):  # an LM's table is analytic: no 270M-weight allocation
         model = build_model(args.model, info_.channels, info_.classes)
     is_lm = getattr(model, "is_language_model", False)
     if is_lm != info_.is_text:

@@ -11,10 +11,15 @@ from engine.models import mobilenetv2, resnet_cifar, resnet_imagenet, transforme
 from engine.models.base import MODELS, LayerInfo, LayerMap, QModel
 
 
+def is_language_model(name: str) -> bool:
+    """A causal Transformer LM (text data, token inputs, per-token costs) rather than an image classifier."""
+    return name in transformer.PRESETS
+
+
 def build_model(name: str, in_channels: int, num_classes: int, act_momentum: float = 0.9) -> QModel:
     if name not in MODELS:
         raise ConfigError.single("model.name", name, f"allowed: {', '.join(sorted(MODELS))}")
     return MODELS[name](in_channels=in_channels, num_classes=num_classes, act_momentum=act_momentum)
 
 
-__all__ = ["MODELS", "LayerInfo", "LayerMap", "QModel", "build_model"]
+__all__ = ["MODELS", "LayerInfo", "LayerMap", "QModel", "build_model", "is_language_model"]
