@@ -218,7 +218,8 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
     is_lm, is_text = is_language_model(cfg.model.name), INFO[cfg.data.dataset].is_text
     if is_lm != is_text:
         problems.append(("model.name", cfg.model.name, f"allowed with data.dataset {cfg.data.dataset}: "
-                         + ("a transformer_* language model" if is_text else "an image classifier, not a transformer_*")))
+                         + ("a transformer_* language model" if is_text
+                            else "an image classifier, not a transformer_*")))
         return problems
     if is_lm and cfg.gated:
         problems.append(("schedule.kind", sched.kind, "allowed with a language model: fp32, static, pfq, cpt "

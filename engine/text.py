@@ -1,5 +1,6 @@
-"""Word-level text corpora for the language models (docs/methods.md §10): WikiText-103 / WikiText-2 from their
-released files and ``fortunes``, the embedded default corpus (Debian's ``fortunes`` + ``fortunes-min``).
+"""Word-level text corpora for the language models (docs/methods.md "Transformers"): WikiText-103 / WikiText-2
+from their released files and ``fortunes``, the embedded default corpus (Debian's ``fortunes`` +
+``fortunes-min``).
 
 Each line becomes its words plus an end-of-line token ``<eos>`` (the PyTorch word-language-model convention
 for WikiText, whose files are already tokenized and hold ``<unk>``). The vocabulary comes from the training

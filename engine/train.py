@@ -118,7 +118,7 @@ def seed_everything(seed: int) -> None:
 
 def make_optimizer(cfg: ExperimentConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     o = cfg.optim
-    if o.optimizer == "adam":  # the Transformer's (methods.md §10); weight decay as L2, as SGD's
+    if o.optimizer == "adam":  # the Transformer's (methods.md "Transformers"); weight decay as L2, as SGD's
         return torch.optim.Adam(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     return torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum,
                            weight_decay=cfg.optim.weight_decay, nesterov=cfg.optim.nesterov)

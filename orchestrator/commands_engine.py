@@ -12,7 +12,10 @@ from orchestrator.output import emit_json, info, table
 SUMMARY_KEYS = ("accuracy", "val_accuracy", "best_val_accuracy", "epochs", "iterations", "train_gbitops",
                 "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds")
 GATED_KEYS = ("target_cp", "cp_last_epoch", "gate_bitops")
-EPOCH_KEYS = ("epoch", "loss", "train_accuracy", "val_accuracy", "accuracy", "cum_gbitops", "cp", "fw_bits",
+LM_KEYS = ("perplexity", "val_perplexity", "best_val_perplexity", "unigram_perplexity", "tokens_per_second",
+           "bitops_per_token")  # language models (accuracy is then next-token accuracy)
+EPOCH_KEYS = ("epoch", "loss", "train_accuracy", "val_accuracy", "accuracy", "val_perplexity", "perplexity",
+              "cum_gbitops", "cp", "fw_bits",
               "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
 
 
@@ -45,7 +48,7 @@ def cmd_train(args) -> int:
     if history_file:
         history_file.close()
     m = result.metrics
-    table([{"metric": k, "value": m[k]} for k in SUMMARY_KEYS + GATED_KEYS if k in m])
+    table([{"metric": k, "value": m[k]} for k in LM_KEYS + SUMMARY_KEYS + GATED_KEYS if k in m])
     if "bit_allocation" in m:
         alloc = m["bit_allocation"]
         print("\nbit allocation in the last epoch (fraction of inputs per option, per block):")
@@ -89,7 +92,8 @@ def cmd_cost(args) -> int:
     prec = parse_precision(args.precision, args.weight_bits)
     import torch
 
-    with torch.device("meta" if is_language_model(args.model) else "cpu"):  # an LM's table is analytic: no 270M-weight allocation
+    # an LM's table is analytic: built on the meta device, transformer_base allocates no 270M weights
+    with torch.device("meta" if is_language_model(args.model) else "cpu"):
         model = build_model(args.model, info_.channels, info_.classes)
     is_lm = getattr(model, "is_language_model", False)
     if is_lm != info_.is_text:

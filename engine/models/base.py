@@ -33,7 +33,7 @@ class LayerMap:
         """The precision a layer of ``role`` runs at when the schedule says ``prec``."""
         if prec.is_fp32 or role == "body":
             return prec
-        if role == "attn":  # an activation-by-activation matmul: both operands at the FW bits (methods.md §10)
+        if role == "attn":  # activation x activation: both operands at the FW bits (methods.md "Transformers")
             return prec if prec.skip else Precision(act=prec.act, weight=prec.act, grad=prec.grad)
         if role == "depthwise":
             return self.depthwise if self.depthwise is not None else prec

@@ -1,16 +1,18 @@
-"""Causal Transformer language models (docs/methods.md §10): ``transformer_base`` and small presets.
+"""Causal Transformer language models (docs/methods.md "Transformers"): ``transformer_base`` and small presets.
 
 Token embedding (scaled by sqrt(d)) + sinusoidal positions + dropout, then ``layers`` pre-LayerNorm blocks
 (``x + attn(LN(x))``, then ``x + ff(LN(x))``), a final LayerNorm and the output layer over the vocabulary.
 Every linear layer (the fused query/key/value projection, the attention output projection, both
 feed-forward layers) is a ``QLinear`` at the scheduled precision; both attention matmuls (scores ``Q K^T``
-and context ``P V``) are ``QMatmul`` (one ``autograd.qmatmul`` node each), operands at FW and dL/dY at BW. LayerNorm, softmax,
-the residual additions and the embedding stay fp32; the output layer (role ``fc``, ``quant.quantize_fc``)
-and the embedding (role ``embed``, ``quant.quantize_embedding``) follow the schedule by config.
+and context ``P V``) are ``QMatmul`` (one ``autograd.qmatmul`` node each), operands at FW and dL/dY at BW.
+LayerNorm, softmax, the residual additions and the embedding stay fp32; the output layer (role ``fc``,
+``quant.quantize_fc``) and the embedding (role ``embed``, ``quant.quantize_embedding``) follow the schedule by
+config.
 
 ``forward(tokens, prec)`` takes ``(B, T)`` token ids and returns ``(B * T, V)`` logits, one row per
 predicted token, so the training loop's cross entropy, token accuracy and "BitOPs per sample" (here per
-token) need no special case. A block is one DFQ unit (attention + feed-forward; skip = the residual path).
+token) need no special case. A block (attention + feed-forward) is the unit DFQ would gate (skip = the
+residual path); DFQ/FracTrain for language models are not built yet.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ class TransformerLM(QModel):
 
     @torch.no_grad()
     def layer_table(self, input_shape: tuple[int, ...]) -> list[LayerInfo]:
-        """Forward MACs per token for a sequence length ``input_shape[0]`` (methods.md §10): per block
+        """Forward MACs per token for a sequence length ``input_shape[0]`` (methods.md "Transformers"): per block
         ``3d^2`` (qkv) + ``T d`` (scores) + ``T d`` (context) + ``d^2`` (out) + ``d ff`` + ``ff d``, and ``d V``
         for the output layer. Both attention matmuls are counted as the dense kernel runs them: every token
         against all ``T`` positions (the causal mask discards the upper half after computing it)."""
