@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
+FORTUNES_DIR := /usr/share/games/fortunes
 export RAY_USAGE_STATS_ENABLED := 0
 # apt-get waits up to 10 minutes for the dpkg lock (another install running) instead of failing at once
 APT_GET := env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600
@@ -17,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-# The embedded default data set: Debian's dataset-fashion-mnist, installed when missing and apt is usable.
+# The embedded default data sets: Debian's dataset-fashion-mnist and fortunes, installed when missing and apt is usable.
 data:
 	@if [ -d "$(FMNIST_DIR)" ] && ls $(FMNIST_DIR)/*ubyte* >/dev/null 2>&1; then :; \
 	elif command -v apt-get >/dev/null 2>&1; then \
@@ -25,6 +26,13 @@ data:
 	  echo "installing Debian package dataset-fashion-mnist"; \
 	  $$SUDO $(APT_GET) update -qq && $$SUDO $(APT_GET) install -y -qq dataset-fashion-mnist >/dev/null; \
 	else echo "warning: $(FMNIST_DIR) missing and apt-get unavailable; pass --data-dir to fractune" >&2; fi
+	@# the language models' embedded corpus (dataset fortunes): Debian's fortunes (+ fortunes-min)
+	@if [ -f "$(FORTUNES_DIR)/zippy" ] && [ -f "$(FORTUNES_DIR)/riddles" ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  echo "installing Debian package fortunes"; \
+	  $$SUDO $(APT_GET) update -qq && $$SUDO $(APT_GET) install -y -qq fortunes >/dev/null; \
+	else echo "warning: $(FORTUNES_DIR) missing and apt-get unavailable; pass --data-dir for dataset fortunes" >&2; fi
 
 # Headless Chromium for the browser tests (tests/dashboards/test_browser.py): Debian's chromium and
 # chromium-driver, installed when missing and apt is usable (Playwright cannot download browsers here).
