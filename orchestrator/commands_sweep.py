@@ -39,7 +39,8 @@ def cmd_validate(args) -> int:
 
 
 def pareto_table(front: list[dict]) -> None:
-    rows = [{"run_id": (r.get("run_id") or "")[:12], "accuracy": r["accuracy"], "train_gbitops": r["train_bitops"] / 1e9,
+    key = "perplexity" if any("perplexity" in r for r in front) else "accuracy"  # a language model's front
+    rows = [{"run_id": (r.get("run_id") or "")[:12], key: r[key], "train_gbitops": r["train_bitops"] / 1e9,
              "cp": r.get("cp"), **{k: _short(v) for k, v in r["params"].items()}} for r in front]
     table(rows)
 
@@ -90,7 +91,9 @@ def cmd_sweep(args) -> int:
                         resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
     out = run_sweep(loaded, opts)
     print(f"\nsweep {out['sweep_id']}: {out['trials']} trials, {out['errored']} errored, "
-          f"{len(out['pareto'])} on the Pareto front (accuracy max, training BitOPs min)")
+          f"{len(out['pareto'])} on the Pareto front "
+          f"({'perplexity min' if any('perplexity' in r for r in out['pareto']) else 'accuracy max'}, "
+          "training BitOPs min)")
     pareto_table(out["pareto"])
     for e in out["errors"]:
         info(f"trial {e['trial_id']} errored: {e['error']}")

@@ -29,10 +29,14 @@ def pareto_mask(accuracy: Sequence[float], bitops: Sequence[float]) -> np.ndarra
     return mask
 
 
-def pareto_rows(rows: list[dict], acc_key: str = "accuracy", cost_key: str = "train_bitops") -> list[dict]:
-    """The rows on the front, sorted by cost (cheapest first)."""
+def pareto_rows(rows: list[dict], acc_key: str = "accuracy", cost_key: str = "train_bitops",
+                maximize: bool = True) -> list[dict]:
+    """The rows on the front, sorted by cost (cheapest first); ``maximize=False``: ``acc_key`` is a loss to
+    minimise (a language model's perplexity)."""
     if not rows:
         return []
-    mask = pareto_mask([r.get(acc_key, float("nan")) for r in rows], [r.get(cost_key, float("nan")) for r in rows])
+    sign = 1.0 if maximize else -1.0
+    mask = pareto_mask([sign * r.get(acc_key, float("nan")) for r in rows],
+                       [r.get(cost_key, float("nan")) for r in rows])
     front = [r for r, keep in zip(rows, mask) if keep]
-    return sorted(front, key=lambda r: (r[cost_key], -r[acc_key]))
+    return sorted(front, key=lambda r: (r[cost_key], -sign * r[acc_key]))

@@ -1,8 +1,8 @@
 """A sweep's trials as rows read back from MLflow: the one loader behind the sweep's own summary
 (``pareto.json`` and its JSON line), ``fractune pareto``, the HTML report and ``fractune results``.
 
-A row: ``run_id``, ``trial_id``, ``name``, ``status``, ``schedule`` (the kind), the objectives ``accuracy`` and
-``train_bitops``, ``cp`` (the run's cumulative cp), ``cp_gated`` (DFQ/FracTrain: the mean of the per-epoch gated
+A row: ``run_id``, ``trial_id``, ``name``, ``status``, ``schedule`` (the kind), the objectives ``accuracy`` (a
+language model's: ``perplexity``, test, lower is better; ``objective``) and ``train_bitops``, ``cp`` (the run's cumulative cp), ``cp_gated`` (DFQ/FracTrain: the mean of the per-epoch gated
 cp the papers report, else NaN), ``seed``, ``wall_seconds``, ``point`` (the swept values, typed), ``epochs``
 (the last epoch logged), ``planned_epochs``, ``complete``, ``node_id`` and ``pareto`` (the front's tag).
 
@@ -95,6 +95,7 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
     epochs = int(epochs) if epochs is not None else None
     return {"run_id": run_id, "trial_id": trial_id, "name": name, "status": status, "schedule": schedule,
             "accuracy": float(metrics.get("accuracy", math.nan)),
+            "perplexity": float(metrics.get("perplexity", math.nan)),
             "train_bitops": float(metrics.get("train_bitops", math.nan)),
             "cp": float(metrics.get("cum_cp", math.nan)), "cp_gated": cp_gated, "seed": seed,
             "wall_seconds": float(metrics.get("wall_seconds", math.nan)), "point": point, "epochs": epochs,
@@ -103,18 +104,33 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
                          and epochs >= planned_epochs)}
 
 
+def objective(rows: list[dict]) -> tuple[str, str]:
+    """The quality objective of a sweep's trials: test ``perplexity`` (min) when they are language models (they
+    report it), else ``accuracy`` (max)."""
+    if any(math.isfinite(r.get("perplexity", math.nan)) for r in rows):
+        return "perplexity", "min"
+    return "accuracy", "max"
+
+
 def finished(rows: list[dict]) -> list[dict]:
     """Trials that ran their planned length with both objectives: the ones fronts and statistics use."""
-    return [r for r in rows if r["complete"] and math.isfinite(r["accuracy"]) and math.isfinite(r["train_bitops"])]
+    key = objective(rows)[0]
+    return [r for r in rows if r["complete"] and math.isfinite(r.get(key, math.nan))
+            and math.isfinite(r["train_bitops"])]
 
 
 def front(rows: list[dict]) -> list[dict]:
-    """The Pareto front (accuracy max, training BitOPs min) of the finished trials, cheapest first."""
-    return pareto_rows(finished(rows))
+    """The Pareto front (accuracy max, or a language model's perplexity min; training BitOPs min) of the
+    finished trials, cheapest first."""
+    key, mode = objective(rows)
+    return pareto_rows(finished(rows), acc_key=key, maximize=mode == "max")
 
 
 def front_entry(row: dict) -> dict:
     """A front member as the sweep's and ``fractune pareto``'s JSON give it: the swept values and the seed as
     ``params``."""
-    return {"run_id": row["run_id"], "trial_id": row["trial_id"], "accuracy": row["accuracy"],
-            "train_bitops": row["train_bitops"], "cp": row["cp"], "params": {**row["point"], "seed": row["seed"]}}
+    entry = {"run_id": row["run_id"], "trial_id": row["trial_id"], "accuracy": row["accuracy"],
+             "train_bitops": row["train_bitops"], "cp": row["cp"], "params": {**row["point"], "seed": row["seed"]}}
+    if math.isfinite(row.get("perplexity", math.nan)):  # a language model: the front's objective
+        entry["perplexity"] = row["perplexity"]
+    return entry

@@ -21,6 +21,15 @@ from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
 OBJECTIVES = (("accuracy", "max"), ("train_bitops", "min"))
+LM_OBJECTIVES = (("perplexity", "min"), ("train_bitops", "min"))  # language models: test perplexity
+
+
+def objectives(loaded: LoadedSpec) -> tuple[tuple[str, str], ...]:
+    """The sweep's objectives from its task: accuracy (max) for classifiers, test perplexity (min) for
+    language models; training BitOPs (min) for both."""
+    from engine.models import is_language_model
+
+    return LM_OBJECTIVES if is_language_model(trial.decode(loaded.base_trial()).model.name) else OBJECTIVES
 
 
 class SweepError(FractuneError):
@@ -187,7 +196,8 @@ def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
     sampler = (optuna.samplers.NSGAIISampler(seed=s.seed) if s.sampler == "nsga2"
                else optuna.samplers.TPESampler(seed=s.seed))
     # No metric/mode in TuneConfig with a list metric (it only takes strings): they go here.
-    return OptunaSearch(metric=[m for m, _ in OBJECTIVES], mode=[d for _, d in OBJECTIVES], study_name=sweep_id,
+    objs = objectives(loaded)
+    return OptunaSearch(metric=[m for m, _ in objs], mode=[d for _, d in objs], study_name=sweep_id,
                         storage=storage, sampler=sampler)
 
 
@@ -233,7 +243,8 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
             from engine.data import run_length
 
             max_t = run_length(trial.decode(loaded.base_trial())).epochs
-            scheduler = ASHAScheduler(time_attr="training_iteration", metric="accuracy", mode="max", max_t=max_t,
+            metric, mode = objectives(loaded)[0]
+            scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
                                       grace_period=spec.scheduler.grace_period,
                                       reduction_factor=spec.scheduler.reduction_factor)
         tuner = tune.Tuner(

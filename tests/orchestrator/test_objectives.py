@@ -1,0 +1,47 @@
+"""A sweep's objectives follow its task: accuracy (max) for classifiers, test perplexity (min) for language
+models; the rows, the front and its JSON entries follow (pure functions, no Ray or MLflow)."""
+
+from __future__ import annotations
+
+import math
+
+from orchestrator import runs, sweep
+from orchestrator.pareto import pareto_rows
+from search_spaces.spec import load_spec
+
+
+def _row(name, bitops, acc, ppl=None):
+    metrics = {"accuracy": acc, "train_bitops": bitops, "cum_cp": 10.0, "epoch": 1, "wall_seconds": 1.0}
+    if ppl is not None:
+        metrics["perplexity"] = ppl
+    return runs.make_row(run_id=name, trial_id=name, name=name, status="FINISHED", schedule="static",
+                         metrics=metrics, seed=0, point={}, planned_epochs=1)
+
+
+def test_language_model_rows_rank_on_perplexity_min():
+    rows = [_row("a", 100.0, 0.30, 50.0), _row("b", 50.0, 0.31, 80.0), _row("c", 60.0, 0.40, 90.0),
+            _row("d", 200.0, 0.20, 49.0)]
+    assert runs.objective(rows) == ("perplexity", "min")
+    front = runs.front(rows)
+    # by perplexity: b (cheapest), a (lower ppl), d (lowest ppl); c is dominated by b although more accurate
+    assert [r["name"] for r in front] == ["b", "a", "d"]
+    entry = runs.front_entry(front[0])
+    assert entry["perplexity"] == 80.0 and entry["accuracy"] == 0.31
+
+
+def test_classifier_rows_keep_accuracy_max():
+    rows = [_row("a", 100.0, 0.9), _row("b", 50.0, 0.8), _row("c", 60.0, 0.7)]
+    assert runs.objective(rows) == ("accuracy", "max")
+    assert [r["name"] for r in runs.front(rows)] == ["b", "a"]
+    assert "perplexity" not in runs.front_entry(rows[0]) and math.isnan(rows[0]["perplexity"])
+
+
+def test_pareto_rows_minimising_the_objective():
+    rows = [{"v": 3.0, "c": 1.0}, {"v": 2.0, "c": 2.0}, {"v": 4.0, "c": 3.0}, {"v": float("nan"), "c": 0.5}]
+    assert [r["v"] for r in pareto_rows(rows, "v", "c", maximize=False)] == [3.0, 2.0]
+    assert [r["v"] for r in pareto_rows(rows, "v", "c")] == [3.0, 4.0]
+
+
+def test_sweep_objectives_default_from_the_task():
+    assert sweep.objectives(load_spec("search_spaces/lm_demo.yaml")) == (("perplexity", "min"), ("train_bitops", "min"))
+    assert sweep.objectives(load_spec("search_spaces/demo.yaml")) == (("accuracy", "max"), ("train_bitops", "min"))
