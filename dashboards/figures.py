@@ -14,9 +14,20 @@ from plotly.subplots import make_subplots
 PRECISION_KEYS = ("fw_bits", "bw_bits", "target_cp", "stage")
 
 
+def objective_axis(rows: list[dict]) -> tuple[str, str, str]:
+    """(row key, axis title, direction) of the sweep's quality objective: a language model's test perplexity
+    (min) or test accuracy (max), as ``orchestrator.runs.objective`` decides."""
+    from orchestrator.runs import objective
+
+    key, mode = objective(rows)
+    return key, ("test perplexity" if key == "perplexity" else "test accuracy"), mode
+
+
 def _hover(row: dict) -> str:
     point = ", ".join(f"{k}={_short(v)}" for k, v in (row.get("point") or {}).items())
-    return (f"{row.get('name')}<br>accuracy {row['accuracy']:.4f}<br>{row['train_bitops'] / 1e9:.3f} GBitOPs"
+    quality = (f"perplexity {row['perplexity']:.2f}" if math.isfinite(row.get("perplexity", math.nan))
+               else f"accuracy {row['accuracy']:.4f}")
+    return (f"{row.get('name')}<br>{quality}<br>{row['train_bitops'] / 1e9:.3f} GBitOPs"
             f"<br>seed {row.get('seed')}<br>{point}")
 
 
@@ -26,24 +37,27 @@ def _short(v) -> str:
 
 
 def pareto_figure(rows: list[dict], front: list[dict]) -> go.Figure:
-    """Accuracy against training GBitOPs, one colour per schedule kind, the front as a stepped line."""
+    """Accuracy (a language model's perplexity) against training GBitOPs, one colour per schedule kind, the
+    front as a stepped line."""
+    key, title, mode = objective_axis(rows)
     fig = go.Figure()
     for kind in sorted({r.get("schedule") or "?" for r in rows}):
         sub = [r for r in rows if (r.get("schedule") or "?") == kind]
-        fig.add_trace(go.Scatter(x=[r["train_bitops"] / 1e9 for r in sub], y=[r["accuracy"] for r in sub],
+        fig.add_trace(go.Scatter(x=[r["train_bitops"] / 1e9 for r in sub], y=[r[key] for r in sub],
                                  mode="markers", name=kind, marker={"size": 9, "opacity": 0.75},
                                  text=[_hover(r) for r in sub], hoverinfo="text"))
     if front:
-        fig.add_trace(go.Scatter(x=[r["train_bitops"] / 1e9 for r in front], y=[r["accuracy"] for r in front],
+        fig.add_trace(go.Scatter(x=[r["train_bitops"] / 1e9 for r in front], y=[r[key] for r in front],
                                  mode="lines+markers", name="Pareto front", line={"shape": "hv", "color": "black"},
                                  marker={"symbol": "star", "size": 14, "color": "gold",
                                          "line": {"color": "black", "width": 1}},
                                  text=[_hover(r) for r in front], hoverinfo="text"))
     costs = [r["train_bitops"] for r in rows if r["train_bitops"] > 0]
     log = bool(costs) and max(costs) / min(costs) > 20  # fp32 next to 4-bit runs spans decades
-    fig.update_layout(title="Accuracy vs training BitOPs (front: accuracy max, BitOPs min)", height=520,
+    word = "perplexity" if key == "perplexity" else "accuracy"
+    fig.update_layout(title=f"{word.capitalize()} vs training BitOPs (front: {word} {mode}, BitOPs min)", height=520,
                       xaxis={"title": "training GBitOPs" + (" (log)" if log else ""), "type": "log" if log else "linear"},
-                      yaxis={"title": "test accuracy"}, legend={"title": "schedule"})
+                      yaxis={"title": title}, legend={"title": "schedule"})
     return fig
 
 

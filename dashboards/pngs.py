@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from dashboards.figures import run_title  # noqa: E402
+from dashboards.figures import objective_axis, run_title  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -33,19 +33,20 @@ def log_x_if_wide(ax, costs: list[float]) -> None:
 
 
 def pareto_png(rows: list[dict], front: list[dict], path: Path) -> Path:
+    key, title, _ = objective_axis(rows)
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for kind in sorted({r.get("schedule") or "?" for r in rows}):
         sub = [r for r in rows if (r.get("schedule") or "?") == kind]
-        ax.scatter([r["train_bitops"] / 1e9 for r in sub], [r["accuracy"] for r in sub], label=kind, alpha=0.75)
+        ax.scatter([r["train_bitops"] / 1e9 for r in sub], [r[key] for r in sub], label=kind, alpha=0.75)
     if front:
-        ax.step([r["train_bitops"] / 1e9 for r in front], [r["accuracy"] for r in front], where="post", color="k",
+        ax.step([r["train_bitops"] / 1e9 for r in front], [r[key] for r in front], where="post", color="k",
                 lw=1)
-        ax.scatter([r["train_bitops"] / 1e9 for r in front], [r["accuracy"] for r in front], marker="*", s=160,
+        ax.scatter([r["train_bitops"] / 1e9 for r in front], [r[key] for r in front], marker="*", s=160,
                    color="gold", edgecolors="k", label="Pareto front", zorder=3)
     log_x_if_wide(ax, [r["train_bitops"] for r in rows])
     ax.set_xlabel("training GBitOPs")
-    ax.set_ylabel("test accuracy")
-    ax.set_title("Accuracy vs training BitOPs")
+    ax.set_ylabel(title)
+    ax.set_title(f"{title[5:].capitalize()} vs training BitOPs")
     ax.legend(fontsize=8)
     return _save(fig, path)
 

@@ -62,7 +62,8 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     folder.mkdir(parents=True, exist_ok=True)
     sections, made = [], []
     sections.append(("Trials", _trials_table(data)))
-    sections.append(("Accuracy vs training BitOPs", H.figure(figures.pareto_figure(done, front))
+    quality = figures.objective_axis(done)[1][5:].capitalize()  # "Accuracy", or a language model's "Perplexity"
+    sections.append((f"{quality} vs training BitOPs", H.figure(figures.pareto_figure(done, front))
                      + H.table(_front_rows(front))))
     made.append(pngs.pareto_png(done, front, folder / "pareto.png"))
     if analysis:
@@ -103,14 +104,16 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
 
 
 def _front_rows(front: list[dict]) -> list[dict]:
-    return [{"run": r["name"], "run_id": r["run_id"], "accuracy": r["accuracy"], "train_gbitops": r["train_bitops"] / 1e9,
+    key = figures.objective_axis(front)[0]  # a language model's front: perplexity
+    return [{"run": r["name"], "run_id": r["run_id"], key: r[key], "train_gbitops": r["train_bitops"] / 1e9,
              "cp": r["cp"], "point": figures._short(r["point"]), "seed": r["seed"]} for r in front]
 
 
 def _trials_table(data: SweepData) -> str:
+    key = figures.objective_axis(data.rows)[0]  # a language model's sweep: perplexity
     rows = [{"run": r["name"], "status": r["status"] + ("" if r["complete"] or r["status"] != "FINISHED" else
                                                        " (stopped early)"),
-             "schedule": r["schedule"] or "", "accuracy": r["accuracy"], "train_gbitops": r["train_bitops"] / 1e9,
+             "schedule": r["schedule"] or "", key: r[key], "train_gbitops": r["train_bitops"] / 1e9,
              "cp %": r["cp"], "seed": r["seed"], "point": figures._short(r["point"])} for r in data.rows]
     return H.table(rows)
 
