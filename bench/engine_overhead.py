@@ -1,5 +1,8 @@
 """Training-step time of ResNet-38 (batch 64, CIFAR-shaped input) at FW8/BW8 against FP32, in one process.
 
+``--model transformer_small`` (or any transformer_*) times the language model instead: ``--batch`` sequences
+of ``--seq-len`` tokens over a ``--vocab``-word vocabulary, Adam, the output layer fp32 as in training.
+
 ratio = median step time at FW8/BW8 / median step time at FP32 (target <= 1.2 on CPU; the reference
 implementation measures about 1.65 on this machine). Steps alternate in blocks so drift hits both alike.
 Last stdout line: one JSON object with ``ratio``.
@@ -17,7 +20,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench._common import emit, interleaved, machine  # noqa: E402
-from engine.models import build_model  # noqa: E402
+from engine.models import LayerMap, build_model, is_language_model  # noqa: E402
 from engine.precision import FP32, Precision  # noqa: E402
 
 
@@ -28,13 +31,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seq-len", type=int, default=64, help="language models: tokens per sequence")
+    ap.add_argument("--vocab", type=int, default=4096, help="language models: vocabulary size")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.device(args.device)
-    model = build_model(args.model, 3, 10).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    x = torch.randn(args.batch, 3, 32, 32, device=dev)
-    y = torch.randint(0, 10, (args.batch,), device=dev)
+    if is_language_model(args.model):
+        model = build_model(args.model, 1, args.vocab).to(dev)
+        model.set_layer_map(LayerMap(stem=False, fc=False))  # the output layer fp32, as training's default
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+        x = torch.randint(0, args.vocab, (args.batch, args.seq_len), device=dev)
+        y = torch.randint(0, args.vocab, (args.batch * args.seq_len,), device=dev)
+    else:
+        model = build_model(args.model, 3, 10).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+        x = torch.randn(args.batch, 3, 32, 32, device=dev)
+        y = torch.randint(0, 10, (args.batch,), device=dev)
 
     def step(prec):
         def run() -> None:
@@ -49,7 +61,8 @@ def main() -> None:
     ratio = t["fw8bw8"] / t["fp32"]
     print(f"{args.model} batch {args.batch} on {dev}: FP32 {t['fp32']*1e3:.1f} ms/step, "
           f"FW8/BW8 {t['fw8bw8']*1e3:.1f} ms/step, ratio {ratio:.3f} (target <= 1.2)")
-    emit({"bench": "engine_overhead", "model": args.model, "batch": args.batch, "device": str(dev),
+    extra = {"seq_len": args.seq_len, "vocab": args.vocab} if is_language_model(args.model) else {}
+    emit({"bench": "engine_overhead", "model": args.model, "batch": args.batch, "device": str(dev), **extra,
           "fp32_step_s": t["fp32"], "fw8bw8_step_s": t["fw8bw8"], "ratio": ratio, "target": 1.2, **machine()})
 
 

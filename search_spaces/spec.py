@@ -2,8 +2,9 @@
 
 A spec names a base experiment (inline, or a YAML path relative to the spec) and parameters over any
 config field by dotted path, each one of ``grid``, ``choice``, ``uniform``, ``loguniform`` or ``int``
-(inclusive bounds). ``seeds`` repeat every point. The objectives are fixed: final test ``accuracy``
-(max) and total training BitOPs (min). ``load_spec`` reports every error at once, before any trial:
+(inclusive bounds). ``seeds`` repeat every point. The objectives follow the task: final test ``accuracy``
+(max), or test ``perplexity`` (min) for a language model (``orchestrator.sweep.objectives``), and total
+training BitOPs (min). ``load_spec`` reports every error at once, before any trial:
 the spec's own fields, and the experiment config of every grid point and of both ends of every range.
 """
 

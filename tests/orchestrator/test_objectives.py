@@ -45,3 +45,14 @@ def test_pareto_rows_minimising_the_objective():
 def test_sweep_objectives_default_from_the_task():
     assert sweep.objectives(load_spec("search_spaces/lm_demo.yaml")) == (("perplexity", "min"), ("train_bitops", "min"))
     assert sweep.objectives(load_spec("search_spaces/demo.yaml")) == (("accuracy", "max"), ("train_bitops", "min"))
+
+
+def test_report_figure_plots_perplexity_for_language_models():
+    from dashboards.figures import pareto_figure
+
+    rows = [_row("a", 100.0, 0.30, 50.0), _row("b", 50.0, 0.31, 80.0)]
+    fig = pareto_figure(rows, runs.front(rows))
+    assert fig.layout.yaxis.title.text == "test perplexity" and "perplexity min" in fig.layout.title.text
+    assert sorted(fig.data[0].y) == [50.0, 80.0]
+    classic = pareto_figure([_row("c", 1.0, 0.9)], [])
+    assert classic.layout.yaxis.title.text == "test accuracy"
