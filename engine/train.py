@@ -295,12 +295,13 @@ class Trainer:
     def evaluate(self) -> dict:
         """Validation and test accuracy and loss at the precision in use."""
         cfg, runner = self.cfg, self.runner
+        batch = cfg.data.eval_batch_size
+        if self.data.info.is_text:  # at most 2^28 logits (1 GiB) a batch: WikiText-103's vocabulary is 267,735
+            batch = max(1, min(batch, 2**28 // (cfg.data.seq_len * self.data.info.classes)))
         val_acc = val_loss = float("nan")
         if self.data.val is not None:
-            val_acc, val_loss = evaluate(self.model, runner.eval_logits, self.data.val, cfg.data.eval_batch_size,
-                                         self.device)
-        test_acc, test_loss = evaluate(self.model, runner.eval_logits, self.data.test, cfg.data.eval_batch_size,
-                                       self.device)
+            val_acc, val_loss = evaluate(self.model, runner.eval_logits, self.data.val, batch, self.device)
+        test_acc, test_loss = evaluate(self.model, runner.eval_logits, self.data.test, batch, self.device)
         out = {"val_accuracy": val_acc, "val_loss": val_loss, "accuracy": test_acc, "test_loss": test_loss}
         if self.data.info.is_text:  # language models: accuracy is next-token accuracy; perplexity = exp(mean CE)
             out.update(val_perplexity=perplexity(val_loss), perplexity=perplexity(test_loss))
