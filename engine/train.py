@@ -167,7 +167,7 @@ def resolve_fw_min(cfg: ExperimentConfig, data: DataSplits, device: torch.device
     if state is not None:
         return state["prt"]
     result, counter = run_prt(cfg, data, device)
-    samples = result.iterations * cfg.data.batch_size
+    samples = result.iterations * cfg.data.batch_size * (cfg.data.seq_len if data.info.is_text else 1)  # LM: tokens
     totals.add(result.bitops, samples * counter.fp32_per_sample(), samples * counter.fw8bw8_per_sample())
     return result.as_dict()
 

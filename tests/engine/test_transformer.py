@@ -233,6 +233,8 @@ def test_static_lm_beats_the_unigram_and_counts_bitops_per_token(tmp_path):
 
 @pytest.mark.parametrize("schedule", [
     {"kind": "cpt", "fw_min": 3, "fw_max": 8, "num_cycles": 2},
+    {"kind": "cpt", "fw_min": "auto", "fw_max": 8, "num_cycles": 2,  # the range test on next-token accuracy
+     "prt": {"candidates": [2, 4, 6], "iterations_per_bit": 2, "window": 1}},
     {"kind": "pfq", "mode": "manual", "fw": [4, 6, 8], "bw": [6, 8, 8], "switch_at": [0.3, 0.6]},
     {"kind": "pfq", "mode": "auto", "fw": [4, 6, 8], "bw": [6, 8, 8]},
 ])
@@ -241,3 +243,7 @@ def test_cyclic_and_progressive_schedules_train_the_lm(tmp_path, schedule):
     m = train_and_evaluate(cfg).metrics
     assert math.isfinite(m["perplexity"]) and m["perplexity"] < m["unigram_perplexity"] * 1.5
     assert m["savings_vs_fw8bw8"] > 0  # below 8 bits for part of the run
+    assert m["cp"] == pytest.approx(100 * m["train_bitops"] / m["fp32_bitops"])
+    if "prt" in m:  # its tokens are priced in the run's totals and in both references alike
+        assert m["prt"]["iterations"] == 6 and 2 <= m["prt"]["fw_min"] <= 8
+        assert m["fp32_bitops"] == (m["train_tokens"] + 6 * 8 * 16) * m["forward_macs_per_token"] * 3072
