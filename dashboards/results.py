@@ -40,9 +40,10 @@ def schedule_label(cfg: ExperimentConfig) -> str:
     defaults = type(s).model_fields  # the gate's settings that differ from the engine's defaults
     opts += f" {s.controller}" if s.controller != defaults["controller"].default else ""
     opts += f" beta {s.beta:g}" if s.beta != defaults["beta"].default else ""
+    execution = f"routed ({s.routed_estimator})" if s.execution == "routed" else s.execution
     if s.kind == "dfq":
-        return f"DFQ cp {s.target_cp:g}% {s.execution}{opts}"
-    return f"FracTrain cp {s.first_target():g}+{s.cp_step:g} {s.execution}{opts}"  # fractrain
+        return f"DFQ cp {s.target_cp:g}% {execution}{opts}"
+    return f"FracTrain cp {s.first_target():g}+{s.cp_step:g} {execution}{opts}"  # fractrain
 
 
 def method_label(point: dict, cfg: ExperimentConfig | None) -> str:
