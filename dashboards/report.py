@@ -16,6 +16,7 @@ from pathlib import Path
 from dashboards import figures, pngs
 from dashboards import html as H
 from dashboards.data import SweepData, bit_allocation, histories, load_sweep
+from dashboards.mlflow_view import publish_sweep, view_url
 from engine.config import GATED_KINDS
 from engine.errors import ConfigError
 from orchestrator.output import emit_json, info
@@ -86,7 +87,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
         made.append(pngs.allocation_png(allocs, names, folder / "bit_allocation.png"))
     subtitle = (f"sweep {data.sweep_id} · experiment {data.experiment_id} · parent run {data.parent_run_id} · "
                 f"{len(data.rows)} trials, {len(done)} finished · tracking {data.uri} · "
-                f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}")
+                f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}<br>{_view_links(data)}")
     html_path = folder / "report.html"
     html_path.write_text(H.page(f"fractune report: {data.name}", sections, subtitle))
     summary = {"sweep": data.name, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
@@ -98,8 +99,24 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     if log:
         c.log_artifacts(data.parent_run_id, str(folder), artifact_path="report")
         artifact = c.get_run(data.parent_run_id).info.artifact_uri.rstrip("/") + "/report/report.html"
+        publish_sweep(data)  # the parent's note now links to the report
     return {**summary, "report": str(html_path), "pngs": [str(p) for p in made], "folder": str(folder),
             "artifact": artifact, "wall_seconds": time.perf_counter() - started}
+
+
+def _view_links(data: SweepData) -> str:
+    """Links to the sweep's views in the MLflow UI: absolute on a tracking server; on a sqlite store the server's
+    address is only known to `fractune ui`, so the links are relative to the page that shows this report inside
+    the MLflow UI (they open the view in the whole window)."""
+    import html
+    import re
+
+    base = re.sub(r"(?<=://)[^/@\s]+@", "", data.uri) if data.uri.startswith(("http://", "https://")) else ""
+    links = [(view_url(base, data.experiment_id, data.sweep_id), "the trials in the MLflow UI"),
+             (view_url(base, data.experiment_id, data.sweep_id, charts=True), "their charts")]
+    where = "" if base else " (links work when this report is opened inside the MLflow UI: `fractune ui --sweep " \
+        f"{html.escape(data.name)}`)"
+    return " · ".join(f'<a href="{html.escape(u)}" target="_top">{t}</a>' for u, t in links) + where
 
 
 def _front_rows(front: list[dict]) -> list[dict]:
