@@ -33,8 +33,12 @@ VIEW_TAG = "mlflow.sharedViewState."
 NOTE_TAG = "mlflow.note.content"
 OBJECTIVE = "accuracy"  # the primary objective: the view's sort, the best value on the parent run
 OBJECTIVE_COLUMNS = ("accuracy", "train_bitops", "cum_cp")
+NAME_WIDTH = 330  # pixels: the run name column shows names like "pfq auto fw3-4-6-8/bw6-6-8-8 eps0.1 a0.5 s0"
 MAX_RUNS = 1000  # runs each chart draws (the UI's default is 10 for lines, 100 for scatters)
 REPORT = "report/report.html"
+# MLflow 3.17's UI takes an experiment's mode (GenAI or model training) from this URL parameter, else from the
+# browser's last choice (GenAI at first): the experiment's kind tag is only read with a feature flag it ships off
+TRAINING_MODE = "workflowType=machine_learning"
 
 
 def view_key(sweep_id: str) -> str:
@@ -44,8 +48,8 @@ def view_key(sweep_id: str) -> str:
 def view_url(base: str, experiment_id: str, sweep_id: str, charts: bool = False) -> str:
     """The sweep's view on a server at ``base`` ("" for a link inside the UI itself): the table or the charts."""
     mode = "CHART" if charts else "TABLE"
-    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={view_key(sweep_id)}"
-            f"&compareRunsMode={mode}")
+    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{TRAINING_MODE}&viewStateShareKey="
+            f"{view_key(sweep_id)}&compareRunsMode={mode}")
 
 
 def _col(kind: str, key: str) -> str:
@@ -66,9 +70,20 @@ def param_columns(rows: list[dict], factors: list[str]) -> list[str]:
     return keys
 
 
+def _holds(row: dict, param: str) -> bool:
+    """The trial's swept point sets ``param`` (a dotted path, or a leaf of a swept section; the seed always)."""
+    if param == "seed":
+        return True
+    point = row.get("point") or {}
+    if param in point:
+        return True
+    return any(isinstance(v, dict) and param[len(path) + 1:] in store.flatten(v)
+               for path, v in point.items() if param.startswith(path + "."))
+
+
 def metric_columns(rows: list[dict]) -> list[str]:
     gated = any(math.isfinite(r.get("cp_gated", math.nan)) for r in rows)
-    return [*OBJECTIVE_COLUMNS, *(["cp_gated"] if gated else [])]
+    return [*OBJECTIVE_COLUMNS, *(["cp_gated"] if gated else [])]  # in this order in the table
 
 
 def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
@@ -88,8 +103,9 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
               xaxis=axis("train_bitops"), yaxis=axis("accuracy")),
         chart(2, type="SCATTER", displayName="accuracy vs cp (% of FP32 BitOPs)", xaxis=axis("cum_cp"),
               yaxis=axis("accuracy")),
-        chart(3, type="PARALLEL", displayName="swept parameters and objectives", selectedParams=params,
-              selectedMetrics=metrics, showAllRuns=True),
+        # the parallel plot draws only the runs that hold every selected param: the swept ones all trials have
+        chart(3, type="PARALLEL", displayName="swept parameters and objectives", selectedMetrics=list(OBJECTIVE_COLUMNS),
+              selectedParams=[p for p in params if all(_holds(r, p) for r in rows)], showAllRuns=True),
         chart(4, type="LINE", displayName="accuracy per epoch", metricKey="accuracy",
               selectedMetricKeys=["accuracy"], xAxisKey="step", scaleType="linear", xAxisScaleType="linear",
               lineSmoothness=0, useGlobalXaxisKey=False, useGlobalLineSmoothing=False, ignoreOutliers=False,
@@ -104,6 +120,9 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
                             + [_col("tags", "pareto")]),
         "runsHiddenMode": "SHOW_ALL", "hideEmptyCharts": True, "useGroupedValuesInCharts": True, "groupBy": None,
         "viewMaximized": False, "runListHidden": False,
+        "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", "duration", *(_col("metrics", m) for m in metrics),
+                        *(_col("params", p) for p in params), _col("tags", "pareto")],
+        "columnWidths": {"attributes.`Run Name`": NAME_WIDTH},
         "compareRunCharts": charts, "isAccordionReordered": True,
         "compareRunSections": [{"uuid": section, "name": "sweep", "display": True, "isReordered": True,
                                 "deleted": False, "isGenerated": False}],

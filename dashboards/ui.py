@@ -46,8 +46,11 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def runs_url(base: str, experiment_id: str | None) -> str:
-    """The runs table (the experiment's landing page in MLflow 3 is the GenAI overview)."""
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs" if experiment_id else base.rstrip("/") + "/"
+    """The runs table, in the UI's model-training mode (else MLflow 3.17 opens its GenAI mode)."""
+    from dashboards.mlflow_view import TRAINING_MODE
+
+    where = f"experiments/{experiment_id}/runs" if experiment_id else "experiments"
+    return f"{base.rstrip('/')}/#/{where}?{TRAINING_MODE}"
 
 
 def experiment_id(uri: str, sweep: str | None) -> str | None:
@@ -72,15 +75,25 @@ def prepare(uri: str, sweep: str | None) -> dict:
     else:  # every experiment holding a fractune sweep
         exps = [e for e in c.search_experiments(max_results=1000)
                 if c.search_runs([e.experiment_id], "tags.`fractune.kind` = 'sweep'", max_results=1)]
-    for exp in exps:
-        store.mark_training(c, exp)
-    if exp_id is None or store.sweep_parent(c, sweep) is None:  # an experiment without a fractune sweep
-        return {"experiment_id": exp_id, "sweep_id": None}
-    from dashboards.mlflow_view import publish_sweep
+    from dashboards.mlflow_view import VIEW_TAG, publish_sweep, view_key
 
-    data = runs.load(uri, sweep)
-    publish_sweep(data)
-    return {"experiment_id": exp_id, "sweep_id": data.sweep_id}
+    try:  # writes: a store that refuses them (a read-only server) still gets its UI, as the sweep left it
+        for exp in exps:
+            store.mark_training(c, exp)
+        if exp_id is None or store.sweep_parent(c, sweep) is None:  # an experiment without a fractune sweep
+            return {"experiment_id": exp_id, "sweep_id": None}
+        data = runs.load(uri, sweep)
+        publish_sweep(data)
+        return {"experiment_id": exp_id, "sweep_id": data.sweep_id}
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001  mlflow raises many types; the UI opens anyway
+        info(f"warning: could not update the sweep's view in MLflow ({store.one_line_error(exc)[:200]})")
+        parent = store.sweep_parent(c, sweep) if exp_id is not None else None
+        sweep_id = parent.data.tags.get(store.SWEEP_TAG) if parent is not None else None
+        if sweep_id and VIEW_TAG + view_key(sweep_id) not in c.get_experiment(exp_id).tags:
+            sweep_id = None  # no view to open: the runs table
+        return {"experiment_id": exp_id, "sweep_id": sweep_id}
 
 
 def urls(base: str, prepared: dict) -> dict:
