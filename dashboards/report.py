@@ -105,18 +105,19 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
 
 
 def _view_links(data: SweepData) -> str:
-    """Links to the sweep's views in the MLflow UI: absolute on a tracking server; on a sqlite store the server's
-    address is only known to `fractune ui`, so the links are relative to the page that shows this report inside
-    the MLflow UI (they open the view in the whole window)."""
+    """Links to the sweep's views in the MLflow UI when the server's address is known (a tracking server). On a
+    sqlite store only `fractune ui` knows it (and MLflow's artifact viewer shows this page in a sandboxed frame
+    whose links cannot leave it): the page names the command, and the parent run's description links the views."""
     import html
     import re
 
-    base = re.sub(r"(?<=://)[^/@\s]+@", "", data.uri) if data.uri.startswith(("http://", "https://")) else ""
+    if not data.uri.startswith(("http://", "https://")):
+        return (f"the trials and their charts in the MLflow UI: <code>fractune ui --sweep {html.escape(data.name)}"
+                "</code> prints their URLs (the sweep's parent run links them too)")
+    base = re.sub(r"(?<=://)[^/@\s]+@", "", data.uri)  # never credentials in a page
     links = [(view_url(base, data.experiment_id, data.sweep_id), "the trials in the MLflow UI"),
              (view_url(base, data.experiment_id, data.sweep_id, charts=True), "their charts")]
-    where = "" if base else " (links work when this report is opened inside the MLflow UI: `fractune ui --sweep " \
-        f"{html.escape(data.name)}`)"
-    return " · ".join(f'<a href="{html.escape(u)}" target="_top">{t}</a>' for u, t in links) + where
+    return " · ".join(f'<a href="{html.escape(u)}" target="_blank">{t}</a>' for u, t in links)
 
 
 def _front_rows(front: list[dict]) -> list[dict]:
