@@ -65,6 +65,7 @@ def param_columns(rows: list[dict], factors: list[str]) -> list[str]:
             value = (r.get("point") or {}).get(path)
             leaves = [f"{path}.{k}" for k in store.flatten(value)] if isinstance(value, dict) else [path]
             keys += [k for k in leaves if k not in keys]
+    keys.sort(key=lambda k: not k.endswith(".kind"))  # the method first (stable: the rest as first seen)
     if len({r.get("seed") for r in rows}) > 1:
         keys.append("seed")
     return keys
