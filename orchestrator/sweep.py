@@ -322,7 +322,8 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         "storage": str(exp_path),
         "tracking_uri": store.redact(uri),
         "wall_seconds": wall,
-        "ui": ui_command(store.redact(uri), loaded.name),
+        "ui": ui_command(store.redact(uri), loaded.name,
+                         (parent.info.experiment_id, sweep_id) if parent is not None and rows else None),
     }
 
 
@@ -338,7 +339,13 @@ def result_row(result, run_ids: dict) -> dict:
                          planned_epochs=run_length(cfg).epochs, node_id=m.get("node_id"))
 
 
-def ui_command(uri: str, sweep: str | None = None) -> str:
+def ui_command(uri: str, sweep: str | None = None, view: tuple[str, str] | None = None) -> str:
+    """How to look at the sweep: `fractune ui` for a sqlite store; a tracking server's URL of the sweep's view
+    (``view``: experiment id, sweep id) or its home page."""
     if uri.startswith("http"):
+        if view and "***@" not in uri:
+            from dashboards.mlflow_view import view_url
+
+            return f"open {view_url(uri, *view)}"
         return f"open {uri}"
     return f"fractune ui --tracking-uri {uri}" + (f" --sweep {sweep}" if sweep else "")

@@ -85,7 +85,9 @@ def test_sweep_writes_and_logs_the_report(served_sweep, mlflow_server):
     assert {"report/report.html", "report/pareto.png", "report/report.json"} <= logged
     summary = json.loads((report.parent / "report.json").read_text())
     assert {p["run_id"] for p in summary["pareto"]} == {p["run_id"] for p in served_sweep["pareto"]}
-    assert f"report: {report}" in served_sweep["stdout"] and served_sweep["ui"] == f"open {mlflow_server['uri']}"
+    assert f"report: {report}" in served_sweep["stdout"] and served_sweep["ui"] == (
+        f"open {mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs?workflowType=machine_learning"
+        f"&viewStateShareKey=fractune-{served_sweep['sweep_id']}&compareRunsMode=TABLE")
 
 
 def test_report_reads_events_and_bit_allocation_back(served_sweep, mlflow_server):
