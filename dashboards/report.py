@@ -16,6 +16,7 @@ from pathlib import Path
 from dashboards import figures, pngs
 from dashboards import html as H
 from dashboards.data import SweepData, bit_allocation, histories, load_sweep
+from dashboards.mlflow_view import publish_sweep, view_url
 from engine.config import GATED_KINDS
 from engine.errors import ConfigError
 from orchestrator.output import emit_json, info
@@ -86,7 +87,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
         made.append(pngs.allocation_png(allocs, names, folder / "bit_allocation.png"))
     subtitle = (f"sweep {data.sweep_id} · experiment {data.experiment_id} · parent run {data.parent_run_id} · "
                 f"{len(data.rows)} trials, {len(done)} finished · tracking {data.uri} · "
-                f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}")
+                f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}<br>{_view_links(data)}")
     html_path = folder / "report.html"
     html_path.write_text(H.page(f"fractune report: {data.name}", sections, subtitle))
     summary = {"sweep": data.name, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
@@ -98,8 +99,25 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     if log:
         c.log_artifacts(data.parent_run_id, str(folder), artifact_path="report")
         artifact = c.get_run(data.parent_run_id).info.artifact_uri.rstrip("/") + "/report/report.html"
+        publish_sweep(data)  # the parent's note now links to the report
     return {**summary, "report": str(html_path), "pngs": [str(p) for p in made], "folder": str(folder),
             "artifact": artifact, "wall_seconds": time.perf_counter() - started}
+
+
+def _view_links(data: SweepData) -> str:
+    """Links to the sweep's views in the MLflow UI when the server's address is known (a tracking server). On a
+    sqlite store only `fractune ui` knows it (and MLflow's artifact viewer shows this page in a sandboxed frame
+    whose links cannot leave it): the page names the command, and the parent run's description links the views."""
+    import html
+    import re
+
+    if not data.uri.startswith(("http://", "https://")):
+        return (f"the trials and their charts in the MLflow UI: <code>fractune ui --sweep {html.escape(data.name)}"
+                "</code> prints their URLs (the sweep's parent run links them too)")
+    base = re.sub(r"(?<=://)[^/@\s]+@", "", data.uri)  # never credentials in a page
+    links = [(view_url(base, data.experiment_id, data.sweep_id), "the trials in the MLflow UI"),
+             (view_url(base, data.experiment_id, data.sweep_id, charts=True), "their charts")]
+    return " · ".join(f'<a href="{html.escape(u)}" target="_blank">{t}</a>' for u, t in links)
 
 
 def _front_rows(front: list[dict]) -> list[dict]:

@@ -123,13 +123,17 @@ def _add_report(sub) -> None:
 def _add_ui(sub) -> None:
     p = sub.add_parser("ui", help="start the MLflow UI for the sweep store on 127.0.0.1 and print its URL",
                        description="Start `mlflow server --workers 1` on 127.0.0.1 for a sqlite store and print the "
-                       "URL (the sweep's runs page with --sweep); stays in the foreground until Ctrl-C. For an "
-                       "http(s) tracking URI (a server already) only the URL is printed.")
+                       "URL (with --sweep, the sweep's view in MLflow's model-training mode); stays in the "
+                       "foreground until Ctrl-C. For an http(s) tracking URI (a server already) only the URL is "
+                       "printed.")
     _shared(p, "tracking_uri")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000; 0: any free port)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others expose the "
                    "unauthenticated UI to the network)")
-    p.add_argument("--sweep", help="print the URL of this sweep's runs page")
+    p.add_argument("--sweep", help="print the URL of this sweep's view: its latest sweep's trials sorted by "
+                   "accuracy, with the swept values, objectives, cp and the Pareto tag as columns (and of its charts)")
+    p.add_argument("--verbose", action="store_true", help="the MLflow server's own log on stderr (default: in "
+                   "mlflow-ui.log beside the database)")
     _shared(p, "json", json="once the server is up, a JSON line with the url")
     p.set_defaults(func="dashboards.ui:cmd_ui")
 

@@ -263,7 +263,8 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
 def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,
            report: dict | None = None) -> dict:
     """The sweep's outcome: its trial rows as MLflow holds them (``orchestrator.runs``, the loader every reader
-    uses), the front tagged and ``pareto.json`` written beside the experiment and on the parent run."""
+    uses), the front tagged and ``pareto.json`` written beside the experiment and on the parent run; the parent's
+    summary metrics, its note and the sweep's view in the MLflow UI (``dashboards.mlflow_view``)."""
     from orchestrator import runs, store
     from orchestrator.tracker import REPORT_FILE
 
@@ -273,11 +274,12 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
     errors = [{"trial_id": r.metrics.get("trial_id"), "run_id": run_ids.get(r.metrics.get("trial_id")),
                "error": store.one_line_error(r.error)} for r in grid if r.error is not None]
     c = parent = rows = None
+    factors: list[str] = []
     try:
         c = store.client(uri)
         parent = c.get_run(parent_id) if parent_id else None
         if parent is not None and not track.get("pending"):
-            rows = runs.trial_rows(c, parent)[0]
+            rows, factors = runs.trial_rows(c, parent)
     except Exception as exc:  # the store went away at the very end: the summary comes from Tune's results
         track["final_error"] = store.one_line_error(exc)
     if rows is None:  # the store is unreachable or behind (operations pending): the same rows from Tune
@@ -296,6 +298,10 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
             c.log_dict(parent_id, summary, "pareto.json")
             c.set_tag(parent_id, "fractune.errored", str(len(errors)))
             c.set_tag(parent_id, "fractune.trials", str(len(grid)))
+            if factors or rows:  # the UI's view of the sweep, the summary metrics and the note (dashboards)
+                from dashboards.mlflow_view import publish
+
+                publish(c, parent.info.experiment_id, parent_id, sweep_id, rows, factors)
             c.set_terminated(parent_id, "FINISHED")
         except Exception as exc:  # the summary is on disk
             track["pending"] = track.get("pending", 0) + 1
@@ -316,7 +322,8 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         "storage": str(exp_path),
         "tracking_uri": store.redact(uri),
         "wall_seconds": wall,
-        "ui": ui_command(store.redact(uri), loaded.name),
+        "ui": ui_command(store.redact(uri), loaded.name,
+                         (parent.info.experiment_id, sweep_id) if parent is not None and rows else None),
     }
 
 
@@ -332,7 +339,13 @@ def result_row(result, run_ids: dict) -> dict:
                          planned_epochs=run_length(cfg).epochs, node_id=m.get("node_id"))
 
 
-def ui_command(uri: str, sweep: str | None = None) -> str:
+def ui_command(uri: str, sweep: str | None = None, view: tuple[str, str] | None = None) -> str:
+    """How to look at the sweep: `fractune ui` for a sqlite store; a tracking server's URL of the sweep's view
+    (``view``: experiment id, sweep id) or its home page."""
     if uri.startswith("http"):
+        if view and "***@" not in uri:
+            from dashboards.mlflow_view import view_url
+
+            return f"open {view_url(uri, *view)}"
         return f"open {uri}"
     return f"fractune ui --tracking-uri {uri}" + (f" --sweep {sweep}" if sweep else "")

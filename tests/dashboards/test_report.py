@@ -85,7 +85,9 @@ def test_sweep_writes_and_logs_the_report(served_sweep, mlflow_server):
     assert {"report/report.html", "report/pareto.png", "report/report.json"} <= logged
     summary = json.loads((report.parent / "report.json").read_text())
     assert {p["run_id"] for p in summary["pareto"]} == {p["run_id"] for p in served_sweep["pareto"]}
-    assert f"report: {report}" in served_sweep["stdout"] and served_sweep["ui"] == f"open {mlflow_server['uri']}"
+    assert f"report: {report}" in served_sweep["stdout"] and served_sweep["ui"] == (
+        f"open {mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs?workflowType=machine_learning"
+        f"&viewStateShareKey=fractune-{served_sweep['sweep_id']}&compareRunsMode=TABLE")
 
 
 def test_report_reads_events_and_bit_allocation_back(served_sweep, mlflow_server):
@@ -133,8 +135,10 @@ def test_ui_bad_input_exits_2(tmp_path, args, field, capsys):
     assert code == 2 and err.strip().splitlines()[-1].startswith(f"fractune ui: error: {field}: got")
 
 
-def test_ui_for_a_server_prints_the_runs_page(served_sweep, mlflow_server):
+def test_ui_for_a_server_prints_the_sweeps_view(served_sweep, mlflow_server):
     code, _, out = run_main("ui", "--tracking-uri", mlflow_server["uri"], "--sweep", "served_sweep", "--json")
     assert code == 0
-    assert out == {"url": f"{mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs",
+    view = (f"{mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs?workflowType=machine_learning"
+            f"&viewStateShareKey=fractune-{served_sweep['sweep_id']}&compareRunsMode=")
+    assert out == {"url": view + "TABLE", "charts_url": view + "CHART", "sweep_id": served_sweep["sweep_id"],
                    "tracking_uri": mlflow_server["uri"], "started": False}
