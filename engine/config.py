@@ -130,7 +130,8 @@ class CostConfig(Strict):
         try:
             load_cost_table(path)
         except ConfigError as err:
-            raise PydanticCustomError("cost_table", "{msg}", {"msg": str(err)}) from None
+            msg = "; ".join(a if f == "cost.table" else f"{f}: got {val!r}; {a}" for f, val, a in err.problems)
+            raise PydanticCustomError("cost_table", "{msg}", {"msg": msg}) from None
         return path
 
     def models(self):

@@ -57,8 +57,9 @@ def _add_train(sub) -> None:
 
 
 def _add_cost(sub) -> None:
-    p = sub.add_parser("cost", help="training BitOPs of one iteration for one sample",
-                       description="Per-sample training cost of one iteration (FW + EB + GC passes) at a precision. "
+    p = sub.add_parser("cost", help="training cost of one iteration under every cost model",
+                       description="Per-sample training cost of one iteration (FW + EB + GC passes) at a precision, "
+                       "in BitOPs and under every cost model (macs, int_units, energy, memory, a user table). "
                        "By default every conv and linear layer runs at FW/BW; --stem/--fc fp32 reproduce a "
                        "method's layer map (the reference keeps the FC, and in DFQ the stem, in fp32).")
     p.add_argument("--model", required=True, help="model name, e.g. resnet38")
@@ -68,6 +69,11 @@ def _add_cost(sub) -> None:
     p.add_argument("--weight-bits", type=int, help="weight bits (default: FW)")
     p.add_argument("--stem", choices=["quantized", "fp32"], default="quantized")
     p.add_argument("--fc", choices=["quantized", "fp32"], default="quantized")
+    p.add_argument("--batch-size", type=int, default=128, help="samples per iteration, for the per-iteration "
+                   "costs (the memory model's weight traffic is once per iteration; default 128)")
+    p.add_argument("--int-widths", metavar="4,8,16,32", help="the int_units model's integer unit widths")
+    p.add_argument("--table", metavar="FILE.yaml", help="a user cost table (width pair -> cost per MAC), "
+                   "reported as table:NAME; format in docs/methods.md, Cost models")
     _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_engine:cmd_cost")
 
@@ -156,7 +162,8 @@ def _add_schedule(sub) -> None:
     p = sub.add_parser("schedule", help="preview a precision schedule without training",
                        description="Preview the precision schedule of an experiment config without training: "
                        "iterations, mean FW/BW bits, occupancy and the global cost ratio (every layer at the "
-                       "schedule's bits) against FP32 and FW8/BW8. Auto PFQ is previewed with uniform stages.")
+                       "schedule's bits) against FP32 and FW8/BW8, and the run priced under every cost model on "
+                       "the config's network. Auto PFQ is previewed with uniform stages.")
     p.add_argument("config", help="experiment YAML")
     _shared(p, "set")
     p.add_argument("--plot", metavar="FILE.png", help="also plot the bits over iterations")
