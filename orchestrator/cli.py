@@ -142,9 +142,11 @@ def _add_ui(sub) -> None:
 
 def _add_pareto(sub) -> None:
     p = sub.add_parser("pareto", help="recompute a sweep's Pareto front from MLflow alone",
-                       description="Recompute the Pareto front (accuracy max, training BitOPs min) of the latest "
-                       "sweep of this name (or --sweep-id) from its MLflow runs.")
+                       description="Recompute the Pareto front (accuracy max, training cost min) of the latest "
+                       "sweep of this name (or --sweep-id) from its MLflow runs, the cost under any cost model.")
     p.add_argument("sweep", help="sweep name (the MLflow experiment)")
+    p.add_argument("--objective", metavar="MODEL", help="the cost axis: bitops, macs, int_units, energy, memory "
+                   "or table:NAME (default: the sweep's own, its spec's objective)")
     _shared(p, "sweep_id", "tracking_uri", "json")
     p.set_defaults(func="orchestrator.commands_sweep:cmd_pareto")
 

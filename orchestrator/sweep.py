@@ -170,6 +170,13 @@ def param_space(loaded: LoadedSpec, sweep_id: str) -> dict:
                         tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0])
 
 
+def sweep_objectives(objective: str = "bitops") -> tuple[tuple[str, str], ...]:
+    """Accuracy (max) and the training cost under the spec's cost model (min), as the trials' metric keys."""
+    from engine.cost_models import metric_key
+
+    return ("accuracy", "max"), (metric_key(objective), "min")
+
+
 def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
     s = loaded.spec.search
     if s.algorithm == "grid":
@@ -187,7 +194,8 @@ def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
     sampler = (optuna.samplers.NSGAIISampler(seed=s.seed) if s.sampler == "nsga2"
                else optuna.samplers.TPESampler(seed=s.seed))
     # No metric/mode in TuneConfig with a list metric (it only takes strings): they go here.
-    return OptunaSearch(metric=[m for m, _ in OBJECTIVES], mode=[d for _, d in OBJECTIVES], study_name=sweep_id,
+    objectives = sweep_objectives(loaded.spec.objective)
+    return OptunaSearch(metric=[m for m, _ in objectives], mode=[d for _, d in objectives], study_name=sweep_id,
                         storage=storage, sampler=sampler)
 
 
@@ -282,8 +290,9 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         track["final_error"] = store.one_line_error(exc)
     if rows is None:  # the store is unreachable or behind (operations pending): the same rows from Tune
         rows = [result_row(r, run_ids) for r in grid]
-    front = runs.front(rows)
-    summary = {"pareto": front, "errors": errors, "trials": rows}
+    objective = loaded.spec.objective
+    front = runs.front(rows, objective)
+    summary = {"objective": objective, "pareto": front, "errors": errors, "trials": rows}
     try:
         (exp_path / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if MLflow is down
     except OSError as exc:
@@ -295,6 +304,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
                     c.set_tag(r["run_id"], "pareto", "true")
             c.log_dict(parent_id, summary, "pareto.json")
             c.set_tag(parent_id, "fractune.errored", str(len(errors)))
+            c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)
             c.set_tag(parent_id, "fractune.trials", str(len(grid)))
             c.set_terminated(parent_id, "FINISHED")
         except Exception as exc:  # the summary is on disk
@@ -310,7 +320,8 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         "trials": len(grid),
         "errored": len(errors),
         "errors": errors,
-        "pareto": [runs.front_entry(r) for r in front],
+        "objective": objective,
+        "pareto": [runs.front_entry(r, objective) for r in front],
         "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
                                                "report_error", "storage_error") if track.get(k) is not None},
         "storage": str(exp_path),

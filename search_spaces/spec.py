@@ -2,8 +2,9 @@
 
 A spec names a base experiment (inline, or a YAML path relative to the spec) and parameters over any
 config field by dotted path, each one of ``grid``, ``choice``, ``uniform``, ``loguniform`` or ``int``
-(inclusive bounds). ``seeds`` repeat every point. The objectives are fixed: final test ``accuracy``
-(max) and total training BitOPs (min). ``load_spec`` reports every error at once, before any trial:
+(inclusive bounds). ``seeds`` repeat every point. The objectives: final test ``accuracy`` (max) and the
+total training cost (min) under the cost model ``objective`` (``bitops`` by default; any model of
+engine/cost_models.py, e.g. ``energy`` or ``int_units``). ``load_spec`` reports every error at once, before any trial:
 the spec's own fields, and the experiment config of every grid point and of both ends of every range.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from engine.config import NAME_PATTERN, parse_config, read_yaml, set_path
 from engine.config_errors import validation_problems
@@ -98,6 +100,16 @@ class SweepSpec(Strict):
     scheduler: Scheduler = Scheduler()
     budget: Budget = Budget()
     resources: Resources = Resources()
+    objective: str = "bitops"  # the cost axis: a cost model of engine/cost_models.py
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, v: str) -> str:
+        from engine.cost_models import MODEL_NAMES
+
+        if v not in MODEL_NAMES and not (v.startswith("table:") and len(v) > 6):
+            raise PydanticCustomError("objective", "allowed: " + ", ".join(MODEL_NAMES) + ", table:NAME")
+        return v
 
     @field_validator("seeds")
     @classmethod
