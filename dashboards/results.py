@@ -334,11 +334,11 @@ def with_configs(data: SweepData) -> list[dict]:
 
 
 def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, notes: str | None = None,
-                  log: bool = True, command: str | None = None, objective: str = "bitops") -> dict:
+                  log: bool = True, command: str | None = None, objective: str | None = None) -> dict:
     from orchestrator.runs import check_objective
 
     data = load_sweep(uri, sweep, sweep_id)
-    check_objective(objective, data.rows)
+    objective = check_objective(objective or data.objective, data.rows)
     done = with_configs(data)
     groups = summarise(done)
     front = front_of(groups, objective)
@@ -375,7 +375,7 @@ def cmd_results(args) -> int:
         [args.sweep] + (["--sweep-id", args.sweep_id] if args.sweep_id else [])
         + (["--tracking-uri", store.redact(args.tracking_uri)] if args.tracking_uri else [])
         + ["--out", args.out] + (["--notes", args.notes] if args.notes else [])
-        + (["--objective", args.objective] if args.objective != "bitops" else []))
+        + (["--objective", args.objective] if args.objective else []))
     out = build_results(uri, args.sweep, args.sweep_id, args.out, args.notes, log=not args.no_log, command=command,
                         objective=args.objective)
     print(Path(out["markdown"]).read_text())

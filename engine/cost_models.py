@@ -43,7 +43,7 @@ HOROWITZ_45NM_PJ = {
     "int8_add": 0.03, "int32_add": 0.1, "int8_mult": 0.2, "int32_mult": 3.1,
     "fp16_add": 0.4, "fp32_add": 0.9, "fp16_mult": 1.1, "fp32_mult": 3.7,
 }
-# multiplier energy ~ (x*y)^p through the 8x8 and 32x32 points: p = ln(3.1/0.2) / ln(1024/64) = 0.98842
+# multiplier energy ~ (x*y)^p through the 8x8 and 32x32 points: p = ln(3.1/0.2) / ln(1024/64) = 0.98855
 MULT_EXPONENT = math.log(HOROWITZ_45NM_PJ["int32_mult"] / HOROWITZ_45NM_PJ["int8_mult"]) / math.log(1024 / 64)
 FP32_MAC_PJ = HOROWITZ_45NM_PJ["fp32_mult"] + HOROWITZ_45NM_PJ["fp32_add"]  # 4.6 pJ
 

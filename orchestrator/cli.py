@@ -195,8 +195,8 @@ def _add_results(sub) -> None:
                    "written beside it: results.md -> results_pareto.png")
     p.add_argument("--notes", metavar="FILE", help="a markdown file appended verbatim (the analysis)")
     p.add_argument("--no-log", action="store_true", help="do not log the page on the parent run")
-    p.add_argument("--objective", metavar="MODEL", default="bitops", help="the cost model of the plot and the "
-                   "front: bitops (default), macs, int_units, energy, memory or table:NAME; the savings table "
+    p.add_argument("--objective", metavar="MODEL", help="the cost model of the plot and the front: bitops, "
+                   "macs, int_units, energy, memory or table:NAME (default: the sweep's own); the savings table "
                    "shows every model either way")
     _shared(p, "json")
     p.set_defaults(func="dashboards.results:cmd_results")
