@@ -113,14 +113,17 @@ def _add_ablate(sub) -> None:
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write a sweep's self-contained HTML report (+ PNGs) from MLflow",
                        description="Write the HTML report of the latest sweep of this name (or --sweep-id) from its "
-                       "MLflow runs: accuracy vs training BitOPs with the Pareto front, sensitivity curves (ablations), "
-                       "parameter importance, precision over training of chosen runs, DFQ bit allocation heatmaps; "
+                       "MLflow runs: accuracy vs training cost with the Pareto front and its hypervolume, parallel "
+                       "coordinates of parameters and objectives, sensitivity curves (ablations), "
+                       "parameter importance per objective, precision over training of chosen runs, DFQ bit allocation heatmaps; "
                        "matplotlib PNGs of the key plots. Logged under report/ on the sweep's parent run.")
     p.add_argument("sweep", help="sweep name (the MLflow experiment)")
     p.add_argument("--out", metavar="DIR", help="report folder (default: ./fractune_reports/SWEEP_ID)")
     _shared(p, "sweep_id", "tracking_uri")
     p.add_argument("--run", dest="runs", action="append", metavar="RUN",
                    help="a run (id, trial id or name) for the precision plot (repeatable; default: the Pareto front)")
+    p.add_argument("--objective", metavar="MODEL", help="the cost axis of the front: bitops, macs, int_units, "
+                   "energy, memory or table:NAME (default: the sweep's own)")
     p.add_argument("--no-log", action="store_true", help="write the files only, do not log them to MLflow")
     _shared(p, "json")
     p.set_defaults(func="dashboards.report:cmd_report")

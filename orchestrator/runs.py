@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from engine.cost_models import check_model_name, metric_key
 from engine.errors import ConfigError
 from orchestrator import store
-from orchestrator.pareto import pareto_rows
+from orchestrator.pareto import hypervolume, pareto_rows
 from search_spaces import trial
 
 OBJECTIVE_TAG = "fractune.objective"
@@ -158,3 +158,14 @@ def front_entry(row: dict, objective: str = "bitops") -> dict:
     return {"run_id": row["run_id"], "trial_id": row["trial_id"], "accuracy": row["accuracy"],
             "train_bitops": row["train_bitops"], "objective": objective, "cost": cost_of(row, objective),
             "cp": row["cp"], "params": {**row["point"], "seed": row["seed"]}}
+
+
+def front_quality(done: list[dict], front: list[dict], objective: str) -> dict:
+    """The hypervolume of the front (``orchestrator.pareto.hypervolume``) with its reference point stated."""
+    costs = [cost_of(r, objective) for r in done]
+    ref = max(costs) if costs else float("nan")
+    return {"objective": objective, "hypervolume": hypervolume([r["accuracy"] for r in done], costs, ref) if costs
+            else float("nan"), "reference": {"accuracy": 0.0, "cost": ref},
+            "rule": f"area dominated by the front in the (cost / reference cost, accuracy) unit square, from the "
+                    f"reference point accuracy 0 at the dearest finished trial's cost under {objective} "
+                    f"({ref:.6g}); 1 = accuracy 1 at no cost", "front_size": len(front)}

@@ -9,6 +9,7 @@ node would stay PENDING forever), and after ``fit()`` trial errors are surfaced,
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -292,7 +293,8 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         rows = [result_row(r, run_ids) for r in grid]
     objective = loaded.spec.objective
     front = runs.front(rows, objective)
-    summary = {"objective": objective, "pareto": front, "errors": errors, "trials": rows}
+    quality = runs.front_quality(runs.finished(rows, objective), front, objective)
+    summary = {"objective": objective, "front_quality": quality, "pareto": front, "errors": errors, "trials": rows}
     try:
         (exp_path / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if MLflow is down
     except OSError as exc:
@@ -305,6 +307,10 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
             c.log_dict(parent_id, summary, "pareto.json")
             c.set_tag(parent_id, "fractune.errored", str(len(errors)))
             c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)
+            if math.isfinite(quality["hypervolume"]):  # the front's quality, with its reference point
+                key = "hypervolume_" + objective.replace(":", "_")
+                c.log_metric(parent_id, key, quality["hypervolume"])
+                c.set_tag(parent_id, f"fractune.{key}.reference", quality["rule"][:5000])
             c.set_tag(parent_id, "fractune.trials", str(len(grid)))
             c.set_terminated(parent_id, "FINISHED")
         except Exception as exc:  # the summary is on disk
@@ -321,6 +327,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         "errored": len(errors),
         "errors": errors,
         "objective": objective,
+        "hypervolume": quality["hypervolume"],
         "pareto": [runs.front_entry(r, objective) for r in front],
         "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
                                                "report_error", "storage_error") if track.get(k) is not None},
