@@ -90,6 +90,8 @@ def _add_sweep(sub) -> None:
     p.add_argument("--report-dir", metavar="DIR", help="where the HTML report goes (default: "
                    "./fractune_reports/SWEEP_ID); it is also logged on the sweep's parent run")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report at the end")
+    p.add_argument("--objective", metavar="MODEL", help="the cost axis instead of the spec's objective: bitops, "
+                   "macs, int_units, energy, memory or table:NAME")
     _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_sweep:cmd_sweep")
 

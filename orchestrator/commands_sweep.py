@@ -86,7 +86,13 @@ def cmd_sweep(args) -> int:
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     store.preflight(uri)
     storage_root(args.storage)
+    if args.objective:  # a bad name is refused before Ray starts
+        from engine.cost_models import check_model_name
+
+        check_model_name(args.objective, "--objective")
     loaded = load_for_cluster(args.spec, args.address, args.dashboard)
+    if args.objective:
+        loaded = loaded.with_objective(args.objective)
     opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
                         resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
     out = run_sweep(loaded, opts)

@@ -143,6 +143,17 @@ class LoadedSpec:
         """The experiment tree of one point: what a trial with these swept values and seed runs."""
         return trial.resolved_tree(trial.encode(self.spec.name, self.base_tree, values, seed))
 
+    def with_objective(self, objective: str, field: str = "--objective") -> LoadedSpec:
+        """The same spec with another cost axis (``fractune sweep --objective``), checked like the spec's own."""
+        from engine.cost_models import check_model_name
+
+        check_model_name(objective, field)
+        spec = self.spec.model_copy(update={"objective": objective})
+        problems = _check_objective(spec, self.base_tree)
+        if problems:
+            raise ConfigError([(field, v, a) for _, v, a in problems])
+        return LoadedSpec(spec, self.base_tree, self.source)
+
     def base_trial(self) -> dict:
         """The trial dict of the base point (no parameter applied, the first seed): planned lengths."""
         return trial.encode(self.spec.name, self.base_tree, {}, self.spec.seeds[0])
@@ -220,7 +231,24 @@ def _point_problems(spec: SweepSpec, source: Path | None) -> list[tuple[str, obj
     base_tree, problems = _base_tree(spec, source)
     if problems:
         return problems
-    return _check_search(spec) + _check_points(LoadedSpec(spec, base_tree, source))
+    return _check_search(spec) + _check_objective(spec, base_tree) + _check_points(LoadedSpec(spec, base_tree, source))
+
+
+def _check_objective(spec: SweepSpec, base_tree: dict) -> list[tuple[str, object, str]]:
+    """``objective: table:NAME`` needs the base experiment's ``cost.table`` to be the table named NAME."""
+    if not spec.objective.startswith("table:"):
+        return []
+    from engine.cost_models import load_cost_table
+
+    path = (base_tree.get("cost") or {}).get("table")
+    try:
+        name = load_cost_table(path).name if path else None
+    except ConfigError:
+        return []  # the config check reports the table's own problem
+    if name != spec.objective.removeprefix("table:"):
+        return [("objective", spec.objective, "allowed with a user table: table:NAME where NAME is the name of "
+                 f"the base experiment's cost.table ({'table:' + name if name else 'none set'})")]
+    return []
 
 
 def _check_search(spec: SweepSpec) -> list[tuple[str, object, str]]:

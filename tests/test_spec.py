@@ -122,3 +122,22 @@ def test_a_trial_dict_decodes_to_the_config_of_its_point():
     assert trial.point_of("", params, ["schedule", "optim.lr"]) == {
         "schedule": {"kind": "static", "fw": 4, "bw": 8, "weight_bits": None}, "optim.lr": 0.05}
     assert trial.point_tag({"schedule.options": ["4/8"] * 2000}) == ""  # too long for a tag: params instead
+
+
+def test_objective_is_any_cost_model(tmp_path):
+    from search_spaces.spec import parse_spec
+
+    spec = {"name": "obj", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits"}}}
+    assert parse_spec(spec).spec.objective == "bitops"
+    assert parse_spec({**spec, "objective": "energy"}).spec.objective == "energy"
+    with pytest.raises(ConfigError, match="objective: got 'joules'; allowed: bitops, macs, int_units, energy"):
+        parse_spec({**spec, "objective": "joules"})
+    table = tmp_path / "acc.yaml"
+    table.write_text("name: acc\nfp32: 4\ncosts: {'8x8': 0.3}\n")
+    with_table = {**spec, "set": {"cost.table": str(table)}}
+    assert parse_spec({**with_table, "objective": "table:acc"}).spec.objective == "table:acc"
+    with pytest.raises(ConfigError, match=r"objective: got 'table:other'.*\(table:acc\)"):
+        parse_spec({**with_table, "objective": "table:other"})
+    with pytest.raises(ConfigError, match=r"--objective: got 'table:x'.*none set"):
+        parse_spec(spec).with_objective("table:x")
+    assert parse_spec(spec).with_objective("int_units").spec.objective == "int_units"
