@@ -220,10 +220,6 @@ def build_models(int_widths: Sequence[int] = DEFAULT_INT_WIDTHS, table: CostTabl
     return models
 
 
-def model_names(table_name: str | None = None) -> tuple[str, ...]:
-    return MODEL_NAMES + ((f"table:{table_name}",) if table_name else ())
-
-
 def check_model_name(name: str, field_name: str = "objective", allowed: Sequence[str] = MODEL_NAMES) -> str:
     if name not in allowed and not name.startswith("table:"):
         raise ConfigError.single(field_name, name, "allowed: " + ", ".join(allowed) + ", table:NAME")
