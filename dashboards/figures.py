@@ -116,12 +116,13 @@ def _zero(v) -> float:
     return 0.0 if v is None or not math.isfinite(v) else float(v)
 
 
-IMPORTANCE_META = ("evaluator", "trials", "note")
+IMPORTANCE_META = ("evaluator", "trials", "note", "constant")
 
 
 def importance_objectives(importance: dict) -> list[str]:
-    """The objectives an importance dict holds: accuracy, then BitOPs (``train_bitops``) or each cost model."""
-    return [k for k in importance if k not in IMPORTANCE_META]
+    """The objectives an importance dict holds with values: accuracy, then BitOPs (``train_bitops``) or each cost
+    model (a model under which every trial costs the same has none)."""
+    return [k for k in importance if k not in IMPORTANCE_META and importance[k]]
 
 
 def importance_title(key: str) -> str:

@@ -96,7 +96,8 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
         sections.append(("Parameter importance", H.figure(figures.importance_figure(importance)) + H.note(
             f"Optuna get_param_importances, {importance['evaluator']} evaluator, over {importance['trials']} "
             f"finished trials of in-memory two-objective studies (accuracy maximize, {what} minimize), one "
-            "objective at a time as the target.")))
+            "objective at a time as the target." + (f" Every trial costs the same under {', '.join(importance['constant'])}"
+                                                    ": no importance there." if importance.get("constant") else ""))))
         made.append(pngs.importance_png(importance, folder / "importance.png"))
     else:
         sections.append(("Parameter importance", H.note(importance.get("note", "no swept parameter varies"))))

@@ -139,7 +139,17 @@ def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, 
     out: dict = {"evaluator": evaluator, "trials": 0, "accuracy": {}}
     for name, cost in costs.items():
         priced = [{**r, "train_bitops": cost(r)} for r in rows]
-        imp = importances(priced, factors, evaluator)
+        values = {p["train_bitops"] for p in priced if math.isfinite(p["train_bitops"])}
+        if len(values) < 2:  # e.g. MACs across precisions: no variance to explain
+            out[name] = {}
+            out.setdefault("constant", []).append(name)
+            continue
+        try:
+            imp = importances(priced, factors, evaluator)
+        except RuntimeError as exc:  # an evaluator that cannot fit these trials (fANOVA: no variance in a tree)
+            out[name] = {}
+            out["note"] = f"{name}: {exc}"
+            continue
         out["accuracy"] = out["accuracy"] or imp["accuracy"]
         out["trials"] = max(out["trials"], imp["trials"])
         out[name] = imp["train_bitops"]
