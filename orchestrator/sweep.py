@@ -9,6 +9,7 @@ node would stay PENDING forever), and after ``fit()`` trial errors are surfaced,
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -170,6 +171,13 @@ def param_space(loaded: LoadedSpec, sweep_id: str) -> dict:
                         tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0])
 
 
+def sweep_objectives(objective: str = "bitops") -> tuple[tuple[str, str], ...]:
+    """Accuracy (max) and the training cost under the spec's cost model (min), as the trials' metric keys."""
+    from engine.cost_models import metric_key
+
+    return ("accuracy", "max"), (metric_key(objective), "min")
+
+
 def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
     s = loaded.spec.search
     if s.algorithm == "grid":
@@ -187,7 +195,8 @@ def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
     sampler = (optuna.samplers.NSGAIISampler(seed=s.seed) if s.sampler == "nsga2"
                else optuna.samplers.TPESampler(seed=s.seed))
     # No metric/mode in TuneConfig with a list metric (it only takes strings): they go here.
-    return OptunaSearch(metric=[m for m, _ in OBJECTIVES], mode=[d for _, d in OBJECTIVES], study_name=sweep_id,
+    objectives = sweep_objectives(loaded.spec.objective)
+    return OptunaSearch(metric=[m for m, _ in objectives], mode=[d for _, d in objectives], study_name=sweep_id,
                         storage=storage, sampler=sampler)
 
 
@@ -284,8 +293,10 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         track["final_error"] = store.one_line_error(exc)
     if rows is None:  # the store is unreachable or behind (operations pending): the same rows from Tune
         rows = [result_row(r, run_ids) for r in grid]
-    front = runs.front(rows)
-    summary = {"pareto": front, "errors": errors, "trials": rows}
+    objective = loaded.spec.objective
+    front = runs.front(rows, objective)
+    quality = runs.front_quality(runs.finished(rows, objective), front, objective)
+    summary = {"objective": objective, "front_quality": quality, "pareto": front, "errors": errors, "trials": rows}
     try:
         (exp_path / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if MLflow is down
     except OSError as exc:
@@ -297,6 +308,11 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
                     c.set_tag(r["run_id"], "pareto", "true")
             c.log_dict(parent_id, summary, "pareto.json")
             c.set_tag(parent_id, "fractune.errored", str(len(errors)))
+            c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)
+            if math.isfinite(quality["hypervolume"]):  # the front's quality, with its reference point
+                key = "hypervolume_" + objective.replace(":", "_")
+                c.log_metric(parent_id, key, quality["hypervolume"])
+                c.set_tag(parent_id, f"fractune.{key}.reference", quality["rule"][:5000])
             c.set_tag(parent_id, "fractune.trials", str(len(grid)))
             if factors or rows:  # the UI's view of the sweep, the summary metrics and the note (dashboards)
                 from dashboards.mlflow_view import publish
@@ -316,7 +332,9 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         "trials": len(grid),
         "errored": len(errors),
         "errors": errors,
-        "pareto": [runs.front_entry(r) for r in front],
+        "objective": objective,
+        "hypervolume": quality["hypervolume"],
+        "pareto": [runs.front_entry(r, objective) for r in front],
         "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
                                                "report_error", "storage_error") if track.get(k) is not None},
         "storage": str(exp_path),

@@ -143,3 +143,22 @@ def test_run_names_say_what_the_trial_is_and_stay_unique():
     taken = {"static fw6/bw8 s1", "static fw6/bw8 s1 #2"}
     assert trial.unique_name("static fw6/bw8 s1", taken) == "static fw6/bw8 s1 #3"
     assert trial.unique_name("static fw4/bw8 s1", taken) == "static fw4/bw8 s1"
+
+
+def test_objective_is_any_cost_model(tmp_path):
+    from search_spaces.spec import parse_spec
+
+    spec = {"name": "obj", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits"}}}
+    assert parse_spec(spec).spec.objective == "bitops"
+    assert parse_spec({**spec, "objective": "energy"}).spec.objective == "energy"
+    with pytest.raises(ConfigError, match="objective: got 'joules'; allowed: bitops, macs, int_units, energy"):
+        parse_spec({**spec, "objective": "joules"})
+    table = tmp_path / "acc.yaml"
+    table.write_text("name: acc\nfp32: 4\ncosts: {'8x8': 0.3}\n")
+    with_table = {**spec, "set": {"cost.table": str(table)}}
+    assert parse_spec({**with_table, "objective": "table:acc"}).spec.objective == "table:acc"
+    with pytest.raises(ConfigError, match=r"objective: got 'table:other'.*\(table:acc\)"):
+        parse_spec({**with_table, "objective": "table:other"})
+    with pytest.raises(ConfigError, match=r"--objective: got 'table:x'.*none set"):
+        parse_spec(spec).with_objective("table:x")
+    assert parse_spec(spec).with_objective("int_units").spec.objective == "int_units"

@@ -100,12 +100,12 @@ def _plots(driver) -> tuple[int, int]:
 def test_report_renders_its_plots(browser, served_sweep):
     report = Path(served_sweep["report"])
     browser.get(report.as_uri())
-    _wait(browser, lambda d: _plots(d)[0] == 4, "four rendered plotly figures")
+    _wait(browser, lambda d: _plots(d)[0] == 5, "five rendered plotly figures")
     containers, svgs = _plots(browser)
     assert svgs >= 2 * containers  # plotly draws each figure on two stacked svg layers (at least)
     headings = [h.text for h in browser.find_elements(By.TAG_NAME, "h2")]
-    assert headings == ["Trials", "Accuracy vs training BitOPs", "Parameter importance", "Precision over training",
-                        "DFQ bit allocation"]
+    assert headings == ["Trials", "Accuracy vs training BitOPs", "Parameters and objectives", "Parameter importance",
+                        "Precision over training", "DFQ bit allocation"]
     # the front's stars are drawn: a Pareto-front legend entry in the first figure
     assert "Pareto front" in browser.find_elements(By.CSS_SELECTOR, ".plot-container")[0].text
     _full_page_shot(browser, "report.png")
