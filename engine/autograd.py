@@ -178,7 +178,7 @@ def qlinear_mixed(x, w, b, groups, act_range, weight_bits: int):
 
 
 class _QMatmul(torch.autograd.Function):
-    """Both operands of an activation-by-activation product (attention's scores and context, methods.md "Transformers"):
+    """Both operands of an activation-by-activation product (attention's scores and context, methods.md §11):
     forward ``Y = Qa(A) @ Qa(B)`` (each per tensor over its given (lo, hi), or its own min/max when None,
     nearest); backward
     ``G_q = Qg(dL/dY)`` (per tensor, stochastic), ``dL/dA = G_q @ Qa(B)^T`` and ``dL/dB = Qa(A)^T @ G_q``, passed

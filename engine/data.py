@@ -55,7 +55,7 @@ INFO = {
     "cifar10": DatasetInfo("cifar10", 3, 32, 10, 50000, (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 4, True),
     "cifar100": DatasetInfo("cifar100", 3, 32, 100, 50000, (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 4, True),
     "imagenet": DatasetInfo("imagenet", 3, 224, 1000, 1281167, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 0, True),
-    # text (methods.md "Transformers"): classes = the full training vocabulary, tokens = training tokens with <eos>
+    # text (methods.md §11): classes = the full training vocabulary, tokens = training tokens with <eos>
     "wikitext103": DatasetInfo("wikitext103", 1, 0, 267735, 0, (), (), 0, False, "text", 103227021),
     "wikitext2": DatasetInfo("wikitext2", 1, 0, 33278, 0, (), (), 0, False, "text", 2088628),
     "fortunes": DatasetInfo("fortunes", 1, 0, 30038, 0, (), (), 0, False, "text", 530734),

@@ -16,7 +16,7 @@ value, both buffers starting at 0 (methods.md §1).
 ``stem``, ``body``, ``depthwise``, ``head``, ``fc``, ``attn``; ``block`` is the residual block index or None.
 
 ``QMatmul(a, b, prec)`` is the same for a product of two activations (attention's scores and context,
-methods.md "Transformers"): both operands at ``prec.act`` with a running range each, dL/dY at ``prec.grad``.
+methods.md §11): both operands at ``prec.act`` with a running range each, dL/dY at ``prec.grad``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Word-level text corpora for the language models (docs/methods.md "Transformers"): WikiText-103 / WikiText-2
+"""Word-level text corpora for the language models (docs/methods.md §11): WikiText-103 / WikiText-2
 from their released files and ``fortunes``, the embedded default corpus (Debian's ``fortunes`` +
 ``fortunes-min``).
 

@@ -33,7 +33,7 @@ class LayerMap:
         """The precision a layer of ``role`` runs at when the schedule says ``prec``."""
         if prec.is_fp32 or role == "body":
             return prec
-        if role == "attn":  # activation x activation: both operands at the FW bits (methods.md "Transformers")
+        if role == "attn":  # activation x activation: both operands at the FW bits (methods.md §11)
             return prec if prec.skip else Precision(act=prec.act, weight=prec.act, grad=prec.grad)
         if role == "depthwise":
             return self.depthwise if self.depthwise is not None else prec
@@ -44,12 +44,17 @@ class LayerMap:
 @dataclass(frozen=True)
 class LayerInfo:
     """One conv/linear layer, or an attention matmul (role ``attn``): forward MACs for one sample, or one token
-    of a language model (M_l in methods.md §2)."""
+    of a language model (M_l in methods.md §2), and the element counts the ``memory`` cost model prices: its
+    weights, and its input and output activations for one sample (token). An attention matmul has no weights:
+    both operands are activations, counted in ``inputs``."""
 
     name: str
     role: str
     block: int | None
     macs: int
+    weights: int = 0
+    inputs: int = 0
+    outputs: int = 0
 
 
 class ResidualBlock(nn.Module):
@@ -114,6 +119,7 @@ class QModel(nn.Module):
         if self._table is not None:
             return self._table
         macs: dict[str, int] = {}
+        sizes: dict[str, tuple[int, int, int]] = {}
         names = {m: n for n, m in quantized_layers(self)}
 
         def hook(mod: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
@@ -122,6 +128,7 @@ class QModel(nn.Module):
                 macs[names[mod]] = int(out[0].numel()) * per_out
             else:
                 macs[names[mod]] = mod.in_features * mod.out_features
+            sizes[names[mod]] = (int(mod.weight.numel()), int(inp[0][0].numel()), int(out[0].numel()))
 
         handles = [m.register_forward_hook(hook) for m in names]
         was_training = self.training
@@ -133,7 +140,7 @@ class QModel(nn.Module):
             self.train(was_training)
             for h in handles:
                 h.remove()
-        self._table = [LayerInfo(n, m.role, m.block, macs[n]) for m, n in names.items() if n in macs]
+        self._table = [LayerInfo(n, m.role, m.block, macs[n], *sizes[n]) for m, n in names.items() if n in macs]
         return self._table
 
     @property

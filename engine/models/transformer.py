@@ -1,4 +1,4 @@
-"""Causal Transformer language models (docs/methods.md "Transformers"): ``transformer_base`` and small presets.
+"""Causal Transformer language models (docs/methods.md §11): ``transformer_base`` and small presets.
 
 Token embedding (scaled by sqrt(d)) + sinusoidal positions + dropout, then ``layers`` pre-LayerNorm blocks
 (``x + attn(LN(x))``, then ``x + ff(LN(x))``), a final LayerNorm and the output layer over the vocabulary.
@@ -130,22 +130,32 @@ class TransformerLM(QModel):
 
     @torch.no_grad()
     def layer_table(self, input_shape: tuple[int, ...]) -> list[LayerInfo]:
-        """Forward MACs per token for a sequence length ``input_shape[0]`` (methods.md "Transformers"): per block
+        """Forward MACs per token for a sequence length ``input_shape[0]`` (methods.md §11): per block
         ``3d^2`` (qkv) + ``T d`` (scores) + ``T d`` (context) + ``d^2`` (out) + ``d ff`` + ``ff d``, and ``d V``
         for the output layer. Both attention matmuls are counted as the dense kernel runs them: every token
-        against all ``T`` positions (the causal mask discards the upper half after computing it)."""
+        against all ``T`` positions (the causal mask discards the upper half after computing it).
+
+        The element counts the ``memory`` cost model prices (per token; methods.md §10): a linear layer's
+        weights (``in x out``), its input (``in``) and output (``out``) features; an attention matmul has no
+        weights, its inputs are both operands' rows for the token (scores: the query and the key, ``2d``;
+        context: the ``H T`` attention probabilities and the value, ``H T + d``) and its outputs the rows it
+        writes (scores: ``H T``; context: ``d``)."""
         (t,) = input_shape
-        d, ff = self.d, self.ff
+        d, ff, h = self.d, self.ff, self.heads
+
+        def linear(name: str, role: str, block: int | None, n_in: int, n_out: int) -> LayerInfo:
+            return LayerInfo(name, role, block, n_in * n_out, weights=n_in * n_out, inputs=n_in, outputs=n_out)
+
         rows = []
         for i in range(len(self.blocks)):
             pre = f"blocks.{i}"
-            rows += [LayerInfo(f"{pre}.attn.qkv", "body", i, 3 * d * d),
-                     LayerInfo(f"{pre}.attn.scores", "attn", i, t * d),
-                     LayerInfo(f"{pre}.attn.context", "attn", i, t * d),
-                     LayerInfo(f"{pre}.attn.out", "body", i, d * d),
-                     LayerInfo(f"{pre}.ff1", "body", i, d * ff),
-                     LayerInfo(f"{pre}.ff2", "body", i, ff * d)]
-        rows.append(LayerInfo("fc", "fc", None, d * self.vocab))
+            rows += [linear(f"{pre}.attn.qkv", "body", i, d, 3 * d),
+                     LayerInfo(f"{pre}.attn.scores", "attn", i, t * d, weights=0, inputs=2 * d, outputs=h * t),
+                     LayerInfo(f"{pre}.attn.context", "attn", i, t * d, weights=0, inputs=h * t + d, outputs=d),
+                     linear(f"{pre}.attn.out", "body", i, d, d),
+                     linear(f"{pre}.ff1", "body", i, d, ff),
+                     linear(f"{pre}.ff2", "body", i, ff, d)]
+        rows.append(linear("fc", "fc", None, d, self.vocab))
         return rows
 
 

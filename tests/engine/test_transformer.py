@@ -1,4 +1,4 @@
-"""The Transformer language model (docs/methods.md §10): quantized attention, causality, per-token MACs, the
+"""The Transformer language model (docs/methods.md §11): quantized attention, causality, per-token MACs, the
 quantized matmul's gradients, perplexity, the text corpora and short training runs of each schedule."""
 
 from __future__ import annotations
@@ -115,6 +115,34 @@ def test_bitops_of_attention_use_fw_for_both_operands():
     assert rows["fc"]["bitops"] == 32 * 50 * 3072  # the output layer stays fp32 by default
 
 
+def test_cost_models_price_the_lm_per_token():
+    """Every cost model prices the attention matmuls with both operands at FW and no weights (methods.md §11)."""
+    from engine.cost_models import build_models, energy_mac_pj, int_units_mac
+
+    d, h, t, vocab = 32, 2, 16, 50
+    model = build_model("transformer_tiny", 1, vocab)
+    table = {x.name: x for x in model.layer_table((t,))}
+    scores, context, ff1 = table["blocks.0.attn.scores"], table["blocks.0.attn.context"], table["blocks.0.ff1"]
+    assert (scores.weights, scores.inputs, scores.outputs) == (0, 2 * d, h * t)
+    assert (context.weights, context.inputs, context.outputs) == (0, h * t + d, d)
+    assert (ff1.weights, ff1.inputs, ff1.outputs) == (d * 64, d, 64)
+    counter = BitOpsCounter(list(table.values()), model.layer_map, build_models())
+    prec = Precision.fwbw(4, 8, weight=6)
+    only = {name: BitOpsCounter([table[name]], model.layer_map, build_models()) for name in table}
+    one = {name: c.costs(prec, 1) for name, c in only.items()}
+    zero = {name: c.costs(prec, 0) for name, c in only.items()}
+    m = scores.macs
+    assert one["blocks.0.attn.scores"]["macs"] == 3 * m
+    assert one["blocks.0.attn.scores"]["bitops"] == m * (4 * 4 + 8 * 4 + 4 * 8)
+    assert one["blocks.0.attn.scores"]["int_units"] == m * (int_units_mac(4, 4) + int_units_mac(8, 4) + int_units_mac(4, 8))
+    assert one["blocks.0.attn.scores"]["energy"] == pytest.approx(m * (energy_mac_pj(4, 4) + 2 * energy_mac_pj(4, 8)))
+    # memory: operands at FW (read by FW and GC), output errors at BW (read by EB and GC), no weight traffic
+    assert one["blocks.0.attn.scores"]["memory"] == (2 * d * 2 * 4 + h * t * 2 * 8) / 8
+    assert zero["blocks.0.attn.scores"]["memory"] == zero["blocks.0.attn.context"]["memory"] == 0
+    assert zero["blocks.0.ff1"]["memory"] == d * 64 * (2 * 6 + 32) / 8  # weights once per iteration
+    assert counter.costs(prec, 1)["bitops"] == counter.per_sample(prec)
+
+
 def test_cost_cli_transformer_base_wikitext103():
     code, _, out = run_main("cost", "--model", "transformer_base", "--dataset", "wikitext103", "--precision", "8/8",
                             "--json")
@@ -229,6 +257,10 @@ def test_static_lm_beats_the_unigram_and_counts_bitops_per_token(tmp_path):
     assert counter_fp32 == m["forward_macs_per_token"] * 3072  # every counted "sample" is a token
     assert m["savings_vs_fw8bw8"] == 0.0 and m["bitops_per_token"] < counter_fp32
     assert m["tokens_per_second"] > 0
+    costs = m["costs"]  # every cost model counts the same token samples, run and references alike
+    assert costs["bitops"]["total"] == m["train_bitops"] and costs["bitops"]["fp32"] == m["fp32_bitops"]
+    assert costs["macs"]["total"] == costs["macs"]["fp32"] == 3 * m["forward_macs_per_token"] * m["train_tokens"]
+    assert 0 < costs["energy"]["total"] < costs["energy"]["fp32"] and m["train_cost_memory"] > 0
 
 
 @pytest.mark.parametrize("schedule", [
@@ -247,3 +279,19 @@ def test_cyclic_and_progressive_schedules_train_the_lm(tmp_path, schedule):
     if "prt" in m:  # its tokens are priced in the run's totals and in both references alike
         assert m["prt"]["iterations"] == 6 and 2 <= m["prt"]["fw_min"] <= 8
         assert m["fp32_bitops"] == (m["train_tokens"] + 6 * 8 * 16) * m["forward_macs_per_token"] * 3072
+        assert m["costs"]["macs"]["fp32"] == 3 * (m["train_tokens"] + 6 * 8 * 16) * m["forward_macs_per_token"]
+
+
+def test_schedule_preview_prices_an_lm_per_token(tmp_path):
+    from engine.data import INFO, run_length
+    from engine.preview import preview
+
+    cfg = lm_config(write_wikitext(tmp_path / "wt"), {"kind": "static", "fw": 8, "bw": 8})
+    out = preview(cfg)
+    tokens = run_length(cfg).total_iterations * cfg.data.batch_size * cfg.data.seq_len
+    vocab = INFO["wikitext2"].classes  # a preview reads no corpus: the released vocabulary (data.vocab_size caps it)
+    macs = sum(x.macs for x in build_model("transformer_tiny", 1, vocab).layer_table((cfg.data.seq_len,)))
+    assert out["costs"]["macs"]["fp32"] == 3 * macs * tokens  # per token, a batch of sequences an iteration
+    assert out["costs"]["bitops"]["ratio_vs_fp32"] < 1
+    capped = preview(cfg.model_copy(update={"data": cfg.data.model_copy(update={"vocab_size": 50})}))
+    assert capped["costs"]["macs"]["fp32"] < out["costs"]["macs"]["fp32"]

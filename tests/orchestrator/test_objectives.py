@@ -1,17 +1,22 @@
-"""A sweep's objectives follow its task: accuracy (max) for classifiers, test perplexity (min) for language
-models; the rows, the front and its JSON entries follow (pure functions, no Ray or MLflow)."""
+"""A sweep's task objective follows its task: accuracy (max) for classifiers, test perplexity (min) for language
+models; the cost objective is any cost model (the spec's ``objective``). The rows, the front, its JSON entries
+and its hypervolume follow both (pure functions, no Ray or MLflow)."""
 
 from __future__ import annotations
 
 import math
+
+import pytest
 
 from orchestrator import runs, sweep
 from orchestrator.pareto import pareto_rows
 from search_spaces.spec import load_spec
 
 
-def _row(name, bitops, acc, ppl=None):
+def _row(name, bitops, acc, ppl=None, energy=None):
     metrics = {"accuracy": acc, "train_bitops": bitops, "cum_cp": 10.0, "epoch": 1, "wall_seconds": 1.0}
+    if energy is not None:
+        metrics["train_cost_energy"] = energy
     if ppl is not None:
         metrics["perplexity"] = ppl
     return runs.make_row(run_id=name, trial_id=name, name=name, status="FINISHED", schedule="static",
@@ -21,7 +26,7 @@ def _row(name, bitops, acc, ppl=None):
 def test_language_model_rows_rank_on_perplexity_min():
     rows = [_row("a", 100.0, 0.30, 50.0), _row("b", 50.0, 0.31, 80.0), _row("c", 60.0, 0.40, 90.0),
             _row("d", 200.0, 0.20, 49.0)]
-    assert runs.objective(rows) == ("perplexity", "min")
+    assert runs.task_objective(rows) == ("perplexity", "min")
     front = runs.front(rows)
     # by perplexity: b (cheapest), a (lower ppl), d (lowest ppl); c is dominated by b although more accurate
     assert [r["name"] for r in front] == ["b", "a", "d"]
@@ -31,7 +36,7 @@ def test_language_model_rows_rank_on_perplexity_min():
 
 def test_classifier_rows_keep_accuracy_max():
     rows = [_row("a", 100.0, 0.9), _row("b", 50.0, 0.8), _row("c", 60.0, 0.7)]
-    assert runs.objective(rows) == ("accuracy", "max")
+    assert runs.task_objective(rows) == ("accuracy", "max")
     assert [r["name"] for r in runs.front(rows)] == ["b", "a"]
     assert "perplexity" not in runs.front_entry(rows[0]) and math.isnan(rows[0]["perplexity"])
 
@@ -45,6 +50,30 @@ def test_pareto_rows_minimising_the_objective():
 def test_sweep_objectives_default_from_the_task():
     assert sweep.objectives(load_spec("search_spaces/lm_demo.yaml")) == (("perplexity", "min"), ("train_bitops", "min"))
     assert sweep.objectives(load_spec("search_spaces/demo.yaml")) == (("accuracy", "max"), ("train_bitops", "min"))
+
+
+def test_task_and_cost_objectives_combine():
+    lm = load_spec("search_spaces/lm_demo.yaml").with_objective("energy")
+    assert sweep.objectives(lm) == (("perplexity", "min"), ("train_cost_energy", "min"))
+    assert sweep.task_objective(lm) == ("perplexity", "min")
+    classifier = load_spec("search_spaces/demo.yaml").with_objective("int_units")
+    assert sweep.objectives(classifier) == (("accuracy", "max"), ("train_cost_int_units", "min"))
+
+
+def test_language_model_front_under_another_cost_model():
+    # b is cheapest in BitOPs, a in energy; d has the lowest perplexity
+    rows = [_row("a", 100.0, 0.30, 50.0, energy=10.0), _row("b", 50.0, 0.31, 80.0, energy=40.0),
+            _row("d", 200.0, 0.20, 49.0, energy=30.0)]
+    assert [r["name"] for r in runs.front(rows, "energy")] == ["a", "d"]
+    entry = runs.front_entry(runs.front(rows, "energy")[0], "energy")
+    assert entry["perplexity"] == 50.0 and entry["objective"] == "energy" and entry["cost"] == 10.0
+    done = runs.finished(rows, "energy")
+    q = runs.front_quality(done, runs.front(rows, "energy"), "energy")
+    # quality 1/perplexity from the reference (perplexity infinity, the dearest energy 40): a to d, then d to 40
+    assert q["task_objective"] == "perplexity" and "1 / test perplexity" in q["rule"]
+    assert q["hypervolume"] == pytest.approx((30 - 10) / 40 / 50 + (40 - 30) / 40 / 49)
+    classic = [_row("x", 1.0, 0.5), _row("y", 2.0, 0.9)]
+    assert runs.front_quality(classic, runs.front(classic), "bitops")["task_objective"] == "accuracy"
 
 
 def test_report_figure_plots_perplexity_for_language_models():
