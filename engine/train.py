@@ -30,7 +30,7 @@ from engine.config import ExperimentConfig
 from engine.cost import BitOpsCounter, CostTotals
 from engine.data import DataSplits, load_data, run_length
 from engine.dfq import GatedRunner
-from engine.errors import CheckpointError, TrainingDiverged
+from engine.errors import CheckpointError, ConfigError, TrainingDiverged
 from engine.models import build_model
 from engine.models.gated import GatedModel
 from engine.runners import StaticRunner, make_step
@@ -58,6 +58,8 @@ def lr_at(cfg: ExperimentConfig, iteration: int, total: int) -> float:
 
 
 def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError.single("device", name, "no CUDA GPU is visible to this process; allowed: auto or cpu")
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")

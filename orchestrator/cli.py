@@ -12,7 +12,7 @@ from engine.errors import FractuneError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage + message)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"{self.prog}: error: {safe_line(message)}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -236,6 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def safe_line(text: str) -> str:
+    """One terminal-safe line: credentials in URIs replaced by ***, newlines and control characters escaped
+    (a hostile value must not forge extra lines or terminal escapes)."""
+    from orchestrator.store import redact
+
+    text = " ".join(str(text).splitlines())
+    return redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import os
@@ -249,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(func(args) or 0)
     except FractuneError as err:
         for line in err.lines():
-            print(f"fractune {args.command}: error: {line}", file=sys.stderr)
+            print(f"fractune {args.command}: error: {safe_line(line)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"fractune {args.command}: interrupted", file=sys.stderr)

@@ -14,7 +14,9 @@ def cmd_ablate(args) -> int:
     from orchestrator.sweep import SweepOptions, run_sweep
     from search_spaces.ablation import load_ablation
 
-    loaded = load_for_cluster(args.spec, args.address, args.dashboard, loader=load_ablation)
+    loaded, _ = load_for_cluster(args.spec, args.address, args.dashboard, loader=load_ablation,
+                                 tracking_uri=args.tracking_uri, storage=args.storage, resume=args.resume,
+                                 outputs={"--out": args.out})
     opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
                         resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
     out = run_sweep(loaded, opts)

@@ -28,7 +28,9 @@ def cmd_validate(args) -> int:
                "trials": obj.num_trials(), "valid": True}
     else:
         from engine.data import check_available
+        from engine.train import pick_device
 
+        pick_device(obj.device)  # device: cuda where no GPU is visible would fail at the first step
         if obj.data.data_dir:  # a folder named in the config must hold the data
             check_available(obj.data)
         out = {"file": args.file, "kind": "experiment", "name": obj.name, "valid": True}
@@ -49,20 +51,47 @@ def _short(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def load_for_cluster(path: str, address: str | None, dashboard: bool = False, loader=None):
-    """The spec's own errors and its resources checked against the cluster, reported together."""
+def load_for_cluster(path: str, address: str | None, dashboard: bool = False, loader=None,
+                     tracking_uri: str | None = None, storage: str | None = None, resume: bool = False,
+                     outputs: dict[str, str | None] | None = None):
+    """Everything a sweep needs checked before anything is created or started, every problem reported
+    together: the spec (no Ray), the tracking URI and store (nothing created), the storage folder (not
+    created), the output folders, the Ray address; then Ray starts and the spec's resources are checked
+    against the cluster. Returns the loaded spec and the normalised tracking URI."""
     from pydantic import ValidationError
 
-    from engine.config import read_yaml
-    from orchestrator.sweep import check_resources, init_ray
+    from orchestrator import store
+    from orchestrator.output import check_output_folder
+    from orchestrator.sweep import check_ray_address, check_resources, init_ray, storage_root
     from search_spaces.spec import Resources, load_spec
 
     problems, loaded = [], None
+
+    def gather(check, *a, **kw):
+        try:
+            return check(*a, **kw)
+        except ConfigError as err:
+            problems.extend((f"{err.source}: {f}" if err.source else f, v, m) for f, v, m in err.problems)
+            return None
+
+    loaded = gather(loader or load_spec, path)
+    uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
+    gather(store.preflight, uri, mode="check")
+    root = gather(storage_root, storage, create=False)
+    if resume and root is not None and loaded is not None:
+        from orchestrator.sweep import latest_sweep_id
+
+        gather(latest_sweep_id, root, loaded.name)
+    for field, value in (outputs or {}).items():
+        if value:
+            gather(check_output_folder, field, value)
+    gather(check_ray_address, address)
+    if problems:
+        raise ConfigError(problems)
+    res = None
     try:
-        loaded = (loader or load_spec)(path)
-    except ConfigError as err:
-        problems += err.problems
-    try:
+        from engine.config import read_yaml
+
         res = Resources.model_validate(read_yaml(path).get("resources") or {})
     except (ValidationError, ConfigError, AttributeError):
         res = None
@@ -74,18 +103,17 @@ def load_for_cluster(path: str, address: str | None, dashboard: bool = False, lo
             problems += err.problems
     if problems:
         raise ConfigError(problems, path)
-    return loaded
+    return loaded, uri
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator import store
-    from orchestrator.sweep import SweepOptions, run_sweep, storage_root
+    from orchestrator.sweep import SweepOptions, run_sweep
 
-    # before Ray starts: an unusable tracking store or storage folder is reported at once
-    uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    store.preflight(uri)
-    storage_root(args.storage)
-    loaded = load_for_cluster(args.spec, args.address, args.dashboard)
+    # before Ray starts and before anything is created: the spec, the tracking store, the storage folder,
+    # the report folder and the Ray address, every problem at once
+    loaded, uri = load_for_cluster(args.spec, args.address, args.dashboard, tracking_uri=args.tracking_uri,
+                                   storage=args.storage, resume=args.resume,
+                                   outputs={"--report-dir": None if args.no_report else args.report_dir})
     opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
                         resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
     out = run_sweep(loaded, opts)
@@ -136,6 +164,7 @@ def cmd_pareto(args) -> int:
     from orchestrator import runs, store
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
+    store.check_uri(uri)
     data = runs.load(uri, args.sweep, args.sweep_id)
     front = runs.front(data.rows)
     done = len(data.finished())
