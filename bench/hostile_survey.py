@@ -148,6 +148,20 @@ def cases() -> list[tuple[str, list[str]]]:
     return out
 
 
+def corpus_cases() -> list[tuple[str, list[str]]]:
+    """The cases of tests/data/bad, with their ``# argv:`` header (default ``validate {file}``)."""
+    import re
+    import shlex
+
+    bad = ROOT / "tests" / "data" / "bad"
+    out = []
+    for p in sorted(bad.glob("*.yaml")):
+        m = re.search(r"^# argv: (.*)$", p.read_bytes().decode(errors="replace"), flags=re.M)
+        argv = shlex.split(m.group(1) if m else "validate {file}")
+        out.append((p.stem, [a.replace("{file}", str(p)).replace("{bad}", str(bad)) for a in argv]))
+    return out
+
+
 def listing(folder: Path) -> dict[str, tuple[int, int]]:
     out = {}
     for p in sorted(folder.rglob("*")):
@@ -201,11 +215,17 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--out", default="hostile_survey.json")
     ap.add_argument("--root", default=str(ROOT), help="the checkout whose code runs (default: this one)")
+    ap.add_argument("--corpus", action="store_true", help="run the cases of tests/data/bad (their argv headers) "
+                    "instead of the built-in batch")
     args = ap.parse_args()
-    todo = [(n, a) for n, a in cases() if args.only in n]
+    todo = [(n, a) for n, a in (corpus_cases() if args.corpus else cases()) if args.only in n]
     resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))  # a bomb dies here instead of taking the machine
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda c: run_case(c[0], c[1], args.timeout, args.root), todo))
+        results = []
+        for r in pool.map(lambda c: run_case(c[0], c[1], args.timeout, args.root), todo):
+            results.append(r)
+            with open(args.out + ".partial", "a") as fh:
+                fh.write(json.dumps(r) + "\n")
     for r in results:
         flag = "ok  " if r["clean"] else "FAIL"
         print(f"{flag} {r['name'][:60]:60s} rc={r['rc']} {r['wall']:5.1f}s lines={r['lines']} "

@@ -147,7 +147,7 @@ def load_resume_state(cfg: ExperimentConfig, resume_from, device: torch.device) 
     if resume_from is None:
         return None
     state = checkpoint.load(resume_from, map_location=device)
-    if state["config"] != cfg.to_dict():
+    if state.get("config") != cfg.to_dict():
         raise CheckpointError("checkpoint: it was written by a different configuration; refusing to resume")
     return state
 

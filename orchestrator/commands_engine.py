@@ -32,6 +32,9 @@ def cmd_train(args) -> int:
     ckpt_dir = check_output_folder("--checkpoint-dir", args.checkpoint_dir) if args.checkpoint_dir else None
     if args.resume:
         check_resume(args.resume)
+        from engine.train import load_resume_state
+
+        load_resume_state(cfg, args.resume, "cpu")  # refused here, before any output, when it cannot resume
     opened: list = []
 
     def report(metrics: dict, save) -> None:
@@ -106,8 +109,15 @@ def cmd_cost(args) -> int:
     from engine.data import INFO
     from engine.models import LayerMap, build_model
 
+    from engine.models import MODELS
+
+    problems = []
+    if args.model not in MODELS:
+        problems.append(("--model", args.model, f"allowed: {', '.join(sorted(MODELS))}"))
     if args.dataset not in INFO:
-        raise ConfigError.single("--dataset", args.dataset, f"allowed: {', '.join(INFO)}")
+        problems.append(("--dataset", args.dataset, f"allowed: {', '.join(INFO)}"))
+    if problems:
+        raise ConfigError(problems)
     DataConfig(dataset=args.dataset)
     info_ = INFO[args.dataset]
     prec = parse_precision(args.precision, args.weight_bits)
