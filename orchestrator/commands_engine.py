@@ -107,9 +107,7 @@ def cmd_cost(args) -> int:
     from engine.config import DataConfig
     from engine.cost import BitOpsCounter
     from engine.data import INFO
-    from engine.models import LayerMap, build_model
-
-    from engine.models import MODELS
+    from engine.models import MODELS, LayerMap, build_model
 
     problems = []
     if args.model not in MODELS:

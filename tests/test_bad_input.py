@@ -11,15 +11,11 @@ fresh folder holding ``adir/``, ``afile``, ``history.jsonl``, a FIFO named ``FIF
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
