@@ -47,7 +47,7 @@ def experiment_id(uri: str, sweep: str | None) -> str | None:
         return None
     exp = store.client(uri).get_experiment_by_name(sweep)
     if exp is None:
-        raise ConfigError.single("--sweep", sweep, f"no sweep (MLflow experiment) of that name in {uri}")
+        raise ConfigError.single("--sweep", sweep, f"no sweep (MLflow experiment) of that name in {store.redact(uri)}")
     return exp.experiment_id
 
 
@@ -125,10 +125,10 @@ def cmd_ui(args) -> int:
         raise ConfigError(problems)
     if uri.startswith(("http://", "https://")):
         store.preflight(uri)
-        url = runs_url(uri, experiment_id(uri, args.sweep))
+        url = runs_url(store.without_credentials(uri), experiment_id(uri, args.sweep))
         print(f"MLflow UI (already served): {url}")
         if args.json:
-            emit_json({"url": url, "tracking_uri": uri, "started": False})
+            emit_json({"url": url, "tracking_uri": store.redact(uri), "started": False})
         return 0
     if not 0 <= args.port <= 65535:
         raise ConfigError.single("--port", args.port, "allowed: 1..65535, or 0 for any free port")

@@ -1,7 +1,7 @@
 """The one experiment configuration, validated once at the boundary (architecture rule 4).
 
 ``ExperimentConfig`` is a frozen pydantic model with ``extra="forbid"`` at every level; schedule kinds are
-a discriminated union on ``kind``. ``load_config(path, overrides)`` reads YAML with ``safe_load``, applies
+a discriminated union on ``kind``. ``load_config(path, overrides)`` reads YAML through ``engine.safe_yaml`` (the guarded reader), applies
 ``--set key.path=value`` overrides and turns every validation problem into a ``ConfigError`` that names
 the field, the value and what is allowed.
 """

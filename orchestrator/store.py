@@ -37,6 +37,11 @@ def redact(uri: str) -> str:
     return re.sub(r"(?<=://)[^/?#\s]*@", "***@", uri)
 
 
+def without_credentials(uri: str) -> str:
+    """A URI to show or open: the ``user:password@`` part removed (a browser asks for it)."""
+    return redact(uri).replace("://***@", "://")
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in tree.items():

@@ -289,7 +289,7 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
                                       failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
         )
-        print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {uri}", file=sys.stderr)
+        print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {store.redact(uri)}", file=sys.stderr)
     started = time.perf_counter()
     try:
         grid = tuner.fit()

@@ -176,6 +176,15 @@ def test_fuzz_hostile_documents_in_real_processes_are_bounded(tmp_path):
         print(f"{name}: {wall:.1f} s, peak {rusage.ru_maxrss / 1024:.0f} MiB")
 
 
+def test_oversized_file_is_refused_unread(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("name: x\n#" + "y" * (2 << 20))
+    started = time.perf_counter()
+    code, err = _main("validate", str(big))
+    assert code == 2 and len(err) == 1 and "at most 1048576 bytes" in err[0], err
+    assert time.perf_counter() - started < 2
+
+
 # -- ports ---------------------------------------------------------------------------------------------------
 PROBE = r"""
 import json, sys, urllib.request
