@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from engine.errors import ConfigError
 from orchestrator.output import emit_json, info, table
 
@@ -56,13 +58,20 @@ def load_for_cluster(path: str, address: str | None, dashboard: bool = False, lo
                      outputs: dict[str, str | None] | None = None):
     """Everything a sweep needs checked before anything is created or started, every problem reported
     together: the spec (no Ray), the tracking URI and store (nothing created), the storage folder (not
-    created), the output folders, the Ray address; then Ray starts and the spec's resources are checked
-    against the cluster. Returns the loaded spec and the normalised tracking URI."""
+    created), the output folders, the Ray address, and the spec's resources (against a Ray already running in
+    this process, else against this machine for a local Ray, which is not started for it); then Ray starts or
+    attaches and the resources are checked against it. Returns the loaded spec and the normalised tracking URI."""
     from pydantic import ValidationError
 
     from orchestrator import store
     from orchestrator.output import check_output_folder
-    from orchestrator.sweep import check_ray_address, check_resources, init_ray, storage_root
+    from orchestrator.sweep import (
+        check_local_resources,
+        check_ray_address,
+        check_resources,
+        init_ray,
+        storage_root,
+    )
     from search_spaces.spec import Resources, load_spec
 
     problems, loaded = [], None
@@ -86,8 +95,6 @@ def load_for_cluster(path: str, address: str | None, dashboard: bool = False, lo
         if value:
             gather(check_output_folder, field, value)
     gather(check_ray_address, address)
-    if problems:
-        raise ConfigError(problems)
     res = None
     try:
         from engine.config import read_yaml
@@ -95,14 +102,19 @@ def load_for_cluster(path: str, address: str | None, dashboard: bool = False, lo
         res = Resources.model_validate(read_yaml(path).get("resources") or {})
     except (ValidationError, ConfigError, AttributeError):
         res = None
-    if res is not None:
+    ray_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    if res is not None and (ray_up or address is None):
+        # reported with the spec's other errors: against the running Ray, or against what a local Ray would
+        # get (this machine's CPUs and GPUs) without starting one
+        gather(check_resources if ray_up else check_local_resources, res.cpu, res.gpu)
+    if problems:
+        raise ConfigError(problems)
+    if res is not None and not ray_up:
         init_ray(address, dashboard)
         try:
             check_resources(res.cpu, res.gpu)
         except ConfigError as err:
-            problems += err.problems
-    if problems:
-        raise ConfigError(problems, path)
+            raise ConfigError(err.problems, path) from None
     return loaded, uri
 
 

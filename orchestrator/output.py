@@ -117,7 +117,7 @@ def check_output_folder(field: str, value: str):
             break
         probe = probe.parent
     if probe != p and not probe.is_dir():
-        raise ConfigError.single(field, value, f"{probe} is not a folder; allowed: a folder path")
+        raise ConfigError.single(field, value, f"{probe} is a file (Not a directory); allowed: a folder path")
     if probe == p and not p.is_dir():
         raise ConfigError.single(field, value, "is a file; allowed: a folder path")
     _writable_folder(probe, field, value)

@@ -147,6 +147,24 @@ def check_resources(cpu: float, gpu: float) -> None:
         raise ConfigError(problems)
 
 
+def check_local_resources(cpu: float, gpu: float) -> None:
+    """``check_resources`` against the local Ray that would start here (this process's CPUs, the GPUs torch
+    sees), without starting it; the check on the started Ray follows."""
+    import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    problems = []
+    if cpu > cpus:
+        problems.append(("resources.cpu", cpu, f"allowed: <= {cpus:g} (CPUs of this machine, where a local Ray "
+                         "would start)"))
+    if gpu > gpus:
+        problems.append(("resources.gpu", gpu, f"allowed: <= {gpus:g} (GPUs of this machine, where a local Ray "
+                         "would start)"))
+    if problems:
+        raise ConfigError(problems)
+
+
 def check_shared_storage(root: Path, timeout_s: float = 60.0) -> None:
     """On a multi-node cluster, refuse a storage folder that some node cannot see (Tune syncs nothing since
     Ray 2.7: a node-local path loses that node's checkpoints). A probe file written here is read on every

@@ -241,3 +241,19 @@ def test_output_path_refused_before_the_work(tmp_path, flag, monkeypatch):
     code, err = _main(cmd, str(cfg), flag, str(tmp_path))
     assert code == 2 and len(err) == 1 and flag in err[0], err
     assert time.perf_counter() - started < 5  # before any training
+
+
+def test_a_sweep_tune_gives_up_on_leaves_its_parent_run_failed_with_the_cause(tmp_path):
+    from orchestrator import store
+    from orchestrator.sweep import mark_failed
+    from orchestrator.tracker import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    tracker = MLflowTracker(uri, "refused", "refused-20261124-000000", {"spec": "refused"}, {"name": "refused"})
+    tracker.setup()  # what Tune's fit() does first: the parent run exists, RUNNING
+    parent_id = tracker.state["parent_run_id"]
+    assert store.client(uri).get_run(parent_id).info.status == "RUNNING"
+    mark_failed(tracker, "Ray Tune could not finish sweep refused-20261124-000000: ValueError: bad space")
+    run = store.client(uri).get_run(parent_id)
+    assert run.info.status == "FAILED"
+    assert "bad space" in run.data.tags["fractune.error"]
