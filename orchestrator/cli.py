@@ -51,7 +51,8 @@ def _add_train(sub) -> None:
     _shared(p, "set", "data_dir")
     p.add_argument("--checkpoint-dir", help="write a checkpoint here after every epoch")
     p.add_argument("--resume", metavar="DIR", help="resume from a checkpoint folder written by --checkpoint-dir")
-    p.add_argument("--history", metavar="FILE", help="also write the per-epoch metrics as JSON lines")
+    p.add_argument("--history", metavar="FILE", help="also append the per-epoch metrics to FILE as JSON lines (a "
+                   "resumed run continues it; nothing is written before the first epoch)")
     _shared(p, "json", json="last stdout line: one JSON object with the results")
     p.set_defaults(func="orchestrator.commands_engine:cmd_train")
 
