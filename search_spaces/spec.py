@@ -266,6 +266,12 @@ def _check_search(spec: SweepSpec) -> list[tuple[str, object, str]]:
                         "(use grid or random to repeat points over seeds)"))
         if not spec.parameters:
             out.append(("parameters", {}, "search.algorithm optuna needs at least one parameter"))
+        for path, p in spec.parameters.items():
+            odd = [v for v in (p.choice or []) if v is not None and not isinstance(v, bool | int | float | str)]
+            if odd:
+                out.append((f"parameters.{path}.choice", odd[0], "search.algorithm optuna keeps its choices in "
+                            "a journal: allowed: null, true/false, numbers and strings (sweep whole sections "
+                            "with random or grid)"))
     return out
 
 
