@@ -135,9 +135,12 @@ def cmd_ui(args) -> int:
     if not uri.startswith("sqlite:///"):
         raise ConfigError.single("--tracking-uri", store.redact(uri), "allowed: sqlite:///PATH.db or http(s)://HOST:PORT")
     db = Path(uri[len("sqlite:///"):])
-    if not db.is_file():
+    missing = not db.exists()
+    store.preflight(uri, mode="check")  # nothing is created before every check passed
+    if missing and args.sweep:
+        raise ConfigError.single("--sweep", args.sweep, f"no sweep of that name: {db} does not exist yet")
+    if missing:
         info(f"note: {db} does not exist yet; the server starts on an empty store")
-    store.preflight(uri)
     exp_id = experiment_id(uri, args.sweep)
     if args.host not in LOOPBACK:
         info(f"warning: binding {args.host}: the MLflow UI has no authentication; anyone who can reach it can "

@@ -73,8 +73,11 @@ def _writable_folder(folder, field: str, value: str) -> None:
                                  "writable folder")
     try:
         fd, name = tempfile.mkstemp(prefix=".fractune-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(name)
+        try:
+            os.write(fd, b"ok")  # an empty file needs no space: a full disk would pass
+        finally:
+            os.close(fd)
+            os.unlink(name)
     except OSError as exc:
         raise ConfigError.single(field, value, f"folder {folder} is not writable ({exc.strerror})") from None
 

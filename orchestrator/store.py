@@ -179,8 +179,11 @@ def _probe_folder(folder: Path, shown: str) -> None:
         raise ConfigError.single("--tracking-uri", shown, f"folder {folder} must exist and be writable")
     try:
         fd, name = tempfile.mkstemp(prefix=".fractune-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(name)
+        try:
+            os.write(fd, b"ok")  # an empty file needs no space: a full disk would pass
+        finally:
+            os.close(fd)
+            os.unlink(name)
     except OSError as exc:
         raise ConfigError.single("--tracking-uri", shown, f"folder {folder} must be writable ({exc.strerror})") from None
 
