@@ -141,6 +141,7 @@ def cmd_ui(args) -> int:
         raise ConfigError.single("--sweep", args.sweep, f"no sweep of that name: {db} does not exist yet")
     if missing:
         info(f"note: {db} does not exist yet; the server starts on an empty store")
+        store.preflight(uri)  # the checks passed: create the store's tables before the server reads it
     exp_id = experiment_id(uri, args.sweep)
     if args.host not in LOOPBACK:
         info(f"warning: binding {args.host}: the MLflow UI has no authentication; anyone who can reach it can "
