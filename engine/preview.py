@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 
 from engine.config import ExperimentConfig
 from engine.data import run_length
@@ -20,7 +21,7 @@ from engine.schedules import build_schedule
 FW8BW8_RATIO = 192 / 3072
 
 
-EXACT_UP_TO = 2_000_000  # iterations previewed one by one; longer runs are previewed on this many evenly spaced ones
+EXACT_UP_TO = 500_000  # iterations previewed one by one; longer runs are previewed on this many evenly spaced ones
 
 
 def schedule_of(cfg: ExperimentConfig):
@@ -37,11 +38,11 @@ def schedule_of(cfg: ExperimentConfig):
     return build_schedule(sched, run), run.total_iterations, deterministic
 
 
-def sample_points(n: int, points: int) -> range | list[int]:
-    """Every iteration when ``n <= points``, else ``points`` evenly spaced ones (constant memory either way)."""
+def sample_points(n: int, points: int) -> Iterator[int]:
+    """Every iteration when ``n <= points``, else ``points`` evenly spaced ones; a generator (constant memory)."""
     if n <= points:
-        return range(n)
-    return [int((i + 0.5) * n / points) for i in range(points)]
+        return iter(range(n))
+    return ((2 * i + 1) * n // (2 * points) for i in range(points))
 
 
 def precision_series(cfg: ExperimentConfig, points: int | None = None) -> tuple[list[tuple[int, Precision]], bool]:
@@ -54,9 +55,8 @@ def preview(cfg: ExperimentConfig) -> dict:
     """Streams the schedule in constant memory (a count per distinct precision); runs longer than
     ``EXACT_UP_TO`` iterations are averaged over that many evenly spaced iterations (``sampled``)."""
     schedule, n, deterministic = schedule_of(cfg)
-    ts = sample_points(n, EXACT_UP_TO)
-    m = len(ts)
-    counts: Counter = Counter(schedule.precision(t) for t in ts)
+    m = min(n, EXACT_UP_TO)
+    counts: Counter = Counter(schedule.precision(t) for t in sample_points(n, EXACT_UP_TO))
     ratio = math.fsum(p.relative_cost() * c for p, c in counts.items()) / m
     fw: Counter = Counter()
     bw: Counter = Counter()

@@ -257,3 +257,23 @@ def test_a_sweep_tune_gives_up_on_leaves_its_parent_run_failed_with_the_cause(tm
     run = store.client(uri).get_run(parent_id)
     assert run.info.status == "FAILED"
     assert "bad space" in run.data.tags["fractune.error"]
+
+
+def test_schedule_preview_of_a_huge_run_is_bounded_in_memory_and_time():
+    import tracemalloc
+
+    from engine.config import parse_config
+    from engine.preview import EXACT_UP_TO, preview
+
+    cfg = parse_config({"model": {"name": "tiny"}, "data": {"dataset": "digits"}, "optim": {"iterations": 10**9},
+                        "schedule": {"kind": "cpt", "fw_min": 3, "fw_max": 8, "bw_min": 8, "bw_max": 8,
+                                     "num_cycles": 32}})
+    tracemalloc.start()
+    started = time.perf_counter()
+    out = preview(cfg)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert out["iterations"] == 10**9 and out["sampled"].startswith(f"{EXACT_UP_TO} evenly spaced")
+    assert 3 < out["mean_fw_bits"] < 8
+    assert peak < 5 << 20, peak  # a few MiB whatever the iteration count (one entry per iteration: 8 GB)
+    assert time.perf_counter() - started < 600  # seconds unloaded; tracemalloc and a shared CI slow it
