@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dashboards.data import SweepData, load_sweep
 from engine.config import ExperimentConfig
+from engine.safe_yaml import read_text
 from engine.schedule_config import GatedSettings
 
 TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
@@ -347,7 +348,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
     page = Path(out).expanduser().resolve()
     page.parent.mkdir(parents=True, exist_ok=True)
     plot = results_png(groups, front, page.with_name(page.stem + "_pareto.png"), objective)
-    notes_text = Path(notes).read_text() if notes else None
+    notes_text = read_text(notes, "--notes", "markdown file") if notes else None
     cmd = command or f"fractune results {sweep} --out {out}"
     page.write_text(markdown(data, groups, checks, front, plot.name, cmd, notes_text, setup_of(data)))
     artifact = None
@@ -367,11 +368,21 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
 def cmd_results(args) -> int:
     from engine.errors import ConfigError
     from orchestrator import store
-    from orchestrator.output import emit_json
+    from orchestrator.output import check_output_file, emit_json
 
+    # every input and output path checked before the store is read or anything written
+    problems = []
+    for check in (lambda: store.check_names(args.sweep, args.sweep_id),
+                  lambda: read_text(args.notes, "--notes", "markdown file") if args.notes else None,
+                  lambda: check_output_file("--out", args.out, (".md", ".markdown", ".txt")),
+                  lambda: store.check_uri(store.normalise_uri(args.tracking_uri or store.default_tracking_uri()))):
+        try:
+            check()
+        except ConfigError as err:
+            problems += err.problems
+    if problems:
+        raise ConfigError(problems)
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    if args.notes and not Path(args.notes).is_file():
-        raise ConfigError.single("--notes", args.notes, "must be an existing markdown file")
     command = "fractune results " + " ".join(
         [args.sweep] + (["--sweep-id", args.sweep_id] if args.sweep_id else [])
         + (["--tracking-uri", store.redact(args.tracking_uri)] if args.tracking_uri else [])

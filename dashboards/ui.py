@@ -34,13 +34,13 @@ LOG_FILE = "mlflow-ui.log"  # the server's own log, beside the database (stderr 
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
 def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
 
@@ -58,8 +58,7 @@ def experiment_id(uri: str, sweep: str | None) -> str | None:
         return None
     exp = store.client(uri).get_experiment_by_name(sweep)
     if exp is None:
-        raise ConfigError.single("--sweep", sweep, f"no sweep (MLflow experiment) of that name in "
-                                 f"{store.redact(uri)}")
+        raise ConfigError.single("--sweep", sweep, f"no sweep (MLflow experiment) of that name in {store.redact(uri)}")
     return exp.experiment_id
 
 
@@ -161,11 +160,40 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def check_host(host: str) -> None:
+    """``--host``: an IP address of this machine's interfaces or a name that resolves to one."""
+    import ipaddress
+
+    allowed = "allowed: 127.0.0.1 (default), ::1, localhost, or an address of one of this machine's interfaces"
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if not host or any(c in host for c in " /[]@") or len(host) > 253:
+        raise ConfigError.single("--host", host, allowed)
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError.single("--host", host, f"does not resolve ({exc}); {allowed}") from None
+
+
 def cmd_ui(args) -> int:
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
+    problems = []
+    for check in (lambda: store.check_uri(uri), lambda: check_host(args.host),
+                  lambda: store.check_names(args.sweep) if args.sweep else None):
+        try:
+            check()
+        except ConfigError as err:
+            problems += err.problems
+    if not 0 <= args.port <= 65535:
+        problems.append(("--port", args.port, "allowed: 1..65535, or 0 for any free port"))
+    if problems:
+        raise ConfigError(problems)
     if uri.startswith(("http://", "https://")):
         store.preflight(uri)
-        found = urls(uri, prepare(uri, args.sweep))
+        found = urls(store.without_credentials(uri), prepare(uri, args.sweep))
         _say(found, "MLflow UI (already served)")
         if args.json:
             emit_json({**found, "tracking_uri": store.redact(uri), "started": False})
@@ -173,17 +201,26 @@ def cmd_ui(args) -> int:
     if not 0 <= args.port <= 65535:
         raise ConfigError.single("--port", args.port, "allowed: 1..65535, or 0 for any free port")
     if not uri.startswith("sqlite:///"):
-        raise ConfigError.single("--tracking-uri", uri, "allowed: sqlite:///PATH.db or http(s)://HOST:PORT")
+        raise ConfigError.single("--tracking-uri", store.redact(uri), "allowed: sqlite:///PATH.db or http(s)://HOST:PORT")
     db = Path(uri[len("sqlite:///"):])
-    if not db.is_file():
+    missing = not db.exists()
+    store.preflight(uri, mode="check")  # nothing is created before every check passed
+    if missing and args.sweep:
+        raise ConfigError.single("--sweep", args.sweep, f"no sweep of that name: {db} does not exist yet")
+    if missing:
         info(f"note: {db} does not exist yet; the server starts on an empty store")
-    store.preflight(uri)
+        store.preflight(uri)  # the checks passed: create the store's tables before the server reads it
     prepared = prepare(uri, args.sweep)
     if args.host not in LOOPBACK:
         info(f"warning: binding {args.host}: the MLflow UI has no authentication; anyone who can reach it can "
              "read and delete runs")
-    port = args.port or free_port("127.0.0.1" if args.host in LOOPBACK else args.host)
-    if port_in_use("127.0.0.1" if args.host in LOOPBACK else args.host, port):
+    try:
+        port = args.port or free_port("127.0.0.1" if args.host in LOOPBACK else args.host)
+        busy = port_in_use("127.0.0.1" if args.host in LOOPBACK else args.host, port)
+    except OSError as exc:
+        raise ConfigError.single("--host", args.host, f"cannot bind there ({exc.strerror or exc}); allowed: an "
+                                 "address of one of this machine's interfaces") from None
+    if busy:
         raise ConfigError.single("--port", port, "already in use: give a free port, or --port 0 for any free one")
     # stdout carries only the URLs (and the JSON line with --json); the server's own log goes to a file, or to
     # stderr with --verbose

@@ -4,6 +4,7 @@ numbers, strings, lists and dicts: nothing is unpickled as code)."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -30,8 +31,14 @@ def load(directory: str | Path, map_location: str | torch.device = "cpu") -> dic
         raise CheckpointError(f"checkpoint: {path} does not exist")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:  # torch's message advises turning weights_only off: never repeat that
+        raise CheckpointError(f"checkpoint: {path} holds objects other than tensors and plain data; refused "
+                              "(loading it could run code)") from None
     except Exception as exc:
-        raise CheckpointError(f"checkpoint: {path} is unreadable ({type(exc).__name__}: {exc})") from None
+        first = next((x.strip() for x in str(exc).splitlines() if x.strip()), "")
+        raise CheckpointError(f"checkpoint: {path} is unreadable ({type(exc).__name__}: {first[:200]})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint: {path} holds a {type(state).__name__}; expected fractune's state dict")
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint: {path} has format {state.get('format')!r}; expected {FORMAT}")
     return state

@@ -1,7 +1,7 @@
 """The one experiment configuration, validated once at the boundary (architecture rule 4).
 
 ``ExperimentConfig`` is a frozen pydantic model with ``extra="forbid"`` at every level; schedule kinds are
-a discriminated union on ``kind``. ``load_config(path, overrides)`` reads YAML with ``safe_load``, applies
+a discriminated union on ``kind``. ``load_config(path, overrides)`` reads YAML through ``engine.safe_yaml`` (the guarded reader), applies
 ``--set key.path=value`` overrides and turns every validation problem into a ``ConfigError`` that names
 the field, the value and what is allowed.
 """
@@ -13,10 +13,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from engine import safe_yaml
 from engine.config_errors import validation_problems
 from engine.config_types import Bits, Strict
 from engine.errors import ConfigError
@@ -32,6 +32,7 @@ from engine.schedule_config import (
     StaticSchedule,
 )
 
+MAX_ITERATIONS = 10**9  # a run's iterations (ImageNet, 90 epochs at batch 256: 4.5e5)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 
 
@@ -61,7 +62,7 @@ class DataConfig(Strict):
     batch_size: int = Field(128, ge=1, le=65536)
     eval_batch_size: int = Field(1000, ge=1, le=65536)
     val_fraction: float = Field(0.1, ge=0.0, lt=0.9)  # held out of the training set for model selection
-    split_seed: int = Field(0, ge=0)  # fixed, so every seed of a sweep sees the same split
+    split_seed: int = Field(0, ge=0, le=2**32 - 1)  # fixed, so every seed of a sweep sees the same split
     train_subset: int | None = Field(None, ge=1)  # use only the first N training samples (quick runs)
     test_subset: int | None = Field(None, ge=1)
     augment: bool = True
@@ -83,7 +84,7 @@ class OptimConfig(Strict):
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = Field(1e-9, gt=0.0, le=1.0)
     epochs: int = Field(1, ge=1, le=100000)
-    iterations: int | None = Field(None, ge=1)  # a budget in optimizer steps; overrides epochs
+    iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)  # a budget in optimizer steps; overrides epochs
     lr: float = Field(0.1, gt=0.0, le=100.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(1e-4, ge=0.0, le=1.0)
@@ -91,8 +92,8 @@ class OptimConfig(Strict):
     lr_schedule: Literal["piecewise", "cosine", "constant"] = "piecewise"
     milestones: tuple[float, ...] = (0.5, 0.75)  # fractions of the run (paper: epochs 80 and 120 of 160)
     gamma: float = Field(0.1, gt=0.0, le=1.0)
-    warmup_iters: int = Field(0, ge=0)  # reference --warm_up: a constant lr for the first iterations
-    warmup_lr: float = Field(0.01, gt=0.0)
+    warmup_iters: int = Field(0, ge=0, le=MAX_ITERATIONS)  # reference --warm_up: a constant lr for the first iterations
+    warmup_lr: float = Field(0.01, gt=0.0, le=100.0)
 
     @field_validator("milestones")
     @classmethod
@@ -223,24 +224,20 @@ def apply_overrides(tree: dict, overrides: list[str] | None) -> dict:
         if "=" not in item or not re.match(r"^[A-Za-z_][\w.-]*=", item):
             raise ConfigError.single("--set", item, "expected key.path=value")
         key, raw = item.split("=", 1)
-        set_path(tree, key, yaml.safe_load(raw) if raw != "" else None)
+        if not all(key.split(".")):
+            raise ConfigError.single("--set", item, "expected key.path=value (no empty key between dots)")
+        set_path(tree, key, safe_yaml.loads(raw, f"--set {key}", None) if raw != "" else None)
     return tree
 
 
-def read_yaml(path: str | Path) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError.single("config", str(path), "expected an existing YAML file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "?"
-        raise ConfigError.single("yaml", f"{p.name} {where}", f"malformed YAML ({getattr(exc, 'problem', exc)})") from None
+def read_yaml(path: str | Path, field: str = "config") -> dict:
+    """A user's YAML file as a mapping, through the one guarded reader (``engine.safe_yaml``: regular files
+    only, size, depth and alias limits, duplicate keys refused, strict UTF-8)."""
+    data = safe_yaml.read_yaml_file(path, field)
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError.single("config", type(data).__name__, "expected a mapping of settings at the top level")
+        raise ConfigError.single(field, type(data).__name__, "expected a mapping of settings at the top level")
     return data
 
 
@@ -264,6 +261,11 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
         problems.append(("quant.quantize_stem", True, "allowed: null/false with a language model (no stem; "
                          "see quant.quantize_embedding)"))
     total = run_length(cfg).total_iterations
+    if total > MAX_ITERATIONS:
+        field = "optim.iterations" if cfg.optim.iterations else "optim.epochs"
+        problems.append((field, getattr(cfg.optim, field.split(".")[1]),
+                         f"allowed: a run of at most {MAX_ITERATIONS:.0e} iterations (this one: {total:.3g})"))
+        return problems
     if sched.kind == "cpt" and sched.num_cycles > total:
         problems.append(("schedule.num_cycles", sched.num_cycles,
                          f"allowed: <= the run's {total} iterations (a cycle needs at least one iteration)"))

@@ -20,9 +20,9 @@ Bits = Annotated[int, BeforeValidator(_bits)]
 
 
 class Strict(BaseModel):
-    """Frozen, unknown keys forbidden: every config section derives from this."""
+    """Frozen, unknown keys forbidden, no infinite or NaN numbers: every config section derives from this."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 def increasing_fractions(v: list[float] | None, what: str) -> list[float] | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 
 from engine.config import ExperimentConfig
 from engine.cost import FW8BW8, BitOpsCounter
@@ -25,7 +26,11 @@ from engine.schedules import build_schedule
 FW8BW8_RATIO = 192 / 3072
 
 
-def precision_series(cfg: ExperimentConfig) -> tuple[list[Precision], bool]:
+EXACT_UP_TO = 500_000  # iterations previewed one by one; longer runs are previewed on this many evenly spaced ones
+
+
+def schedule_of(cfg: ExperimentConfig):
+    """The schedule to preview, its iteration count and whether the preview is exact (auto PFQ: uniform stages)."""
     run = run_length(cfg)
     sched = cfg.schedule
     deterministic = True
@@ -35,31 +40,51 @@ def precision_series(cfg: ExperimentConfig) -> tuple[list[Precision], bool]:
     if sched.kind == "cpt" and sched.fw_min == "auto":
         raise ConfigError.single("schedule.fw_min", "auto", "chosen by the precision range test at run time; "
                                  "run `fractune prt CONFIG` first and preview with its fw_min")
-    schedule = build_schedule(sched, run)
-    return [schedule.precision(t) for t in range(run.total_iterations)], deterministic
+    return build_schedule(sched, run), run.total_iterations, deterministic
+
+
+def sample_points(n: int, points: int) -> Iterator[int]:
+    """Every iteration when ``n <= points``, else ``points`` evenly spaced ones; a generator (constant memory)."""
+    if n <= points:
+        return iter(range(n))
+    return ((2 * i + 1) * n // (2 * points) for i in range(points))
+
+
+def precision_series(cfg: ExperimentConfig, points: int | None = None) -> tuple[list[tuple[int, Precision]], bool]:
+    """(iteration, precision) at every iteration, or at ``points`` evenly spaced ones for a plot."""
+    schedule, n, deterministic = schedule_of(cfg)
+    return [(t, schedule.precision(t)) for t in sample_points(n, points or n)], deterministic
 
 
 def preview(cfg: ExperimentConfig) -> dict:
-    series, deterministic = precision_series(cfg)
-    n = len(series)
-    ratio = math.fsum(p.relative_cost() for p in series) / n
-    fw = Counter(p.act for p in series)
-    bw = Counter(p.grad for p in series)
+    """Streams the schedule in constant memory (a count per distinct precision); runs longer than
+    ``EXACT_UP_TO`` iterations are averaged over that many evenly spaced iterations (``sampled``)."""
+    schedule, n, deterministic = schedule_of(cfg)
+    m = min(n, EXACT_UP_TO)
+    counts: Counter = Counter(schedule.precision(t) for t in sample_points(n, EXACT_UP_TO))
+    ratio = math.fsum(p.relative_cost() * c for p, c in counts.items()) / m
+    fw: Counter = Counter()
+    bw: Counter = Counter()
+    for p, c in counts.items():
+        fw[p.act] += c
+        bw[p.grad] += c
     out = {
         "name": cfg.name,
         "kind": cfg.schedule.kind,
         "iterations": n,
         "deterministic": deterministic,
-        "mean_fw_bits": math.fsum(p.act for p in series) / n,
-        "mean_bw_bits": math.fsum(p.grad for p in series) / n,
-        "mean_weight_bits": math.fsum(p.weight for p in series) / n,
+        "mean_fw_bits": math.fsum(p.act * c for p, c in counts.items()) / m,
+        "mean_bw_bits": math.fsum(p.grad * c for p, c in counts.items()) / m,
+        "mean_weight_bits": math.fsum(p.weight * c for p, c in counts.items()) / m,
         "cost_ratio_vs_fp32": ratio,
         "cost_ratio_vs_fw8bw8": ratio / FW8BW8_RATIO,
         "savings_vs_fw8bw8": 1.0 - ratio / FW8BW8_RATIO,
-        "fw_occupancy": {str(k): v / n for k, v in sorted(fw.items())},
-        "bw_occupancy": {str(k): v / n for k, v in sorted(bw.items())},
+        "fw_occupancy": {str(k): v / m for k, v in sorted(fw.items())},
+        "bw_occupancy": {str(k): v / m for k, v in sorted(bw.items())},
     }
-    out["costs"] = price_schedule(cfg, series)
+    out["costs"] = price_schedule(cfg, counts, n, m)
+    if m < n:
+        out["sampled"] = f"{m} evenly spaced iterations of {n}"
     if not deterministic:
         out["assumes"] = "uniform stages; the loss indicator decides the real switch points at run time"
     return out
@@ -82,14 +107,15 @@ def config_counter(cfg: ExperimentConfig) -> BitOpsCounter:
     return BitOpsCounter(model.layer_table(info.input_shape(cfg.data)), model.layer_map, cfg.cost.models())
 
 
-def price_schedule(cfg: ExperimentConfig, series: list[Precision]) -> dict:
-    """Per cost model: the schedule's total over the run, its FP32 and FW8/BW8 references, ratios and savings."""
+def price_schedule(cfg: ExperimentConfig, counts: Counter, n: int, m: int) -> dict:
+    """Per cost model: the schedule's total over the run (``counts`` of each precision over ``m`` of the ``n``
+    iterations, scaled to ``n``), its FP32 and FW8/BW8 references, ratios and savings."""
     counter = config_counter(cfg)
-    b, n = cfg.data.batch_size * (cfg.data.seq_len if INFO[cfg.data.dataset].is_text else 1), len(series)  # LM: tokens
+    b = cfg.data.batch_size * (cfg.data.seq_len if INFO[cfg.data.dataset].is_text else 1)  # LM: tokens
     run: dict[str, float] = {}
-    for prec, count in Counter(series).items():
+    for prec, count in counts.items():
         for name, value in counter.costs(prec, b).items():
-            run[name] = run.get(name, 0) + count * value
+            run[name] = run.get(name, 0) + count * value * n / m
     fp32, fw8 = counter.costs(FP32, b), counter.costs(FW8BW8, b)
     out = {}
     for model in counter.models:
@@ -100,8 +126,3 @@ def price_schedule(cfg: ExperimentConfig, series: list[Precision]) -> dict:
                      "savings_vs_fw8bw8": 1.0 - total / q if q else 0.0}
     return out
 
-
-def downsample(series: list[Precision], points: int = 4000) -> tuple[list[int], list[int], list[int]]:
-    step = max(1, len(series) // points)
-    idx = list(range(0, len(series), step))
-    return idx, [series[i].act for i in idx], [series[i].grad for i in idx]

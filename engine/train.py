@@ -31,7 +31,7 @@ from engine.cost import FW8BW8, BitOpsCounter, CostTotals
 from engine.cost_models import metric_key
 from engine.data import DataSplits, load_data, run_length
 from engine.dfq import GatedRunner
-from engine.errors import CheckpointError, TrainingDiverged
+from engine.errors import CheckpointError, ConfigError, TrainingDiverged
 from engine.models import build_model
 from engine.models.gated import GatedModel
 from engine.precision import FP32
@@ -60,6 +60,8 @@ def lr_at(cfg: ExperimentConfig, iteration: int, total: int) -> float:
 
 
 def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError.single("device", name, "no CUDA GPU is visible to this process; allowed: auto or cpu")
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")
@@ -155,7 +157,7 @@ def load_resume_state(cfg: ExperimentConfig, resume_from, device: torch.device) 
     if resume_from is None:
         return None
     state = checkpoint.load(resume_from, map_location=device)
-    if state["config"] != cfg.to_dict():
+    if state.get("config") != cfg.to_dict():
         raise CheckpointError("checkpoint: it was written by a different configuration; refusing to resume")
     return state
 

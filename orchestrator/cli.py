@@ -12,7 +12,7 @@ from engine.errors import FractuneError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage + message)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"{self.prog}: error: {safe_line(message)}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -51,7 +51,8 @@ def _add_train(sub) -> None:
     _shared(p, "set", "data_dir")
     p.add_argument("--checkpoint-dir", help="write a checkpoint here after every epoch")
     p.add_argument("--resume", metavar="DIR", help="resume from a checkpoint folder written by --checkpoint-dir")
-    p.add_argument("--history", metavar="FILE", help="also write the per-epoch metrics as JSON lines")
+    p.add_argument("--history", metavar="FILE", help="also append the per-epoch metrics to FILE as JSON lines (a "
+                   "resumed run continues it; nothing is written before the first epoch)")
     _shared(p, "json", json="last stdout line: one JSON object with the results")
     p.set_defaults(func="orchestrator.commands_engine:cmd_train")
 
@@ -262,6 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def safe_line(text: str) -> str:
+    """One terminal-safe line: credentials in URIs replaced by ***, newlines and control characters escaped
+    (a hostile value must not forge extra lines or terminal escapes)."""
+    from orchestrator.store import redact
+
+    text = " ".join(str(text).splitlines())
+    return redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import os
@@ -275,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(func(args) or 0)
     except FractuneError as err:
         for line in err.lines():
-            print(f"fractune {args.command}: error: {line}", file=sys.stderr)
+            print(f"fractune {args.command}: error: {safe_line(line)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"fractune {args.command}: interrupted", file=sys.stderr)

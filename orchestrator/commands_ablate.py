@@ -14,24 +14,26 @@ def cmd_ablate(args) -> int:
     from orchestrator.sweep import SweepOptions, run_sweep
     from search_spaces.ablation import load_ablation
 
-    loaded = load_for_cluster(args.spec, args.address, args.dashboard, loader=load_ablation)
+    loaded, uri = load_for_cluster(args.spec, args.address, args.dashboard, loader=load_ablation,
+                                 tracking_uri=args.tracking_uri, storage=args.storage, resume=args.resume,
+                                 outputs={"--out": args.out})
     opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
                         resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
     out = run_sweep(loaded, opts)
     meta = loaded.meta()
-    c = store.client(out["tracking_uri"])
+    c = store.client(uri)  # out["tracking_uri"] is the printable (redacted) one
     if out["parent_run_id"]:
         # The design travels with the sweep, so `fractune report` can rebuild the curves from MLflow alone.
         c.log_dict(out["parent_run_id"], meta, "ablation.json")
         c.set_tag(out["parent_run_id"], "fractune.ablation", meta["mode"])
-    data = load_sweep(out["tracking_uri"], out["sweep"], out["sweep_id"])
+    data = load_sweep(uri, out["sweep"], out["sweep_id"])
     a = analyse(data.finished(), data.meta or meta)
     print(f"\nablation {out['sweep_id']} ({meta['mode']}): {len(loaded.points)} points x {len(meta['seeds'])} seeds, "
           f"{out['trials']} trials, {out['errored']} errored, {a['trials']} finished with results")
     print_analysis(a)
     for e in out["errors"]:
         info(f"trial {e['trial_id']} errored: {e['error']}")
-    report = write_report(out, args.out, data=data)
+    report = write_report(out, args.out, data=data, uri=uri)
     print(f"\nMLflow: experiment {out['sweep']!r} (id {out['experiment_id']}), parent run {out['parent_run_id']}")
     print(f"open the UI: {out['ui']}")
     if args.json:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from engine.errors import ConfigError
-from orchestrator.output import emit_json, info, table
+from orchestrator.output import PLOT_SUFFIXES, check_output_file, check_output_folder, emit_json, info, table
 
 SUMMARY_KEYS = ("accuracy", "val_accuracy", "best_val_accuracy", "epochs", "iterations", "train_gbitops",
                 "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds")
@@ -29,24 +29,36 @@ def cmd_train(args) -> int:
         overrides.append(f"data.data_dir={args.data_dir}")
     cfg = load_config(args.config, overrides)
     check_available(cfg.data)
-    history_file = open(args.history, "w") if args.history else None  # noqa: SIM115
-    ckpt_dir = Path(args.checkpoint_dir).resolve() if args.checkpoint_dir else None
+    # every output path and the checkpoint to resume from are checked before any work; files are opened only
+    # once the first epoch is done (a refused resume leaves --history as it was); history is appended to
+    history = check_output_file("--history", args.history) if args.history else None
+    ckpt_dir = check_output_folder("--checkpoint-dir", args.checkpoint_dir) if args.checkpoint_dir else None
+    if args.resume:
+        check_resume(args.resume)
+        from engine.train import load_resume_state
+
+        load_resume_state(cfg, args.resume, "cpu")  # refused here, before any output, when it cannot resume
+    opened: list = []
 
     def report(metrics: dict, save) -> None:
         info("epoch " + "  ".join(f"{k}={_short(metrics[k])}" for k in EPOCH_KEYS if k in metrics))
         for ev in metrics.get("events", []):
             what = f"target cp {ev['target_cp']}" if "target_cp" in ev else f"FW{ev['fw_bits']}/BW{ev['bw_bits']}"
             info(f"  {ev['reason']} at iteration {ev['iteration']}: stage {ev['stage']} -> {what}")
-        if history_file:
-            history_file.write(json.dumps(metrics) + "\n")
-            history_file.flush()
+        if history is not None:
+            if not opened:
+                opened.append(open(history, "a"))  # noqa: SIM115  closed after training
+            opened[0].write(json.dumps(metrics) + "\n")
+            opened[0].flush()
         if ckpt_dir is not None:
             save(ckpt_dir)
 
     info(f"training {cfg.name}: {cfg.model.name} on {cfg.data.dataset}, schedule {cfg.schedule.kind}, seed {cfg.seed}")
-    result = train_and_evaluate(cfg, report=report, resume_from=args.resume, progress=sys.stderr.isatty())
-    if history_file:
-        history_file.close()
+    try:
+        result = train_and_evaluate(cfg, report=report, resume_from=args.resume, progress=sys.stderr.isatty())
+    finally:
+        for fh in opened:
+            fh.close()
     m = result.metrics
     table([{"metric": k, "value": m[k]} for k in LM_KEYS + SUMMARY_KEYS + GATED_KEYS if k in m])
     if m.get("costs"):
@@ -91,6 +103,23 @@ def cost_config(args):
         raise ConfigError([(flags.get(f, f), v, a) for f, v, a in validation_problems(exc, CostConfig)]) from None
 
 
+def check_resume(path: str) -> None:
+    """``--resume``: a checkpoint folder written by ``--checkpoint-dir`` (or its state.pt)."""
+    import stat
+
+    from engine.checkpoint import FILENAME
+
+    p = Path(path)
+    state = p / FILENAME if p.is_dir() else p
+    try:
+        ok = stat.S_ISREG(state.stat().st_mode)
+    except OSError:
+        ok = False
+    if not ok:
+        raise ConfigError.single("--resume", path, f"allowed: a checkpoint folder written by --checkpoint-dir "
+                                 f"(holding {FILENAME})")
+
+
 def _short(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -113,13 +142,18 @@ def cmd_cost(args) -> int:
     from engine.config import DataConfig
     from engine.cost import FW8BW8, BitOpsCounter
     from engine.data import INFO
-    from engine.models import LayerMap, build_model, is_language_model
+    from engine.models import MODELS, LayerMap, build_model, is_language_model
     from engine.precision import FP32
 
+    problems = []
+    if args.model not in MODELS:
+        problems.append(("--model", args.model, f"allowed: {', '.join(sorted(MODELS))}"))
     if args.dataset not in INFO:
-        raise ConfigError.single("--dataset", args.dataset, f"allowed: {', '.join(INFO)}")
-    if args.seq_len < 1:
-        raise ConfigError.single("--seq-len", args.seq_len, "allowed: an integer >= 1")
+        problems.append(("--dataset", args.dataset, f"allowed: {', '.join(INFO)}"))
+    if not 1 <= args.seq_len <= 65536:
+        problems.append(("--seq-len", args.seq_len, "allowed: an integer 1..65536"))
+    if problems:
+        raise ConfigError(problems)
     data_cfg = DataConfig(dataset=args.dataset, seq_len=args.seq_len)
     info_ = INFO[args.dataset]
     prec = parse_precision(args.precision, args.weight_bits)
@@ -183,9 +217,10 @@ def cmd_cost(args) -> int:
 
 def cmd_schedule(args) -> int:
     from engine.config import load_config
-    from engine.preview import downsample, precision_series, preview
+    from engine.preview import precision_series, preview
 
     cfg = load_config(args.config, list(args.overrides))
+    plot = check_output_file("--plot", args.plot, PLOT_SUFFIXES) if args.plot else None
     out = preview(cfg)
     rows = [{"metric": k, "value": v} for k, v in out.items() if not isinstance(v, dict)]
     table(rows)
@@ -201,8 +236,8 @@ def cmd_schedule(args) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        series, _ = precision_series(cfg)
-        x, fw, bw = downsample(series)
+        series, _ = precision_series(cfg, points=4000)
+        x, fw, bw = [t for t, _ in series], [p.act for _, p in series], [p.grad for _, p in series]
         fig, ax = plt.subplots(figsize=(9, 3.2))
         ax.step(x, fw, where="post", label="FW (activations/weights)")
         ax.step(x, bw, where="post", label="BW (gradients)", alpha=0.7)
@@ -211,9 +246,9 @@ def cmd_schedule(args) -> int:
         ax.set_title(f"{cfg.name}: {cfg.schedule.kind}, cost {100 * out['cost_ratio_vs_fp32']:.3f}% of FP32")
         ax.legend(loc="lower right")
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        fig.savefig(plot, dpi=120)
         plt.close(fig)
-        out["plot"] = str(Path(args.plot).resolve())
+        out["plot"] = str(plot)
         info(f"plot written to {out['plot']}")
     if args.json:
         emit_json(out)

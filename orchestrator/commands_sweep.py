@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from engine.errors import ConfigError
 from orchestrator.output import emit_json, info, table
 
@@ -28,7 +30,9 @@ def cmd_validate(args) -> int:
                "trials": obj.num_trials(), "valid": True}
     else:
         from engine.data import check_available
+        from engine.train import pick_device
 
+        pick_device(obj.device)  # device: cuda where no GPU is visible would fail at the first step
         if obj.data.data_dir:  # a folder named in the config must hold the data
             check_available(obj.data)
         out = {"file": args.file, "kind": "experiment", "name": obj.name, "valid": True}
@@ -58,47 +62,83 @@ def _short(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def load_for_cluster(path: str, address: str | None, dashboard: bool = False, loader=None):
-    """The spec's own errors and its resources checked against the cluster, reported together."""
+def load_for_cluster(path: str, address: str | None, dashboard: bool = False, loader=None,
+                     tracking_uri: str | None = None, storage: str | None = None, resume: bool = False,
+                     outputs: dict[str, str | None] | None = None):
+    """Everything a sweep needs checked before anything is created or started, every problem reported
+    together: the spec (no Ray), the tracking URI and store (nothing created), the storage folder (not
+    created), the output folders, the Ray address, and the spec's resources (against a Ray already running in
+    this process, else against this machine for a local Ray, which is not started for it); then Ray starts or
+    attaches and the resources are checked against it. Returns the loaded spec and the normalised tracking URI."""
     from pydantic import ValidationError
 
-    from engine.config import read_yaml
-    from orchestrator.sweep import check_resources, init_ray
+    from orchestrator import store
+    from orchestrator.output import check_output_folder
+    from orchestrator.sweep import (
+        check_local_resources,
+        check_ray_address,
+        check_resources,
+        init_ray,
+        storage_root,
+    )
     from search_spaces.spec import Resources, load_spec
 
     problems, loaded = [], None
+
+    def gather(check, *a, **kw):
+        try:
+            return check(*a, **kw)
+        except ConfigError as err:
+            problems.extend((f"{err.source}: {f}" if err.source else f, v, m) for f, v, m in err.problems)
+            return None
+
+    loaded = gather(loader or load_spec, path)
+    uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
+    gather(store.preflight, uri, mode="check")
+    root = gather(storage_root, storage, create=False)
+    if resume and root is not None and loaded is not None:
+        from orchestrator.sweep import latest_sweep_id
+
+        gather(latest_sweep_id, root, loaded.name)
+    for field, value in (outputs or {}).items():
+        if value:
+            gather(check_output_folder, field, value)
+    gather(check_ray_address, address)
+    res = None
     try:
-        loaded = (loader or load_spec)(path)
-    except ConfigError as err:
-        problems += err.problems
-    try:
+        from engine.config import read_yaml
+
         res = Resources.model_validate(read_yaml(path).get("resources") or {})
     except (ValidationError, ConfigError, AttributeError):
         res = None
-    if res is not None:
+    ray_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    if res is not None and (ray_up or address is None):
+        # reported with the spec's other errors: against the running Ray, or against what a local Ray would
+        # get (this machine's CPUs and GPUs) without starting one
+        gather(check_resources if ray_up else check_local_resources, res.cpu, res.gpu)
+    if problems:
+        raise ConfigError(problems)
+    if res is not None and not ray_up:
         init_ray(address, dashboard)
         try:
             check_resources(res.cpu, res.gpu)
         except ConfigError as err:
-            problems += err.problems
-    if problems:
-        raise ConfigError(problems, path)
-    return loaded
+            raise ConfigError(err.problems, path) from None
+    return loaded, uri
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator import store
-    from orchestrator.sweep import SweepOptions, run_sweep, storage_root
+    from orchestrator.sweep import SweepOptions, run_sweep
 
-    # before Ray starts: an unusable tracking store or storage folder is reported at once
-    uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    store.preflight(uri)
-    storage_root(args.storage)
     if args.objective:  # a bad name is refused before Ray starts
         from engine.cost_models import check_model_name
 
         check_model_name(args.objective, "--objective")
-    loaded = load_for_cluster(args.spec, args.address, args.dashboard)
+    # before Ray starts and before anything is created: the spec, the tracking store, the storage folder,
+    # the report folder and the Ray address, every problem at once
+    loaded, uri = load_for_cluster(args.spec, args.address, args.dashboard, tracking_uri=args.tracking_uri,
+                                   storage=args.storage, resume=args.resume,
+                                   outputs={"--report-dir": None if args.no_report else args.report_dir})
     if args.objective:
         loaded = loaded.with_objective(args.objective)
     opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
@@ -152,6 +192,7 @@ def cmd_pareto(args) -> int:
     from orchestrator import runs, store
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
+    store.check_uri(uri)
     data = runs.load(uri, args.sweep, args.sweep_id)
     objective = runs.check_objective(args.objective or data.objective, data.rows)
     front = runs.front(data.rows, objective)

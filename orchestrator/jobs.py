@@ -13,6 +13,8 @@ Its runtime environment carries what the cluster needs and nothing more:
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import socket
 import tempfile
@@ -40,10 +42,16 @@ def dashboard_address(address: str | None) -> str:
         raw = env if env.startswith(("http://", "https://")) else DEFAULT_ADDRESS
     if "://" not in raw:
         raw = "http://" + raw
-    url = urlparse(raw)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError.single("--address", address or raw,
-                                 "allowed: the Ray dashboard's URL, http://HOST:PORT (default port 8265)")
+    allowed = "allowed: the Ray dashboard's URL, http://HOST:PORT (default port 8265)"
+    from orchestrator.store import redact
+
+    try:
+        url = urlparse(raw)
+        port = url.port
+    except ValueError as exc:
+        raise ConfigError.single("--address", redact(address or raw), f"malformed ({exc}); {allowed}") from None
+    if url.scheme not in ("http", "https") or not url.hostname or port == 0:
+        raise ConfigError.single("--address", redact(address or raw), allowed)
     return raw.rstrip("/")
 
 
@@ -55,7 +63,9 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
         with socket.create_connection((url.hostname, port), timeout=timeout):
             pass
     except OSError as exc:
-        raise ConfigError.single("--address", address, f"no Ray dashboard reachable there ({exc.strerror or exc}); "
+        from orchestrator.store import redact
+
+        raise ConfigError.single("--address", redact(address), f"no Ray dashboard reachable there ({exc.strerror or exc}); "
                                  "start the cluster (ray start --head / docker compose up) or give its "
                                  "http://HOST:8265") from None
 
@@ -118,13 +128,31 @@ def entrypoint(storage: str | None, resume: bool = False) -> str:
         parts += ["--storage", storage]
     if resume:
         parts.append("--resume")
-    return " ".join(parts)
+    return shlex.join(parts)  # the job's entry point runs in a shell on the head node: quote every argument
 
 
 def submit(spec_path: str, address: str | None, tracking_uri: str | None, storage: str | None,
            upload: bool = True, resume: bool = False, submission_id: str | None = None) -> tuple[dict, object]:
-    """Submit the sweep; its summary and the connected client (for following the job)."""
-    tree, loaded = self_contained_spec(spec_path)
+    """Submit the sweep; its summary and the connected client (for following the job). The spec, the job id,
+    the tracking URI and the address are checked, every problem at once, before anything is contacted."""
+    from orchestrator.store import check_uri
+
+    problems: list = []
+    tree = loaded = None
+    for check in (lambda: self_contained_spec(spec_path), lambda: check_uri(tracking_uri) if tracking_uri else None,
+                  lambda: dashboard_address(address)):
+        try:
+            result = check()
+            if isinstance(result, tuple):
+                tree, loaded = result
+        except ConfigError as err:
+            problems += [(f"{err.source}: {f}" if err.source else f, v, m) for f, v, m in err.problems]
+    if submission_id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", submission_id):
+        problems.append(("--job-id", submission_id, "allowed: letters, digits, '_', '.', '-', at most 100 characters"))
+    if storage is not None and (not storage.startswith("/") or "\x00" in storage):
+        problems.append(("--storage", storage, "allowed: an absolute path that every node of the cluster mounts"))
+    if problems:
+        raise ConfigError(problems)
     jc = client(address)
     env = {"RAY_AIR_NEW_OUTPUT": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     if tracking_uri:

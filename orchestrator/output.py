@@ -53,3 +53,75 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None, file=None)
 
 def info(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+# -- output paths, checked before any work starts (nothing is created here) ---------------------------------
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
+
+
+def _writable_folder(folder, field: str, value: str) -> None:
+    """``folder`` exists, is a folder and a file can really be created in it (``os.access`` tells root yes on
+    read-only and virtual file systems)."""
+    import os
+    import tempfile
+
+    from engine.errors import ConfigError
+
+    if not folder.is_dir():
+        what = "does not exist" if not folder.exists() else "is not a folder"
+        raise ConfigError.single(field, value, f"its folder {folder} {what}; allowed: a path in an existing, "
+                                 "writable folder")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".fractune-probe-", dir=folder)
+        try:
+            os.write(fd, b"ok")  # an empty file needs no space: a full disk would pass
+        finally:
+            os.close(fd)
+            os.unlink(name)
+    except OSError as exc:
+        raise ConfigError.single(field, value, f"folder {folder} is not writable ({exc.strerror})") from None
+
+
+def check_output_file(field: str, value: str, suffixes: tuple[str, ...] | None = None):
+    """The resolved path of an output file: not a folder or special file, in an existing writable folder,
+    with one of ``suffixes`` when given. Nothing is created or changed."""
+    import stat
+    from pathlib import Path
+
+    from engine.errors import ConfigError
+
+    p = Path(value).expanduser()
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise ConfigError.single(field, value, f"allowed: a file name ending in {', '.join(suffixes)}")
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ConfigError.single(field, value, f"allowed: a writable file path ({exc.strerror})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a folder" if stat.S_ISDIR(st.st_mode) else "a special file"
+        raise ConfigError.single(field, value, f"is {what}; allowed: a file path")
+    _writable_folder(p.resolve().parent, field, value)
+    return p.resolve()
+
+
+def check_output_folder(field: str, value: str):
+    """The resolved path of an output folder: a writable folder, or a path whose nearest existing ancestor is
+    a writable folder (created later, once the work is known good). Nothing is created here."""
+    from pathlib import Path
+
+    from engine.errors import ConfigError
+
+    p = Path(value).expanduser().resolve()
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe != p and not probe.is_dir():
+        raise ConfigError.single(field, value, f"{probe} is a file (Not a directory); allowed: a folder path")
+    if probe == p and not p.is_dir():
+        raise ConfigError.single(field, value, "is a file; allowed: a folder path")
+    _writable_folder(probe, field, value)
+    return p

@@ -52,13 +52,14 @@ class SweepRuns:
 
 def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
     """The latest sweep of ``name`` (or ``sweep_id``) in the store at ``uri``, one row per trial."""
+    store.check_names(name, sweep_id)
     uri = store.normalise_uri(uri)
-    store.preflight(uri)
+    store.preflight(uri, mode="read")
     c = store.client(uri)
     parent = store.sweep_parent(c, name, sweep_id)
     if parent is None:
         what = f"no sweep {sweep_id!r} of that name" if sweep_id else "no sweep of that name"
-        raise ConfigError.single("sweep", name, f"{what} in {uri}")
+        raise ConfigError.single("sweep", name, f"{what} in {store.redact(uri)}")
     rows, factors = trial_rows(c, parent)
     return SweepRuns(uri, name, parent.data.tags.get(store.SWEEP_TAG, ""), parent.info.experiment_id,
                      parent.info.run_id, rows, factors, c, parent.data.tags.get(OBJECTIVE_TAG, "bitops"))

@@ -37,7 +37,12 @@ def redact(uri: str) -> str:
     """A URI safe to print: credentials (user:password@) replaced by ***."""
     import re
 
-    return re.sub(r"(?<=://)[^/@\s]+@", "***@", uri)
+    return re.sub(r"(?<=://)[^/?#\s]*@", "***@", uri)
+
+
+def without_credentials(uri: str) -> str:
+    """A URI to show or open: the ``user:password@`` part removed (a browser asks for it)."""
+    return redact(uri).replace("://***@", "://")
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
@@ -66,30 +71,133 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def preflight(uri: str, timeout: float = 5.0) -> None:
-    """Fail before any trial when the tracking store cannot be used."""
+SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks")
+
+
+def check_uri(uri: str, field: str = "--tracking-uri") -> None:
+    """Refuse a malformed tracking URI in one line (scheme, host, port), without contacting anything."""
+    from urllib.parse import urlsplit
+
     from engine.errors import ConfigError
 
+    shown = redact(uri)
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme not in SCHEMES:
+        raise ConfigError.single(field, shown, "allowed: http(s)://HOST:PORT, sqlite:///PATH.db, a path to a "
+                                 f".db file, or another MLflow store ({', '.join(SCHEMES)})")
+    if scheme in ("http", "https"):
+        try:
+            parts = urlsplit(uri)
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError.single(field, shown, f"malformed URL ({exc}); allowed: http(s)://HOST:PORT") from None
+        if not parts.hostname:
+            raise ConfigError.single(field, shown, "no host; allowed: http(s)://HOST:PORT")
+        if port == 0:
+            raise ConfigError.single(field, shown, "port 0; allowed: a port 1..65535")
+
+
+def _health_request(uri: str):
+    """``/health`` of an MLflow server, with the URI's credentials (or ``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``,
+    ``MLFLOW_TRACKING_TOKEN``) sent as authentication, never as part of the host name."""
+    import base64
+    import urllib.request
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    netloc = parts.hostname if ":" not in (parts.hostname or "") else f"[{parts.hostname}]"
+    netloc += f":{parts.port}" if parts.port else ""
+    url = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    req = urllib.request.Request(url)  # noqa: S310  http(s) only (check_uri)
+    user = unquote(parts.username) if parts.username else os.environ.get("MLFLOW_TRACKING_USERNAME")
+    password = unquote(parts.password or "") if parts.username else os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
+    if user:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        req.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+    return req
+
+
+def sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
+    """Fail before any trial when the tracking store cannot be used. ``mode``: ``create`` (a missing sqlite
+    database is created), ``check`` (nothing is created: a missing database only needs a writable folder) or
+    ``read`` (the store must already exist: the readers ``pareto``, ``report``, ``results``)."""
+    import stat
+
+    from engine.errors import ConfigError
+
+    check_uri(uri)
+    shown = redact(uri)
     if uri.startswith(("http://", "https://")):
         import urllib.error
         import urllib.request
 
         try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:  # noqa: S310
+            with urllib.request.urlopen(_health_request(uri), timeout=timeout) as resp:  # noqa: S310
                 if resp.status != 200:
                     raise OSError(f"/health answered {resp.status}")
-        except (OSError, urllib.error.URLError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ConfigError.single("--tracking-uri", redact(uri), f"MLflow server unreachable ({reason})") from None
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            reason = _one_line(redact(str(getattr(exc, "reason", exc))))
+            raise ConfigError.single("--tracking-uri", shown, f"MLflow server unreachable ({reason})") from None
         return
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
-        if not db.parent.is_dir() or not os.access(db.parent, os.W_OK):
-            raise ConfigError.single("--tracking-uri", uri, f"folder {db.parent} must exist and be writable")
+    db = sqlite_path(uri)
+    if db is not None:
+        try:
+            st = os.stat(db)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise ConfigError.single("--tracking-uri", shown, f"cannot read {db} ({exc.strerror})") from None
+        if st is None:
+            if mode == "read":
+                raise ConfigError.single("--tracking-uri", shown, f"no tracking store at {db} (nothing has been "
+                                         "logged there); allowed: the store a sweep wrote")
+            _probe_folder(db.parent, shown)
+            if mode == "check":
+                return
+        elif not stat.S_ISREG(st.st_mode):
+            raise ConfigError.single("--tracking-uri", shown, f"{db} is not a regular file; allowed: a sqlite "
+                                     "database file")
+        elif not _is_sqlite(db):
+            raise ConfigError.single("--tracking-uri", shown, f"{db} is not a sqlite database")
     try:
         client(uri).search_experiments(max_results=1)
     except Exception as exc:  # mlflow raises many types; the message is what matters
-        raise ConfigError.single("--tracking-uri", redact(uri), f"tracking store unusable ({_one_line(str(exc))})") from None
+        raise ConfigError.single("--tracking-uri", shown, f"tracking store unusable "
+                                 f"({_one_line(redact(str(exc)))[:300]})") from None
+
+
+def _probe_folder(folder: Path, shown: str) -> None:
+    """The folder exists and a file can really be created in it (``os.access`` says yes to root on read-only
+    or virtual file systems)."""
+    import tempfile
+
+    from engine.errors import ConfigError
+
+    if not folder.is_dir():
+        raise ConfigError.single("--tracking-uri", shown, f"folder {folder} must exist and be writable")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".fractune-probe-", dir=folder)
+        try:
+            os.write(fd, b"ok")  # an empty file needs no space: a full disk would pass
+        finally:
+            os.close(fd)
+            os.unlink(name)
+    except OSError as exc:
+        raise ConfigError.single("--tracking-uri", shown, f"folder {folder} must be writable ({exc.strerror})") from None
+
+
+def _is_sqlite(db: Path) -> bool:
+    try:
+        with open(db, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return False
+    return head == b"SQLite format 3\x00" or head == b""
 
 
 def ensure_experiment(c, name: str) -> str:
@@ -134,6 +242,7 @@ def _one_line(text: str) -> str:
 
 def sweep_parent(c, experiment: str, sweep_id: str | None = None):
     """The parent run of ``sweep_id``, or of the latest sweep of the experiment."""
+    check_names(experiment, sweep_id)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return None
@@ -143,6 +252,21 @@ def sweep_parent(c, experiment: str, sweep_id: str | None = None):
     runs = c.search_runs([exp.experiment_id], filter_string=flt, order_by=["attributes.start_time DESC"],
                          max_results=1)
     return runs[0] if runs else None
+
+
+def check_names(sweep: str, sweep_id: str | None = None) -> None:
+    """A sweep name and sweep id as fractune makes them (``<name>-<timestamp>``): nothing else reaches an
+    MLflow filter string."""
+    import re
+
+    from engine.config import NAME_PATTERN
+    from engine.errors import ConfigError
+
+    problems = [(field, value, "allowed: letters, digits, '.', '_' and '-', starting with a letter or digit, at "
+                 "most 100 characters") for field, value in (("sweep", sweep), ("--sweep-id", sweep_id))
+                if value is not None and not re.match(NAME_PATTERN, value)]
+    if problems:
+        raise ConfigError(problems)
 
 
 def child_runs(c, parent) -> list:

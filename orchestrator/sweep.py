@@ -54,15 +54,21 @@ class SweepOptions:
     progress: bool = True
 
 
-def storage_root(storage: str | None) -> Path:
+def storage_root(storage: str | None, create: bool = True) -> Path:
+    """The absolute storage folder; ``create=False`` only checks that it is (or can become) a writable folder."""
+    field = "--storage"
     root = Path(storage or os.environ.get("FRACTUNE_STORAGE") or "fractune_runs").expanduser().resolve()
+    if not create:
+        from orchestrator.output import check_output_folder
+
+        return check_output_folder(field, str(root))
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / ".write-test"
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError.single("--storage", str(root), f"must be a writable folder ({exc.strerror})") from None
+        raise ConfigError.single(field, str(root), f"must be a writable folder ({exc.strerror})") from None
     return root
 
 
@@ -94,16 +100,52 @@ def new_sweep_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def check_ray_address(address: str | None, timeout: float = 3.0) -> None:
+    """``--address``: auto, local, or HOST:PORT / ray://HOST:PORT of a running cluster that answers within
+    ``timeout`` seconds (Ray itself retries an unreachable address for minutes)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if address is None or address in ("auto", "local"):
+        return
+    allowed = "allowed: auto, or a running cluster's HOST:PORT (its GCS, port 6379 by default) or ray://HOST:PORT"
+    if "://" in address and not address.startswith("ray://"):
+        raise ConfigError.single("--address", address, f"{allowed} (http:// is the dashboard: `fractune submit` "
+                                 "takes that)")
+    try:
+        parts = urlsplit(address if "://" in address else "ray://" + address)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ConfigError.single("--address", address, f"malformed ({exc}); {allowed}") from None
+    if not host or not port:
+        raise ConfigError.single("--address", address, allowed)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConfigError.single("--address", address, f"no Ray cluster reachable there within {timeout:g} s "
+                                 f"({exc.strerror or exc}); start it (ray start --head) or give auto") from None
+
+
 def init_ray(address: str | None, dashboard: bool = False) -> None:
     import ray
 
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
-    if address:
-        ray.init(address=address, **kwargs)  # attaching: never pass CPU/GPU counts
-    else:  # the dashboard (HTTP, Jobs API) binds 127.0.0.1; Ray's gRPC ports are guarded by its token auth
-        ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", **kwargs)
+    try:
+        if address:
+            ray.init(address=address, **kwargs)  # attaching: never pass CPU/GPU counts
+        else:
+            # The dashboard (HTTP, Jobs API) binds 127.0.0.1; Ray's gRPC ports are guarded by its token auth.
+            # Metrics collection is off: its Prometheus endpoint would listen on every interface, unauthenticated.
+            ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                     _system_config={"enable_metrics_collection": False}, **kwargs)
+    except Exception as exc:  # ConnectionError, RuntimeError, ValueError from Ray: one line, the cause
+        from orchestrator.store import one_line_error
+
+        raise ConfigError.single("--address", address or "(local)", f"Ray could not start or attach "
+                                 f"({one_line_error(exc)[:300]})") from None
 
 
 def check_resources(cpu: float, gpu: float) -> None:
@@ -118,6 +160,24 @@ def check_resources(cpu: float, gpu: float) -> None:
         problems.append(("resources.cpu", cpu, f"allowed: <= {best_cpu:g} (CPUs of the largest node of this cluster)"))
     if gpu > best_gpu:
         problems.append(("resources.gpu", gpu, f"allowed: <= {best_gpu:g} (GPUs of the largest node of this cluster)"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_local_resources(cpu: float, gpu: float) -> None:
+    """``check_resources`` against the local Ray that would start here (this process's CPUs, the GPUs torch
+    sees), without starting it; the check on the started Ray follows."""
+    import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    problems = []
+    if cpu > cpus:
+        problems.append(("resources.cpu", cpu, f"allowed: <= {cpus:g} (CPUs of this machine, where a local Ray "
+                         "would start)"))
+    if gpu > gpus:
+        problems.append(("resources.gpu", gpu, f"allowed: <= {gpus:g} (GPUs of this machine, where a local Ray "
+                         "would start)"))
     if problems:
         raise ConfigError(problems)
 
@@ -275,17 +335,33 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
                                       failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
         )
-        print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {uri}", file=sys.stderr)
+        print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {store.redact(uri)}", file=sys.stderr)
     started = time.perf_counter()
     try:
         grid = tuner.fit()
     except Exception as exc:  # Tune itself gave up (e.g. its state or error files could not be written)
-        raise SweepError(storage_problem(root) or f"Ray Tune could not finish sweep {sweep_id}: "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
-                         f"rerun with --resume") from None
+        cause = storage_problem(root) or (f"Ray Tune could not finish sweep {sweep_id}: {type(exc).__name__}: "
+                                          f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        started_any = bool(tracker is not None and tracker.state["runs"])
+        mark_failed(tracker, cause)
+        raise SweepError(cause + ("; rerun with --resume" if started_any or tracker is None else
+                                  "; no trial started (the parent run is marked FAILED)")) from None
     # the tracker's own report when it ran in this process, else the one it wrote beside the experiment
     report = getattr(tracker, "last_report", None) if not opts.resume else None
     return finish(loaded, grid, uri, sweep_id, exp_path, time.perf_counter() - started, report)
+
+
+def mark_failed(tracker, cause: str) -> None:
+    """A sweep that Tune refused or abandoned: its parent run FAILED with the cause, never left RUNNING."""
+    if tracker is None or not tracker.state.get("parent_run_id"):
+        return
+    from orchestrator.store import one_line_error
+
+    try:
+        tracker.c.set_tag(tracker.state["parent_run_id"], "fractune.error", one_line_error(cause)[:5000])
+        tracker.c.set_terminated(tracker.state["parent_run_id"], "FAILED")
+    except Exception:  # noqa: BLE001  the store is down as well: the error line still tells the user
+        pass
 
 
 def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,

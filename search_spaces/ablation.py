@@ -29,7 +29,7 @@ from engine.config import parse_config, read_yaml
 from engine.config_errors import validation_problems
 from engine.config_types import Strict
 from engine.errors import ConfigError
-from search_spaces.spec import MAX_CHECKED_POINTS, LoadedSpec, dedupe_problems, parse_spec
+from search_spaces.spec import MAX_CHECKED_POINTS, MAX_TRIALS, LoadedSpec, dedupe_problems, parse_spec
 
 
 class Verdict(Strict):
@@ -43,6 +43,9 @@ class Ablation(Strict):
     baseline: dict[str, Any] = Field(default_factory=dict)
     importance: Literal["fanova", "ped_anova", "mdi"] = "fanova"
     verdict: Verdict = Verdict()
+
+
+MAX_LEVELS = 1000  # levels of one factor
 
 
 def level_label(value: Any) -> str:
@@ -97,6 +100,9 @@ def _section_problems(ab: Ablation) -> list[tuple[str, object, str]]:
             out.append((where, path, "a dotted config path, e.g. schedule.epsilon ('seed' goes in seeds)"))
         if len(levels) < 2:
             out.append((where, levels, "at least two levels"))
+        if len(levels) > MAX_LEVELS:
+            out.append((where, f"{len(levels)} levels", f"allowed: at most {MAX_LEVELS} levels per factor"))
+            continue
         labels = [level_label(v) for v in levels]
         if len(set(labels)) != len(labels):
             out.append((where, levels, "distinct levels"))
@@ -154,6 +160,12 @@ def parse_ablation(tree: dict, source: Path | None = None) -> LoadedAblation:
             pass
     design_ok = ab is not None and not any(f.startswith(("ablation.factors", "ablation.baseline"))
                                            for f, _, _ in problems)
+    if design_ok and loaded is not None:
+        n = len(make_points(ab)) * loaded.spec.search.num_samples * len(loaded.spec.seeds)
+        if n > MAX_TRIALS:
+            problems.append(("ablation.factors", f"{n} trials", f"allowed: at most {MAX_TRIALS} trials (points x "
+                             "search.num_samples x seeds)"))
+            design_ok = False
     if loaded is not None and design_ok:
         problems += _point_problems(loaded, ab)
     if problems:

@@ -28,6 +28,9 @@ from engine.errors import ConfigError
 from search_spaces import trial
 
 MAX_CHECKED_POINTS = 2000  # grid points validated one by one (beyond this, each value on its own)
+MAX_TRIALS = 100_000  # planned trials of one sweep (a grid's points x num_samples x seeds)
+MAX_VALUES = 10_000  # values of one grid/choice parameter, seeds of one sweep
+INT_BOUND = 2**62  # int parameter bounds (Tune samples them as int64)
 
 
 class Param(Strict):
@@ -53,6 +56,11 @@ class Param(Strict):
                 raise ValueError(f"{k} needs [low, high] with low < high")
         if self.loguniform is not None and self.loguniform[0] <= 0:
             raise ValueError("loguniform needs low > 0")
+        for k in ("grid", "choice"):
+            if len(getattr(self, k) or ()) > MAX_VALUES:
+                raise ValueError(f"{k} of {len(getattr(self, k))} values; allowed: at most {MAX_VALUES}")
+        if self.int is not None and not -INT_BOUND <= self.int[0] < self.int[1] <= INT_BOUND:
+            raise ValueError(f"int bounds must lie within -2**62..2**62; got {list(self.int)}")
         return self
 
     @property
@@ -68,20 +76,20 @@ class Search(Strict):
     algorithm: Literal["grid", "random", "optuna"] = "grid"
     sampler: Literal["tpe", "nsga2"] = "tpe"  # optuna only: multi-objective TPE (Optuna 5 default) or NSGA-II
     num_samples: int = Field(1, ge=1, le=100000)  # grid: repeats of the grid; random/optuna: trials
-    seed: int | None = Field(0, ge=0)  # the sampler's seed
+    seed: int | None = Field(0, ge=0, le=2**32 - 1)  # the sampler's seed
 
 
 class Scheduler(Strict):
     """Early stopping. ASHA stops trials on accuracy, so their BitOPs are not comparable: see docs."""
 
     kind: Literal["none", "asha"] = "none"
-    grace_period: int = Field(1, ge=1)
-    reduction_factor: float = Field(4, gt=1)
+    grace_period: int = Field(1, ge=1, le=100000)
+    reduction_factor: float = Field(4, gt=1, le=1000)
 
 
 class Budget(Strict):
     max_concurrent_trials: int | None = Field(None, ge=1, le=10000)
-    time_limit_s: float | None = Field(None, gt=0)
+    time_limit_s: float | None = Field(None, gt=0, le=10**8)
     max_failures: int = Field(1, ge=0, le=100)  # retries of a failed trial from its last checkpoint
 
 
@@ -96,7 +104,7 @@ class SweepSpec(Strict):
     base: dict[str, Any] | str = Field(default_factory=dict)
     set: dict[str, Any] = Field(default_factory=dict)  # dotted overrides applied to the base
     parameters: dict[str, Param] = Field(default_factory=dict)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_VALUES)
     search: Search = Search()
     scheduler: Scheduler = Scheduler()
     budget: Budget = Budget()
@@ -115,8 +123,8 @@ class SweepSpec(Strict):
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, v: list[int]) -> list[int]:
-        if any(s < 0 for s in v) or len(set(v)) != len(v):
-            raise ValueError("seeds must be distinct non-negative integers")
+        if any(not 0 <= s <= 2**31 - 1 for s in v) or len(set(v)) != len(v):
+            raise ValueError("seeds must be distinct integers 0..2147483647")
         return v
 
     @field_validator("parameters")
@@ -232,7 +240,36 @@ def _point_problems(spec: SweepSpec, source: Path | None) -> list[tuple[str, obj
     base_tree, problems = _base_tree(spec, source)
     if problems:
         return problems
-    return _check_search(spec) + _check_objective(spec, base_tree) + _check_points(LoadedSpec(spec, base_tree, source))
+    loaded = LoadedSpec(spec, base_tree, source)
+    size = _size_problems(loaded)
+    if size:
+        return size
+    out = _check_search(spec) + _check_objective(spec, base_tree) + _check_points(loaded)
+    return out or _run_problems(loaded)
+
+
+def _size_problems(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
+    n = loaded.num_trials()
+    if n is not None and n > MAX_TRIALS:
+        return [("parameters", f"{n} trials", f"allowed: at most {MAX_TRIALS} trials in one sweep (grid points x "
+                 "search.num_samples x seeds); split the sweep")]
+    return []
+
+
+def _run_problems(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
+    """What Tune and the trials would refuse at run time, checked on the base point."""
+    from engine.data import run_length
+
+    spec, out = loaded.spec, []
+    cfg = parse_config(loaded.point_tree({}, spec.seeds[0]))
+    if spec.scheduler.kind == "asha":
+        epochs = run_length(cfg).epochs
+        if spec.scheduler.grace_period > epochs:
+            out.append(("scheduler.grace_period", spec.scheduler.grace_period,
+                        f"allowed: <= the trials' {epochs} epochs (ASHA stops trials at rungs within the run)"))
+    if cfg.device == "cuda" and spec.resources.gpu == 0:
+        out.append(("resources.gpu", 0, "allowed: > 0 when the trials run with device: cuda"))
+    return out
 
 
 def _check_objective(spec: SweepSpec, base_tree: dict) -> list[tuple[str, object, str]]:
@@ -270,6 +307,12 @@ def _check_search(spec: SweepSpec) -> list[tuple[str, object, str]]:
                         "(use grid or random to repeat points over seeds)"))
         if not spec.parameters:
             out.append(("parameters", {}, "search.algorithm optuna needs at least one parameter"))
+        for path, p in spec.parameters.items():
+            odd = [v for v in (p.choice or []) if v is not None and not isinstance(v, bool | int | float | str)]
+            if odd:
+                out.append((f"parameters.{path}.choice", odd[0], "search.algorithm optuna keeps its choices in "
+                            "a journal: allowed: null, true/false, numbers and strings (sweep whole sections "
+                            "with random or grid)"))
     return out
 
 

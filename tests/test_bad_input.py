@@ -1,9 +1,22 @@
-"""Hostile and bad input: every file of tests/data/bad gives exit code 2 and one line naming the field;
-spec and config parsing raise nothing but the project's own error type, whatever the input."""
+"""Hostile and bad input, every subcommand: each case of tests/data/bad gives exit code 2 and one line per
+problem naming the field, no traceback, no secret, and nothing created or changed in the folder it runs in
+(its listing and the MLflow store it holds are compared before and after). Spec, config and YAML parsing raise
+nothing but the project's own error type, whatever the input, within a time and memory bound.
+
+A case file starts with header comments: ``# expect: FIELD`` (the field the line must name), optionally
+``# argv: COMMAND ARGS`` (default ``validate {file}``; ``{file}`` is the case file, ``{bad}`` this folder),
+``# lines: N`` (problems reported, default 1) and ``# secret: TEXT`` (must appear in no output). Cases run in a
+fresh folder holding ``adir/``, ``afile``, ``history.jsonl``, a FIFO named ``FIFO`` and an MLflow store
+``mlflow.db`` (the default tracking URI)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import shlex
+import shutil
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,28 +29,107 @@ from search_spaces.ablation import parse_ablation
 from search_spaces.spec import parse_spec
 from tests.conftest import ROOT
 
-BAD = sorted((ROOT / "tests" / "data" / "bad").glob("*.yaml"))
+BAD_DIR = ROOT / "tests" / "data" / "bad"
+BAD = sorted(BAD_DIR.glob("*.yaml"))
 
 
-def test_the_corpus_is_large_enough():
-    assert len(BAD) >= 30
+def header(path) -> dict[str, str]:
+    out = {}
+    for line in path.read_bytes().decode(errors="replace").splitlines():
+        m = re.match(r"# (expect|argv|lines|secret): (.*)$", line)
+        if not m:
+            break
+        out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def argv_of(path) -> list[str]:
+    h = header(path)
+    text = h.get("argv", "validate {file}")
+    return [a.replace("{file}", str(path)).replace("{bad}", str(BAD_DIR)) for a in shlex.split(text)]
+
+
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory):
+    """An MLflow sqlite store with its tables (made once): copied into every case's folder."""
+    from orchestrator import store
+
+    folder = tmp_path_factory.mktemp("store")
+    store.preflight(f"sqlite:///{folder}/mlflow.db")
+    return folder / "mlflow.db"
+
+
+@pytest.fixture
+def case_dir(tmp_path, empty_store, monkeypatch):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir" / "keep.txt").write_text("keep")
+    (tmp_path / "afile").write_text("not a folder")
+    (tmp_path / "history.jsonl").write_text('{"epoch": 1}\n')
+    os.mkfifo(tmp_path / "FIFO")
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    for var in ("MLFLOW_TRACKING_URI", "FRACTUNE_STORAGE", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def snapshot(folder) -> dict:
+    """Every entry's name; files also by size, mtime and (the store) content."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        st_ = p.lstat()
+        rel = str(p.relative_to(folder))
+        if p.is_file():
+            out[rel] = (st_.st_size, st_.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        else:
+            out[rel] = "entry"
+    return out
+
+
+def test_the_corpus_is_large_enough_and_covers_every_subcommand():
+    assert len(BAD) >= 120
+    from orchestrator.cli import build_parser
+
+    commands = set(build_parser()._subparsers._group_actions[0].choices)
+    covered = {argv_of(p)[0] for p in BAD}
+    assert commands <= covered, commands - covered
 
 
 @pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
-def test_bad_file_exits_2_with_one_line_naming_the_field(path, capsys):
-    expected = re.match(r"# expect: (\S+)", path.read_text()).group(1)
-    code = main(["validate", str(path)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(err) == 1, err
-    assert "Traceback" not in err[0]
-    assert f"{expected}:" in err[0] or f" {expected} " in err[0] or err[0].split("error: ")[-1].startswith(expected), err[0]
+def test_bad_input_exits_2_with_one_line_per_problem_and_changes_nothing(path, case_dir, capsys):
+    h = header(path)
+    before = snapshot(case_dir)
+    started = time.perf_counter()
+    try:
+        code = main(argv_of(path))
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    wall = time.perf_counter() - started
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert code == 2, (code, err)
+    assert len(err) == int(h.get("lines", 1)), err
+    assert not any("Traceback" in line for line in err)
+    expected = h["expect"]
+    assert any(f"{expected}:" in line or f" {expected} " in line for line in err), err
+    if "secret" in h:
+        assert h["secret"] not in captured.err + captured.out
+    assert snapshot(case_dir) == before, "the case created or changed files"
+    assert wall < 30, f"refused after {wall:.0f} s"
 
 
-def test_real_process_exit_codes(run_cli):
+def test_real_process_exit_codes(run_cli, tmp_path):
     for name in ("04_bits_too_high.yaml", "23_malformed_yaml.yaml", "42_spec_invalid_grid_point.yaml"):
-        r = run_cli("validate", str(ROOT / "tests" / "data" / "bad" / name))
+        r = run_cli("validate", str(BAD_DIR / name))
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # the special files and the credentials as a user would give them, in a real process and folder
+    os.mkfifo(tmp_path / "FIFO")
+    for args in (["validate", "/dev/zero"], ["train", "FIFO"], ["validate", str(BAD_DIR / "support" / "bomb.yaml")],
+                 ["pareto", "x", "--tracking-uri", "http://bob:hunter2pw@127.0.0.1:1"]):
+        r = run_cli(*args, cwd=tmp_path, timeout=240, env={"PYTHONPATH": str(ROOT)})  # this checkout, in any folder
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert "hunter2pw" not in r.stderr + r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FIFO"]
 
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**40, 10**40), st.floats(allow_nan=True),

@@ -184,7 +184,8 @@ def test_dfq_run_reports_cp_and_bit_allocation():
     last = r.history[-1]
     alloc = last["bit_allocation"]
     assert alloc["options"] == ["skip", "2/6", "3/6", "4/6", "4/12", "6/8", "6/12"]
-    assert len(alloc["fractions"]) == 3 and all(sum(row) == pytest.approx(1.0) for row in alloc["fractions"])
+    # fractions are rounded to 5 places
+    assert len(alloc["fractions"]) == 3 and all(sum(row) == pytest.approx(1.0, abs=1e-4) for row in alloc["fractions"])
     assert last["target_cp"] == 2.0 and 0.0 <= last["cp_gated"] <= 100 * 144 / 3072
     assert {f"alloc_fw_b{i:02d}" for i in range(3)} <= last.keys()
     assert r.metrics["cp"] < 100 and r.metrics["train_bitops"] < r.metrics["fp32_bitops"]
