@@ -33,6 +33,7 @@ from engine.dfq import GatedRunner
 from engine.errors import CheckpointError, TrainingDiverged
 from engine.models import build_model
 from engine.models.gated import GatedModel
+from engine.precision import FP32
 from engine.runners import StaticRunner, make_step
 from engine.schedules import PrecisionTrace, build_schedule
 
@@ -184,8 +185,20 @@ class Trainer:
         self.history: list[dict] = []
         self.epoch = self.iteration = 0
         self.bar = None
+        self.init_metrics: dict = {}
 
     # -- resume ---------------------------------------------------------------------------------------
+    def initialise(self, weights: dict) -> None:
+        """Start from pretrained weights (``cfg.init``); their FP32 accuracy before any step is kept as
+        ``init_accuracy`` / ``init_val_accuracy`` in the first epoch's metrics (proof that they were loaded)."""
+        backbone = self.model.backbone if self.cfg.gated else self.model
+        checkpoint.apply_init(backbone, weights, self.cfg.init)
+        size = self.cfg.data.eval_batch_size
+        fp32 = lambda x: backbone(x, FP32)  # noqa: E731
+        self.init_metrics = {"init_accuracy": evaluate(backbone, fp32, self.data.test, size, self.device)[0]}
+        if self.data.val is not None:
+            self.init_metrics["init_val_accuracy"] = evaluate(backbone, fp32, self.data.val, size, self.device)[0]
+
     def restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
@@ -274,6 +287,7 @@ class Trainer:
             "bw_bits": bw_bits,
             "wall_seconds": self.wall_seconds(),
             **runner.end_epoch(),
+            **(self.init_metrics if self.epoch == 1 else {}),
             "events": [dict(e, epoch=self.epoch) for e in runner.events[events_before:]],
         }
         self.history.append(metrics)
@@ -312,13 +326,16 @@ def train_and_evaluate(
     progress: bool = False,
 ) -> RunResult:
     device = pick_device(cfg.device)
-    data = load_data(cfg.data)
     state = load_resume_state(cfg, resume_from, device)
+    init_weights = checkpoint.load_init(cfg.init, cfg.model.name) if cfg.init and state is None else None
+    data = load_data(cfg.data)
     totals = CostTotals()
     prt_info = resolve_fw_min(cfg, data, device, state, totals)
     trainer = Trainer(cfg, data, device, totals, prt_info)
     if state is not None:
         trainer.restore(state)
+    elif init_weights is not None:
+        trainer.initialise(init_weights)
     if progress:
         trainer.show_progress()
     while not trainer.finished:
@@ -354,4 +371,5 @@ def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, co
         "cp": totals.cp,
         "forward_macs_per_sample": counter.forward_macs,
         "wall_seconds": wall,
+        **{k: v for k, v in (history[0] if history else {}).items() if k.startswith("init_")},
     }

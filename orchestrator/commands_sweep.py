@@ -31,6 +31,10 @@ def cmd_validate(args) -> int:
 
         if obj.data.data_dir:  # a folder named in the config must hold the data
             check_available(obj.data)
+        if obj.init is not None:  # the pretrained checkpoint must exist and be of this run's model
+            from engine.checkpoint import load_init
+
+            load_init(obj.init, obj.model.name)
         out = {"file": args.file, "kind": "experiment", "name": obj.name, "valid": True}
     print(f"{args.file}: valid {out['kind']} {out['name']!r}" + (f", {out['trials']} trials" if "trials" in out else ""))
     if args.json:
