@@ -39,6 +39,7 @@ class DebugConfig(Strict):
     """Fault injection, for testing a deployment's failure handling (docs/reliability.md). Leave unset."""
 
     nan_loss_at_iteration: int | None = Field(None, ge=0)  # the loss becomes NaN at this iteration
+    nan_loss_seeds: list[int] | None = None  # ... only in runs of these seeds (null: every seed)
     sleep_per_iteration: float = Field(0.0, ge=0.0, le=10.0)  # slow a run down (to kill it mid-epoch)
 
 

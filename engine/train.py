@@ -237,7 +237,8 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         debug = self.cfg.debug
-        if self.iteration == debug.nan_loss_at_iteration:
+        seeds = debug.nan_loss_seeds
+        if self.iteration == debug.nan_loss_at_iteration and (seeds is None or self.cfg.seed in seeds):
             x = torch.full_like(x, float("nan"))  # fault injection: the loss becomes NaN
         try:
             out = self.runner.step(x, y, self.iteration)
