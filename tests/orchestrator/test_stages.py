@@ -108,6 +108,15 @@ def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pr
     assert errors == {("pretrain", 1), ("retrain", 1)}
     # the front is the retrain stage's (finished trials of seed 0)
     assert {e["run_id"] for e in result["pareto"]} <= {r.info.run_id for r in retrain}
+    # `fractune results` compares the retrain stage's methods, with the pretrain's accuracy for reference
+    from dashboards.results import build_results
+
+    res = build_results(sqlite_uri, "lineage", None, tmp_path / "results.md", log=False)
+    assert res["trials"] == 4 and res["finished"] == 2 and {m["n"] for m in res["methods"]} == {1}
+    assert res["stages"][0]["stage"] == "pretrain" and res["stages"][0]["n"] == 1
+    assert res["stages"][0]["accuracy_mean"] == pytest.approx(pre[0].data.metrics["accuracy"])
+    assert res["stages"][1]["accuracy_mean"] == pytest.approx(pre[0].data.metrics["accuracy"])  # init_accuracy
+    assert "## Earlier stages (reference)" in (tmp_path / "results.md").read_text()
     # resuming a finished staged sweep runs nothing again
     code, out, again = run_main(*args, "--resume")
     assert again["sweep_id"] == result["sweep_id"] and again["trials"] == 6
