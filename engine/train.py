@@ -172,6 +172,7 @@ class Trainer:
                  prt_info: dict | None):
         self.cfg, self.data, self.device, self.totals, self.prt_info = cfg, data, device, totals, prt_info
         self.started, self.wall_before = time.perf_counter(), 0.0
+        self.cpu_started, self.cpu_before = time.process_time(), 0.0
         seed_everything(cfg.seed)
         self.model, self.counter = prepare(cfg, data.info, device)
         self.run = run_length(cfg, len(data.train))
@@ -207,6 +208,7 @@ class Trainer:
         self.history = list(state["history"])
         self.epoch, self.iteration = int(state["epoch"]), int(state["iteration"])
         self.wall_before = float(state["wall_seconds"])
+        self.cpu_before = float(state.get("cpu_seconds", 0.0))
         _set_rng_state(state["rng"])
 
     def snapshot(self, directory: str | Path) -> Path:
@@ -214,11 +216,16 @@ class Trainer:
             "config": self.cfg.to_dict(), "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "schedule": self.runner.state_dict(), "totals": self.totals.state_dict(), "history": self.history,
             "epoch": self.epoch, "iteration": self.iteration, "rng": _rng_state(), "prt": self.prt_info,
-            "wall_seconds": self.wall_seconds(),
+            "wall_seconds": self.wall_seconds(), "cpu_seconds": self.cpu_seconds(),
         })
 
     def wall_seconds(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
+
+    def cpu_seconds(self) -> float:
+        """This process's CPU time (all threads) since the run started: a duration a shared machine's other
+        load does not stretch, unlike ``wall_seconds``."""
+        return self.cpu_before + time.process_time() - self.cpu_started
 
     # -- training -------------------------------------------------------------------------------------
     @property
@@ -287,6 +294,7 @@ class Trainer:
             "fw_bits": fw_bits,
             "bw_bits": bw_bits,
             "wall_seconds": self.wall_seconds(),
+            "cpu_seconds": self.cpu_seconds(),
             **runner.end_epoch(),
             **(self.init_metrics if self.epoch == 1 else {}),
             "events": [dict(e, epoch=self.epoch) for e in runner.events[events_before:]],
@@ -372,5 +380,6 @@ def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, co
         "cp": totals.cp,
         "forward_macs_per_sample": counter.forward_macs,
         "wall_seconds": wall,
+        "cpu_seconds": last.get("cpu_seconds", float("nan")),
         **{k: v for k, v in (history[0] if history else {}).items() if k.startswith("init_")},
     }

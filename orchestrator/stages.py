@@ -72,9 +72,8 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions) -> dict:
     check_shared_storage(root)
     trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
     manifest = read_manifest(exp_root)
-    if opts.resume and not manifest["stages"] and not any((exp_root / s.spec.name).exists() for s in loaded.stages):
-        if not (exp_root / MANIFEST).is_file():
-            raise ConfigError.single("--resume", spec.name, f"{exp_root} holds no staged sweep")
+    if opts.resume and not (exp_root / MANIFEST).is_file():  # written before the first stage starts
+        raise ConfigError.single("--resume", spec.name, f"{exp_root} holds no staged sweep (no {MANIFEST})")
     exp_root.mkdir(parents=True, exist_ok=True)
     names = [sub.stage.name for sub in loaded.stages]
     manifest.setdefault("sweep_id", sweep_id)

@@ -91,6 +91,7 @@ def test_init_keeps_the_pretrained_model_and_starts_above_chance(pretrained):
     # the whole test set in both halves: before any step, the retrain scores what the pretrain ended with
     assert result.history[0]["init_accuracy"] == pytest.approx(pre.metrics["accuracy"]) and pre.metrics["accuracy"] > 0.25
     assert result.metrics["init_accuracy"] == result.history[0]["init_accuracy"]
+    assert 0 < result.metrics["cpu_seconds"] == result.history[-1]["cpu_seconds"]  # a duration load cannot stretch
     assert "init_accuracy" not in train_and_evaluate(parse_config(BASE)).history[0]
     scratch = train_and_evaluate(parse_config({**BASE, "data": cfg.data.model_dump()}))
     assert result.metrics["accuracy"] > scratch.metrics["accuracy"]  # one epoch from the pretrained model wins
