@@ -8,7 +8,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # apt-get waits up to 10 minutes for the dpkg lock (another install running) instead of failing at once
 APT_GET := env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: install data browser docker-tools docker-engine compose-test demo test bench lint clean
+.PHONY: install data browser docker-tools docker-engine compose-test demo test test-fast bench lint clean
 
 install: $(STAMP) data
 
@@ -73,6 +73,10 @@ demo: install
 test: install browser docker-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=15
+
+# The engine, spec and Pareto tests only (no Ray, MLflow server or browser): the quick loop while editing.
+test-fast: install
+	$(BIN)/python -m pytest -q tests/engine tests/test_spec.py tests/test_pareto.py tests/test_architecture.py
 
 bench: install
 	$(BIN)/python bench/engine_overhead.py

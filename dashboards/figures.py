@@ -11,13 +11,25 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from orchestrator.runs import cost_of
+
 PRECISION_KEYS = ("fw_bits", "bw_bits", "target_cp", "stage")
 
 
-def _hover(row: dict) -> str:
+def _hover(row: dict, objective: str = "bitops") -> str:
     point = ", ".join(f"{k}={_short(v)}" for k, v in (row.get("point") or {}).items())
+    other = "" if objective == "bitops" else f"<br>{objective} {cost_of(row, objective):.4g}"
     return (f"{row.get('name')}<br>accuracy {row['accuracy']:.4f}<br>{row['train_bitops'] / 1e9:.3f} GBitOPs"
-            f"<br>seed {row.get('seed')}<br>{point}")
+            f"{other}<br>seed {row.get('seed')}<br>{point}")
+
+
+def cost_axis(objective: str) -> tuple[float, str]:
+    """(scale, axis label) of a cost model's axis: GBitOPs for BitOPs, the model's own unit otherwise."""
+    from engine.cost_models import UNITS
+
+    if objective == "bitops":
+        return 1e9, "training GBitOPs"
+    return 1.0, f"training cost under {objective} ({UNITS.get(objective, 'cost')})"
 
 
 def _short(v) -> str:
@@ -25,25 +37,48 @@ def _short(v) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def pareto_figure(rows: list[dict], front: list[dict]) -> go.Figure:
-    """Accuracy against training GBitOPs, one colour per schedule kind, the front as a stepped line."""
+def pareto_figure(rows: list[dict], front: list[dict], objective: str = "bitops") -> go.Figure:
+    """Accuracy against the training cost under ``objective`` (GBitOPs by default), one colour per schedule
+    kind, the front as a stepped line."""
+    scale, label = cost_axis(objective)
     fig = go.Figure()
     for kind in sorted({r.get("schedule") or "?" for r in rows}):
         sub = [r for r in rows if (r.get("schedule") or "?") == kind]
-        fig.add_trace(go.Scatter(x=[r["train_bitops"] / 1e9 for r in sub], y=[r["accuracy"] for r in sub],
+        fig.add_trace(go.Scatter(x=[cost_of(r, objective) / scale for r in sub], y=[r["accuracy"] for r in sub],
                                  mode="markers", name=kind, marker={"size": 9, "opacity": 0.75},
-                                 text=[_hover(r) for r in sub], hoverinfo="text"))
+                                 text=[_hover(r, objective) for r in sub], hoverinfo="text"))
     if front:
-        fig.add_trace(go.Scatter(x=[r["train_bitops"] / 1e9 for r in front], y=[r["accuracy"] for r in front],
+        fig.add_trace(go.Scatter(x=[cost_of(r, objective) / scale for r in front], y=[r["accuracy"] for r in front],
                                  mode="lines+markers", name="Pareto front", line={"shape": "hv", "color": "black"},
                                  marker={"symbol": "star", "size": 14, "color": "gold",
                                          "line": {"color": "black", "width": 1}},
-                                 text=[_hover(r) for r in front], hoverinfo="text"))
-    costs = [r["train_bitops"] for r in rows if r["train_bitops"] > 0]
+                                 text=[_hover(r, objective) for r in front], hoverinfo="text"))
+    costs = [c for r in rows if (c := cost_of(r, objective)) > 0]
     log = bool(costs) and max(costs) / min(costs) > 20  # fp32 next to 4-bit runs spans decades
-    fig.update_layout(title="Accuracy vs training BitOPs (front: accuracy max, BitOPs min)", height=520,
-                      xaxis={"title": "training GBitOPs" + (" (log)" if log else ""), "type": "log" if log else "linear"},
+    fig.update_layout(title=f"Accuracy vs {label.removeprefix('training ')} (front: accuracy max, cost min)",
+                      height=520, xaxis={"title": label + (" (log)" if log else ""), "type": "log" if log else "linear"},
                       yaxis={"title": "test accuracy"}, legend={"title": "schedule"})
+    return fig
+
+
+def parallel_figure(rows: list[dict], factors: list[str], objectives: list[str]) -> go.Figure:
+    """Parallel coordinates: every swept parameter (categorical ones as numbered levels) and the objectives
+    (accuracy and the training cost under each model), one line per finished trial coloured by accuracy."""
+    dims = []
+    for f in factors:
+        values = [(r.get("point") or {}).get(f) for r in rows]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            dims.append({"label": f, "values": values})
+        else:
+            levels = sorted({_short(v) for v in values})
+            dims.append({"label": f, "values": [levels.index(_short(v)) for v in values],
+                         "tickvals": list(range(len(levels))), "ticktext": [t[:24] for t in levels]})
+    dims.append({"label": "accuracy", "values": [r["accuracy"] for r in rows]})
+    for name in objectives:
+        dims.append({"label": name, "values": [cost_of(r, name) for r in rows]})
+    fig = go.Figure(go.Parcoords(line={"color": [r["accuracy"] for r in rows], "colorscale": "Viridis",
+                                       "showscale": True, "colorbar": {"title": "accuracy"}}, dimensions=dims))
+    fig.update_layout(title="Parameters and objectives (one line per finished trial)", height=480)
     return fig
 
 
@@ -81,9 +116,23 @@ def _zero(v) -> float:
     return 0.0 if v is None or not math.isfinite(v) else float(v)
 
 
+IMPORTANCE_META = ("evaluator", "trials", "note", "constant")
+
+
+def importance_objectives(importance: dict) -> list[str]:
+    """The objectives an importance dict holds with values: accuracy, then BitOPs (``train_bitops``) or each cost
+    model (a model under which every trial costs the same has none)."""
+    return [k for k in importance if k not in IMPORTANCE_META and importance[k]]
+
+
+def importance_title(key: str) -> str:
+    return {"accuracy": "for accuracy", "train_bitops": "for training BitOPs"}.get(key, f"for {key}")
+
+
 def importance_figure(importance: dict) -> go.Figure:
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["for accuracy", "for training BitOPs"])
-    for col, key in ((1, "accuracy"), (2, "train_bitops")):
+    keys = importance_objectives(importance)
+    fig = make_subplots(rows=1, cols=len(keys), subplot_titles=[importance_title(k) for k in keys])
+    for col, key in enumerate(keys, start=1):
         imp = importance.get(key) or {}
         names = list(imp)[::-1]  # most important on top
         fig.add_trace(go.Bar(x=[imp[n] for n in names], y=names, orientation="h", showlegend=False), row=1, col=col)

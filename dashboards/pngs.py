@@ -32,20 +32,24 @@ def log_x_if_wide(ax, costs: list[float]) -> None:
         ax.set_xscale("log")
 
 
-def pareto_png(rows: list[dict], front: list[dict], path: Path) -> Path:
+def pareto_png(rows: list[dict], front: list[dict], path: Path, objective: str = "bitops") -> Path:
+    from dashboards.figures import cost_axis
+    from orchestrator.runs import cost_of
+
+    scale, label = cost_axis(objective)
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for kind in sorted({r.get("schedule") or "?" for r in rows}):
         sub = [r for r in rows if (r.get("schedule") or "?") == kind]
-        ax.scatter([r["train_bitops"] / 1e9 for r in sub], [r["accuracy"] for r in sub], label=kind, alpha=0.75)
+        ax.scatter([cost_of(r, objective) / scale for r in sub], [r["accuracy"] for r in sub], label=kind, alpha=0.75)
     if front:
-        ax.step([r["train_bitops"] / 1e9 for r in front], [r["accuracy"] for r in front], where="post", color="k",
-                lw=1)
-        ax.scatter([r["train_bitops"] / 1e9 for r in front], [r["accuracy"] for r in front], marker="*", s=160,
+        xs = [cost_of(r, objective) / scale for r in front]
+        ax.step(xs, [r["accuracy"] for r in front], where="post", color="k", lw=1)
+        ax.scatter(xs, [r["accuracy"] for r in front], marker="*", s=160,
                    color="gold", edgecolors="k", label="Pareto front", zorder=3)
-    log_x_if_wide(ax, [r["train_bitops"] for r in rows])
-    ax.set_xlabel("training GBitOPs")
+    log_x_if_wide(ax, [cost_of(r, objective) for r in rows])
+    ax.set_xlabel(label)
     ax.set_ylabel("test accuracy")
-    ax.set_title("Accuracy vs training BitOPs")
+    ax.set_title(f"Accuracy vs {label.removeprefix('training ')}")
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -72,8 +76,12 @@ def _zero(v) -> float:
 
 
 def importance_png(importance: dict, path: Path) -> Path:
-    fig, axes = plt.subplots(1, 2, figsize=(10, 1.5 + 0.45 * max(len(importance.get("accuracy") or {}), 1)))
-    for ax, key, title in ((axes[0], "accuracy", "for accuracy"), (axes[1], "train_bitops", "for training BitOPs")):
+    from dashboards.figures import importance_objectives, importance_title
+
+    keys = importance_objectives(importance)
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 1.5 + 0.45 * max(len(importance.get("accuracy")
+                                                                                       or {}), 1)), squeeze=False)
+    for ax, key, title in ((axes[0][i], k, importance_title(k)) for i, k in enumerate(keys)):
         imp = importance.get(key) or {}
         names = list(imp)[::-1]
         ax.barh(names, [imp[n] for n in names])

@@ -1,8 +1,10 @@
 """``fractune report``: one self-contained HTML report of a sweep (plotly) plus matplotlib PNGs, written to a
 folder and logged under ``report/`` on the sweep's parent run, so they open inside the MLflow UI.
 
-Contents: accuracy vs training BitOPs with the Pareto front; for ablations the sensitivity curves (mean ± std
-per level), the level table and the verdicts; parameter importance for accuracy and for BitOPs; precision over
+Contents: accuracy vs the training cost (the sweep's cost model, or ``--objective``) with the Pareto front and
+its hypervolume; for sweeps, parallel coordinates of the swept parameters against the objectives (accuracy and
+every cost model) and each parameter's importance for each objective; for ablations the sensitivity curves
+(mean ± std per level), the level table and the verdicts, and importance for accuracy and BitOPs; precision over
 training of chosen runs (per-epoch FW/BW bits, target CP, ``events.json``); DFQ's bit allocation per block and
 epoch. Everything is read back from MLflow (``dashboards.data``), so a report can be rebuilt at any time.
 """
@@ -10,12 +12,14 @@ epoch. Everything is read back from MLflow (``dashboards.data``), so a report ca
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
 from dashboards import figures, pngs
 from dashboards import html as H
 from dashboards.data import SweepData, bit_allocation, histories, load_sweep
+from dashboards.mlflow_view import publish_sweep, view_url
 from engine.config import GATED_KINDS
 from engine.errors import ConfigError
 from orchestrator.output import emit_json, info
@@ -23,6 +27,7 @@ from orchestrator.store import artifact_json
 
 MAX_CHOSEN = 6  # runs in the precision figure when none are named
 MAX_GATED = 4  # heatmaps
+PED_ANOVA_FROM = 200  # finished trials above which importance uses PED-ANOVA (fast at many trials) over fANOVA
 
 
 def choose_runs(data: SweepData, front: list[dict], wanted: list[str] | None) -> list[dict]:
@@ -38,18 +43,31 @@ def choose_runs(data: SweepData, front: list[dict], wanted: list[str] | None) ->
     return (front or data.finished() or data.rows)[:MAX_CHOSEN]
 
 
+def cost_models_of(rows: list[dict]) -> list[str]:
+    """The cost models every finished row logged (in the order the engine reports them)."""
+    names = list(dict.fromkeys(n for r in rows for n in r.get("costs", {})))
+    return [n for n in names if all(math.isfinite(r.get("costs", {}).get(n, math.nan)) for r in rows)]
+
+
 def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | Path | None = None,
-                 runs: list[str] | None = None, log: bool = True, data: SweepData | None = None) -> dict:
-    from orchestrator.ablation_analysis import analyse, importances
+                 runs: list[str] | None = None, log: bool = True, data: SweepData | None = None,
+                 objective: str | None = None) -> dict:
+    from orchestrator.ablation_analysis import analyse, importances_by_objective
+    from orchestrator.runs import check_objective, cost_of, front_quality
     from orchestrator.runs import front as pareto_front
 
     started = time.perf_counter()
     data = data or load_sweep(uri, sweep, sweep_id)
+    objective = check_objective(objective or data.objective, data.rows)
     c = data.client
-    done = data.finished()
-    front = pareto_front(data.rows)
+    done = data.finished(objective)
+    front = pareto_front(data.rows, objective)
+    quality = front_quality(done, front, objective)
+    models = cost_models_of(done) or [objective]
     analysis = analyse(done, data.meta) if data.meta else None
-    importance = analysis["importance"] if analysis else importances(done, data.factors, "fanova")
+    evaluator = "ped_anova" if len(done) > PED_ANOVA_FROM else "fanova"
+    importance = analysis["importance"] if analysis else importances_by_objective(
+        done, data.factors, {m: (lambda r, m=m: cost_of(r, m)) for m in models}, evaluator)
     chosen = choose_runs(data, front, runs)
     hist = {r["run_id"]: histories(c, r["run_id"], figures.PRECISION_KEYS) for r in chosen}
     events = {r["run_id"]: artifact_json(c, r["run_id"], "events.json") or [] for r in chosen}
@@ -62,17 +80,25 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     folder.mkdir(parents=True, exist_ok=True)
     sections, made = [], []
     sections.append(("Trials", _trials_table(data)))
-    sections.append(("Accuracy vs training BitOPs", H.figure(figures.pareto_figure(done, front))
-                     + H.table(_front_rows(front))))
-    made.append(pngs.pareto_png(done, front, folder / "pareto.png"))
+    title = "Accuracy vs training BitOPs" if objective == "bitops" else f"Accuracy vs training cost ({objective})"
+    sections.append((title, H.figure(figures.pareto_figure(done, front, objective))
+                     + H.note(f"Hypervolume of the front: {H.fmt(quality['hypervolume'])} ({quality['rule']}).")
+                     + H.table(_front_rows(front, objective))))
+    made.append(pngs.pareto_png(done, front, folder / "pareto.png", objective))
+    if len(done) >= 2 and data.factors and not analysis:
+        sections.append(("Parameters and objectives", H.figure(figures.parallel_figure(done, data.factors, models))
+                         + H.note("Parallel coordinates: one line per finished trial, coloured by accuracy; "
+                                  "categorical parameters as numbered levels; drag along an axis to filter.")))
     if analysis:
         sections.append(("Sensitivity", _sensitivity_html(analysis)))
         made.append(pngs.sensitivity_png(analysis["levels"], analysis["verdicts"], folder / "sensitivity.png"))
     if importance.get("accuracy"):
+        what = "BitOPs" if analysis else "the training cost under each cost model in turn"
         sections.append(("Parameter importance", H.figure(figures.importance_figure(importance)) + H.note(
             f"Optuna get_param_importances, {importance['evaluator']} evaluator, over {importance['trials']} "
-            "finished trials of an in-memory two-objective study (accuracy maximize, BitOPs minimize), one "
-            "objective at a time as the target.")))
+            f"finished trials of in-memory two-objective studies (accuracy maximize, {what} minimize), one "
+            "objective at a time as the target." + (f" Every trial costs the same under {', '.join(importance['constant'])}"
+                                                    ": no importance there." if importance.get("constant") else ""))))
         made.append(pngs.importance_png(importance, folder / "importance.png"))
     else:
         sections.append(("Parameter importance", H.note(importance.get("note", "no swept parameter varies"))))
@@ -86,24 +112,49 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
         made.append(pngs.allocation_png(allocs, names, folder / "bit_allocation.png"))
     subtitle = (f"sweep {data.sweep_id} · experiment {data.experiment_id} · parent run {data.parent_run_id} · "
                 f"{len(data.rows)} trials, {len(done)} finished · tracking {data.uri} · "
-                f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}")
+                f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}<br>{_view_links(data)}")
     html_path = folder / "report.html"
     html_path.write_text(H.page(f"fractune report: {data.name}", sections, subtitle))
     summary = {"sweep": data.name, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
                "parent_run_id": data.parent_run_id, "trials": len(data.rows), "finished": len(done),
-               "pareto": _front_rows(front), "importance": importance, "analysis": analysis,
+               "objective": objective, "pareto": _front_rows(front, objective), "front_quality": quality,
+               "importance": importance, "analysis": analysis,
                "chosen_runs": [r["run_id"] for r in chosen], "bit_allocation_runs": list(allocs)}
     (folder / "report.json").write_text(json.dumps(summary, default=str, indent=1))
     artifact = None
     if log:
+        if math.isfinite(quality["hypervolume"]):
+            c.log_metric(data.parent_run_id, f"hypervolume_{objective.replace(':', '_')}", quality["hypervolume"])
+            c.set_tag(data.parent_run_id, f"fractune.hypervolume_{objective.replace(':', '_')}.reference",
+                      quality["rule"][:5000])
         c.log_artifacts(data.parent_run_id, str(folder), artifact_path="report")
         artifact = c.get_run(data.parent_run_id).info.artifact_uri.rstrip("/") + "/report/report.html"
+        publish_sweep(data)  # the parent's note now links to the report
     return {**summary, "report": str(html_path), "pngs": [str(p) for p in made], "folder": str(folder),
             "artifact": artifact, "wall_seconds": time.perf_counter() - started}
 
 
-def _front_rows(front: list[dict]) -> list[dict]:
+def _view_links(data: SweepData) -> str:
+    """Links to the sweep's views in the MLflow UI when the server's address is known (a tracking server). On a
+    sqlite store only `fractune ui` knows it (and MLflow's artifact viewer shows this page in a sandboxed frame
+    whose links cannot leave it): the page names the command, and the parent run's description links the views."""
+    import html
+    import re
+
+    if not data.uri.startswith(("http://", "https://")):
+        return (f"the trials and their charts in the MLflow UI: <code>fractune ui --sweep {html.escape(data.name)}"
+                "</code> prints their URLs (the sweep's parent run links them too)")
+    base = re.sub(r"(?<=://)[^/@\s]+@", "", data.uri)  # never credentials in a page
+    links = [(view_url(base, data.experiment_id, data.sweep_id), "the trials in the MLflow UI"),
+             (view_url(base, data.experiment_id, data.sweep_id, charts=True), "their charts")]
+    return " · ".join(f'<a href="{html.escape(u)}" target="_blank">{t}</a>' for u, t in links)
+
+
+def _front_rows(front: list[dict], objective: str = "bitops") -> list[dict]:
+    from orchestrator.runs import cost_of
+
     return [{"run": r["name"], "run_id": r["run_id"], "accuracy": r["accuracy"], "train_gbitops": r["train_bitops"] / 1e9,
+             **({f"cost_{objective}": cost_of(r, objective)} if objective != "bitops" else {}),
              "cp": r["cp"], "point": figures._short(r["point"]), "seed": r["seed"]} for r in front]
 
 
@@ -133,7 +184,8 @@ def cmd_report(args) -> int:
     from orchestrator import store
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    out = build_report(uri, args.sweep, args.sweep_id, args.out, args.runs, log=not args.no_log)
+    out = build_report(uri, args.sweep, args.sweep_id, args.out, args.runs, log=not args.no_log,
+                       objective=args.objective)
     print(f"report of sweep {out['sweep_id']}: {out['trials']} trials ({out['finished']} finished), "
           f"{len(out['pareto'])} on the Pareto front")
     print(f"HTML: {out['report']}")

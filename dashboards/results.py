@@ -3,8 +3,10 @@
 One row per method (the trial's swept point without the seed): accuracy mean and std over seeds, training
 BitOPs, savings against the FP32 and FW8/BW8 rows of the same sweep, and the computation percentage; the
 papers' trends checked one by one with the rule stated; a plot of every method's mean (error bars: std over
-seeds) with the Pareto front of the means. The page and its plot are logged under ``results/`` on the sweep's
-parent run. A notes file (the analysis a person writes: why a trend holds or not) is appended verbatim, so
+seeds) with the Pareto front of the means. Every cost model the runs logged (engine/cost_models.py) gets the
+same savings side by side, with the methods' cost ranking under each (where it differs from BitOPs' is where
+the BitOPs story does not hold on that hardware); ``--objective`` picks the model of the plot and the front.
+The page and its plot are logged under ``results/`` on the sweep's parent run. A notes file (the analysis a person writes: why a trend holds or not) is appended verbatim, so
 the numbers are never typed by hand.
 """
 
@@ -42,9 +44,10 @@ def schedule_label(cfg: ExperimentConfig) -> str:
     defaults = type(s).model_fields  # the gate's settings that differ from the engine's defaults
     opts += f" {s.controller}" if s.controller != defaults["controller"].default else ""
     opts += f" beta {s.beta:g}" if s.beta != defaults["beta"].default else ""
+    execution = f"routed ({s.routed_estimator})" if s.execution == "routed" else s.execution
     if s.kind == "dfq":
-        return f"DFQ cp {s.target_cp:g}% {s.execution}{opts}"
-    return f"FracTrain cp {s.first_target():g}+{s.cp_step:g} {s.execution}{opts}"  # fractrain
+        return f"DFQ cp {s.target_cp:g}% {execution}{opts}"
+    return f"FracTrain cp {s.first_target():g}+{s.cp_step:g} {execution}{opts}"  # fractrain
 
 
 def method_label(point: dict, cfg: ExperimentConfig | None) -> str:
@@ -83,14 +86,36 @@ def summarise(rows: list[dict]) -> list[dict]:
                     "cp_mean": statistics.fmean(cps) if cps else math.nan,
                     "cp_gated_mean": statistics.fmean(gated) if gated else math.nan,
                     "wall_seconds_mean": statistics.fmean(walls) if walls else math.nan})
+    models = list(dict.fromkeys(m for r in rows for m in r.get("costs", {})))
+    for o, g in zip(out, groups.values()):
+        o["costs_mean"] = {m: _mean([r.get("costs", {}).get(m, math.nan) for r in g["runs"]]) for m in models}
     fp32 = next((g for g in out if g["kind"] == "fp32"), None)
     sbm = _static(out).get((8, 8))
     for g in out:
         for ref, name in ((fp32, "fp32"), (sbm, "fw8bw8")):
             g[f"savings_vs_{name}"] = (1 - g["train_bitops_mean"] / ref["train_bitops_mean"]) if ref else math.nan
             g[f"accuracy_delta_vs_{name}_pp"] = (100 * (g["accuracy_mean"] - ref["accuracy_mean"])) if ref else math.nan
+        g["savings_by_model"] = {m: {name: (1 - g["costs_mean"][m] / ref["costs_mean"][m]) if ref and
+                                        ref["costs_mean"][m] else math.nan for ref, name in ((fp32, "fp32"), (sbm, "fw8bw8"))}
+                                 for m in models}
     out.sort(key=lambda g: -g["train_bitops_mean"])
     return out
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of a model's cost over seeds; NaN when any seed did not log it."""
+    return statistics.fmean(values) if values and all(math.isfinite(v) for v in values) else math.nan
+
+
+def cost_mean(g: dict, objective: str) -> float:
+    return g["train_bitops_mean"] if objective == "bitops" else g.get("costs_mean", {}).get(objective, math.nan)
+
+
+def rankings(groups: list[dict]) -> dict[str, list[str]]:
+    """Per cost model: the methods cheapest first (those with that model's cost)."""
+    models = list(dict.fromkeys(m for g in groups for m in g.get("costs_mean", {})))
+    return {m: [g["method"] for g in sorted((g for g in groups if math.isfinite(cost_mean(g, m))),
+                                            key=lambda g: cost_mean(g, m))] for m in models}
 
 
 def _static(groups: list[dict]) -> dict[tuple[int, int], dict]:
@@ -99,12 +124,12 @@ def _static(groups: list[dict]) -> dict[tuple[int, int], dict]:
             if g["kind"] == "static" and g["config"].schedule.weight_bits is None}
 
 
-def front_of(groups: list[dict]) -> list[dict]:
+def front_of(groups: list[dict], objective: str = "bitops") -> list[dict]:
     from orchestrator.pareto import pareto_rows
 
-    rows = [{"accuracy": g["accuracy_mean"], "train_bitops": g["train_bitops_mean"], "method": g["method"]}
-            for g in groups]
-    return pareto_rows(rows)
+    rows = [{"accuracy": g["accuracy_mean"], "train_bitops": g["train_bitops_mean"], "cost": cost_mean(g, objective),
+             "method": g["method"]} for g in groups]
+    return pareto_rows(rows, cost_key="cost")
 
 
 def comparable(g: dict, ref: dict) -> bool:
@@ -176,22 +201,25 @@ def _pct(v) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:+.1f}%"
 
 
-def results_png(groups: list[dict], front: list[dict], path: Path) -> Path:
+def results_png(groups: list[dict], front: list[dict], path: Path, objective: str = "bitops") -> Path:
     from dashboards.pngs import _save, log_x_if_wide, plt
+    from engine.cost_models import UNITS
 
+    bitops = objective == "bitops"
+    scale, unit = (1e12, "TBitOPs") if bitops else (1.0, UNITS.get(objective, "cost"))
     fig, ax = plt.subplots(figsize=(8, 5.5))
     markers = {"fp32": "o", "static": "s", "pfq": "^", "cpt": "D", "dfq": "v", "fractrain": "P"}
     for i, g in enumerate(groups):  # one colour per method, one marker per kind
-        ax.errorbar(g["train_bitops_mean"] / 1e12, 100 * g["accuracy_mean"], yerr=100 * g["accuracy_std"],
-                    xerr=g["train_bitops_std"] / 1e12, fmt=markers.get(g["kind"], "o"), capsize=3,
+        ax.errorbar(cost_mean(g, objective) / scale, 100 * g["accuracy_mean"], yerr=100 * g["accuracy_std"],
+                    xerr=g["train_bitops_std"] / scale if bitops else None, fmt=markers.get(g["kind"], "o"), capsize=3,
                     color=plt.cm.tab20(i % 20), label=g["method"])
     if front:
-        ax.step([r["train_bitops"] / 1e12 for r in front], [100 * r["accuracy"] for r in front], where="post",
+        ax.step([r["cost"] / scale for r in front], [100 * r["accuracy"] for r in front], where="post",
                 color="k", lw=1, label="Pareto front (means)")
-    log_x_if_wide(ax, [g["train_bitops_mean"] for g in groups])
-    ax.set_xlabel("training TBitOPs (mean over seeds)")
+    log_x_if_wide(ax, [cost_mean(g, objective) for g in groups])
+    ax.set_xlabel(f"training cost under {objective}, {unit} (mean over seeds)")
     ax.set_ylabel("test accuracy, % (mean +/- std over seeds)")
-    ax.set_title("Accuracy vs training BitOPs per method")
+    ax.set_title(f"Accuracy vs training cost ({objective}) per method")
     ax.legend(fontsize=7, loc="lower right")
     return _save(fig, path)
 
@@ -224,7 +252,8 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
                      f"{_fmt(g['accuracy_delta_vs_fw8bw8_pp'], '+.2f')} | {_fmt(g['cp_mean'], '.2f')} | "
                      f"{_fmt(g['cp_gated_mean'], '.2f').replace('n/a', '-')} | "
                      f"{_fmt(g['wall_seconds_mean'] / 60, '.1f')} |")
-    lines += ["", f"![accuracy vs training BitOPs]({plot})", "",
+    lines += cost_model_section(groups)
+    lines += ["", f"![accuracy vs training cost]({plot})", "",
               "## The papers' trends, checked", "",
               f"Rule: a method holds a claim when it saves BitOPs against the reference and its mean accuracy is "
               f"no more than max({TOLERANCE_PP:g} point, 2 seed stds) below the reference's.", "",
@@ -241,6 +270,30 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
     if notes:
         lines += ["", notes.strip()]
     return "\n".join(lines) + "\n"
+
+
+def cost_model_section(groups: list[dict]) -> list[str]:
+    """Savings of each method against FP32 and FW8/BW8 under every cost model, and the ranking per model."""
+    models = list(dict.fromkeys(m for g in groups for m in g.get("savings_by_model", {})))
+    if len(models) < 2:
+        return []
+    lines = ["", "## Savings under each cost model", "",
+             "Each cell: saving against this sweep's FP32 row / against its FW8/BW8 row, under that model "
+             "(docs/methods.md, Cost models: bitops = a*w+g*w+a*g per MAC; macs ignores bits; int_units rounds "
+             "widths up to 4/8/16/32-bit units; energy in pJ from Horowitz, ISSCC 2014, 45 nm; memory = bytes "
+             "moved).", "",
+             "| method | " + " | ".join(models) + " |", "| --- |" + " --- |" * len(models)]
+    for g in groups:
+        cells = [f"{_pct(g['savings_by_model'][m]['fp32'])} / {_pct(g['savings_by_model'][m]['fw8bw8'])}"
+                 for m in models]
+        lines.append(f"| {g['method']} | " + " | ".join(cells) + " |")
+    ranks = rankings(groups)
+    base = ranks.get("bitops", [])
+    lines += ["", "Cheapest first under each model (changes against the BitOPs ranking in bold):", ""]
+    for m in models:
+        order = [f"**{x}**" if i >= len(base) or base[i] != x else x for i, x in enumerate(ranks[m])]
+        lines.append(f"- {m}: " + ", ".join(order))
+    return lines
 
 
 def setup_of(data: SweepData) -> dict:
@@ -304,15 +357,18 @@ def last_stage(data: SweepData) -> tuple[SweepData, list[dict]]:
 
 
 def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, notes: str | None = None,
-                  log: bool = True, command: str | None = None) -> dict:
+                  log: bool = True, command: str | None = None, objective: str | None = None) -> dict:
+    from orchestrator.runs import check_objective
+
     data, stage_refs = last_stage(load_sweep(uri, sweep, sweep_id))
+    objective = check_objective(objective or data.objective, data.rows)
     done = with_configs(data)
     groups = summarise(done)
-    front = front_of(groups)
+    front = front_of(groups, objective)
     checks = trends(groups)
     page = Path(out).expanduser().resolve()
     page.parent.mkdir(parents=True, exist_ok=True)
-    plot = results_png(groups, front, page.with_name(page.stem + "_pareto.png"))
+    plot = results_png(groups, front, page.with_name(page.stem + "_pareto.png"), objective)
     notes_text = Path(notes).read_text() if notes else None
     cmd = command or f"fractune results {sweep} --out {out}"
     text = markdown(data, groups, checks, front, plot.name, cmd, notes_text, setup_of(data))
@@ -333,8 +389,8 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
                                                                  if g["config"] is not None else None}
                for g in groups]
     return {"sweep": data.name, "sweep_id": data.sweep_id, "parent_run_id": data.parent_run_id,
-            "trials": len(data.rows), "finished": len(done), "methods": methods,
-            "pareto": [r["method"] for r in front], "trends": checks, "markdown": str(page), "plot": str(plot),
+            "trials": len(data.rows), "finished": len(done), "methods": methods, "objective": objective,
+            "pareto": [r["method"] for r in front], "rankings": rankings(groups), "trends": checks, "markdown": str(page), "plot": str(plot),
             "stages": stage_refs,
             "artifact": artifact}
 
@@ -350,8 +406,10 @@ def cmd_results(args) -> int:
     command = "fractune results " + " ".join(
         [args.sweep] + (["--sweep-id", args.sweep_id] if args.sweep_id else [])
         + (["--tracking-uri", store.redact(args.tracking_uri)] if args.tracking_uri else [])
-        + ["--out", args.out] + (["--notes", args.notes] if args.notes else []))
-    out = build_results(uri, args.sweep, args.sweep_id, args.out, args.notes, log=not args.no_log, command=command)
+        + ["--out", args.out] + (["--notes", args.notes] if args.notes else [])
+        + (["--objective", args.objective] if args.objective else []))
+    out = build_results(uri, args.sweep, args.sweep_id, args.out, args.notes, log=not args.no_log, command=command,
+                        objective=args.objective)
     print(Path(out["markdown"]).read_text())
     print(f"written {out['markdown']} and {out['plot']}" + (f"; logged as {out['artifact']}" if out["artifact"]
                                                              else ""))

@@ -1,10 +1,17 @@
 """``fractune ui``: the MLflow UI for a sweep store, on 127.0.0.1, in the foreground until Ctrl-C.
 
 For a sqlite store it starts ``mlflow server --backend-store-uri URI --host 127.0.0.1 --port N --workers 1``
-(one worker: the default four compete for two cores), waits for ``/health`` and prints the URL (of the
-sweep's runs page with ``--sweep``). The server runs in its own session and is stopped with its whole process
-group on Ctrl-C or SIGTERM, so no uvicorn worker outlives the command. An http(s) URI is already a server:
-the URL is printed and nothing is started.
+(one worker: the default four compete for two cores), waits for ``/health`` and prints the URL. With
+``--sweep`` that is the sweep's view (``dashboards.mlflow_view``: its trials sorted by accuracy with the swept
+values, objectives, cp and the Pareto tag as columns), and the charts view under it; the view, the parent run's
+summary and note are (re)written first, so sweeps logged before they existed get them too. Experiments of
+fractune sweeps get MLflow's model-training kind (the UI otherwise opens them in its GenAI mode).
+
+The server's own log (deprecation warnings, one access line per request) goes to ``mlflow-ui.log`` beside the
+database, and its tail to stderr if the server fails; ``--verbose`` sends it to stderr as it comes. The server
+runs in its own session and is stopped with its whole process group on Ctrl-C or SIGTERM, so no uvicorn worker
+outlives the command. An http(s) URI is already a server: the same tags are written, the URL is printed and
+nothing is started.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from orchestrator import store
 from orchestrator.output import emit_json, info
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOG_FILE = "mlflow-ui.log"  # the server's own log, beside the database (stderr with --verbose)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -38,8 +46,11 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def runs_url(base: str, experiment_id: str | None) -> str:
-    """The runs table (the experiment's landing page in MLflow 3 is the GenAI overview)."""
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs" if experiment_id else base.rstrip("/") + "/"
+    """The runs table, in the UI's model-training mode (else MLflow 3.17 opens its GenAI mode)."""
+    from dashboards.mlflow_view import TRAINING_MODE
+
+    where = f"experiments/{experiment_id}/runs" if experiment_id else "experiments"
+    return f"{base.rstrip('/')}/#/{where}?{TRAINING_MODE}"
 
 
 def experiment_id(uri: str, sweep: str | None) -> str | None:
@@ -47,23 +58,81 @@ def experiment_id(uri: str, sweep: str | None) -> str | None:
         return None
     exp = store.client(uri).get_experiment_by_name(sweep)
     if exp is None:
-        raise ConfigError.single("--sweep", sweep, f"no sweep (MLflow experiment) of that name in {uri}")
+        raise ConfigError.single("--sweep", sweep, f"no sweep (MLflow experiment) of that name in "
+                                 f"{store.redact(uri)}")
     return exp.experiment_id
 
 
-def server_command(uri: str, host: str, port: int) -> list[str]:
+def prepare(uri: str, sweep: str | None) -> dict:
+    """Before the UI opens: fractune's experiments in model-training mode; with ``sweep``, its latest sweep's
+    view, summary metrics and note (re)written. Returns the experiment id and the sweep id (None without)."""
+    from orchestrator import runs
+
+    c = store.client(uri)
+    exp_id = experiment_id(uri, sweep)
+    if exp_id is not None:
+        exps = [c.get_experiment(exp_id)]
+    else:  # every experiment holding a fractune sweep
+        exps = [e for e in c.search_experiments(max_results=1000)
+                if c.search_runs([e.experiment_id], "tags.`fractune.kind` = 'sweep'", max_results=1)]
+    from dashboards.mlflow_view import VIEW_TAG, publish_sweep, view_key
+
+    try:  # writes: a store that refuses them (a read-only server) still gets its UI, as the sweep left it
+        for exp in exps:
+            store.mark_training(c, exp)
+        if exp_id is None or store.sweep_parent(c, sweep) is None:  # an experiment without a fractune sweep
+            return {"experiment_id": exp_id, "sweep_id": None}
+        data = runs.load(uri, sweep)
+        publish_sweep(data)
+        return {"experiment_id": exp_id, "sweep_id": data.sweep_id}
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001  mlflow raises many types; the UI opens anyway
+        info(f"warning: could not update the sweep's view in MLflow ({store.one_line_error(exc)[:200]})")
+        parent = store.sweep_parent(c, sweep) if exp_id is not None else None
+        sweep_id = parent.data.tags.get(store.SWEEP_TAG) if parent is not None else None
+        if sweep_id and VIEW_TAG + view_key(sweep_id) not in c.get_experiment(exp_id).tags:
+            sweep_id = None  # no view to open: the runs table
+        return {"experiment_id": exp_id, "sweep_id": sweep_id}
+
+
+def urls(base: str, prepared: dict) -> dict:
+    from dashboards.mlflow_view import view_url
+
+    exp_id, sweep_id = prepared["experiment_id"], prepared["sweep_id"]
+    if sweep_id is None:
+        return {"url": runs_url(base, exp_id)}
+    return {"url": view_url(base, exp_id, sweep_id), "charts_url": view_url(base, exp_id, sweep_id, charts=True),
+            "sweep_id": sweep_id}
+
+
+def _say(found: dict, prefix: str) -> None:
+    print(f"{prefix}: {found['url']}", flush=True)
+    if "charts_url" in found:
+        print(f"  charts of every trial: {found['charts_url']}", flush=True)
+
+
+def server_command(uri: str, host: str, port: int, quiet: bool = False) -> list[str]:
     db = Path(uri[len("sqlite:///"):])
     # Artifacts uploaded through this server land next to the database, not in whatever cwd it started from.
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port),
-            "--workers", "1", "--artifacts-destination", str(db.parent / "mlartifacts")]
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port),
+           "--workers", "1", "--artifacts-destination", str(db.parent / "mlartifacts")]
+    if quiet:  # no access line per request (the UI makes dozens a page)
+        cmd += ["--uvicorn-opts", "--no-access-log --log-level warning"]
+    return cmd
 
 
-def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 120.0, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            where = "its log is above"
+            if log is not None:
+                tail = log.read_text(errors="replace").strip().splitlines()[-20:] if log.is_file() else []
+                sys.stderr.write("".join(f"  {line}\n" for line in tail))
+                where = f"the end of its log {log} is above"
             raise ConfigError.single("--tracking-uri", base, f"mlflow server exited with code {proc.returncode} "
-                                     "(its log is above)")
+                                     f"({where})")
         try:
             with urllib.request.urlopen(base + "/health", timeout=2) as resp:  # noqa: S310
                 if resp.status == 200:
@@ -96,10 +165,10 @@ def cmd_ui(args) -> int:
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     if uri.startswith(("http://", "https://")):
         store.preflight(uri)
-        url = runs_url(uri, experiment_id(uri, args.sweep))
-        print(f"MLflow UI (already served): {url}")
+        found = urls(uri, prepare(uri, args.sweep))
+        _say(found, "MLflow UI (already served)")
         if args.json:
-            emit_json({"url": url, "tracking_uri": uri, "started": False})
+            emit_json({**found, "tracking_uri": store.redact(uri), "started": False})
         return 0
     if not 0 <= args.port <= 65535:
         raise ConfigError.single("--port", args.port, "allowed: 1..65535, or 0 for any free port")
@@ -109,23 +178,34 @@ def cmd_ui(args) -> int:
     if not db.is_file():
         info(f"note: {db} does not exist yet; the server starts on an empty store")
     store.preflight(uri)
-    exp_id = experiment_id(uri, args.sweep)
+    prepared = prepare(uri, args.sweep)
     if args.host not in LOOPBACK:
         info(f"warning: binding {args.host}: the MLflow UI has no authentication; anyone who can reach it can "
              "read and delete runs")
     port = args.port or free_port("127.0.0.1" if args.host in LOOPBACK else args.host)
     if port_in_use("127.0.0.1" if args.host in LOOPBACK else args.host, port):
         raise ConfigError.single("--port", port, "already in use: give a free port, or --port 0 for any free one")
-    # The server's own log goes to stderr: stdout carries only the URL (and the JSON line with --json).
-    proc = subprocess.Popen(server_command(uri, args.host, port), stdout=sys.stderr, start_new_session=True)
+    # stdout carries only the URLs (and the JSON line with --json); the server's own log goes to a file, or to
+    # stderr with --verbose
+    log = None if args.verbose else db.parent / LOG_FILE
+    sink = sys.stderr if log is None else open(log, "w")  # noqa: SIM115  closed below
+    env = os.environ if args.verbose else {**os.environ, "PYTHONWARNINGS": "ignore"}
+    try:
+        proc = subprocess.Popen(server_command(uri, args.host, port, quiet=not args.verbose), stdout=sink,
+                                stderr=sink, start_new_session=True, env=env)
+    finally:
+        if sink is not sys.stderr:
+            sink.close()  # the child holds its own descriptor
     previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server like Ctrl-C does
     try:
         base = f"http://{'127.0.0.1' if args.host in LOOPBACK else args.host}:{port}"
-        wait_healthy(base, proc)
-        url = runs_url(base, exp_id)
-        print(f"MLflow UI: {url}   (Ctrl-C stops it)", flush=True)
+        wait_healthy(base, proc, log=log)
+        found = urls(base, prepared)
+        _say(found, "MLflow UI")
+        print("(Ctrl-C stops it" + (f"; the server's log: {log})" if log else ")"), file=sys.stderr, flush=True)
         if args.json:
-            emit_json({"url": url, "tracking_uri": base, "backend_store_uri": uri, "pid": proc.pid, "started": True})
+            emit_json({**found, "tracking_uri": base, "backend_store_uri": uri, "pid": proc.pid, "started": True,
+                       "log": str(log) if log else None})
         return proc.wait()
     except KeyboardInterrupt:
         info("stopping the MLflow server")

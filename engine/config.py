@@ -148,6 +148,40 @@ class InitConfig(Strict):
         return str(Path(v).expanduser().resolve())
 
 
+class CostConfig(Strict):
+    """The hardware cost models every run reports (engine/cost_models.py; docs/methods.md §10)."""
+
+    int_widths: tuple[int, ...] = (4, 8, 16, 32)  # the int_units model's integer unit widths
+    table: str | None = None  # a user's YAML table (width pair -> cost per MAC), reported as table:NAME
+
+    @field_validator("int_widths")
+    @classmethod
+    def _widths(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(isinstance(w, bool) or not 1 <= w <= 32 for w in v) or list(v) != sorted(set(v)):
+            raise PydanticCustomError("int_widths", "allowed: increasing distinct integers 1..32, e.g. [4, 8, 16, 32]")
+        return v
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        from engine.cost_models import load_cost_table
+
+        path = str(Path(v).expanduser().resolve())  # Ray trials run in another working directory
+        try:
+            load_cost_table(path)
+        except ConfigError as err:
+            msg = "; ".join(a if f == "cost.table" else f"{f}: got {val!r}; {a}" for f, val, a in err.problems)
+            raise PydanticCustomError("cost_table", "{msg}", {"msg": msg}) from None
+        return path
+
+    def models(self):
+        from engine.cost_models import build_models, load_cost_table
+
+        return build_models(self.int_widths, load_cost_table(self.table) if self.table else None)
+
+
 GATED_KINDS = ("dfq", "fractrain")
 
 Schedule = Annotated[
@@ -165,6 +199,7 @@ class ExperimentConfig(Strict):
     optim: OptimConfig = OptimConfig()
     quant: QuantConfig = QuantConfig()
     schedule: Schedule = FP32Schedule()
+    cost: CostConfig = CostConfig()
     debug: DebugConfig = DebugConfig()
     init: InitConfig | None = None  # start from a pretrained model's weights
 

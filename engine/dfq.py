@@ -3,7 +3,9 @@
 ``BlockCosts`` prices every (block, option) pair for one sample from the model's MACs table: the block's
 layers at the option's (a, w, g) (depthwise convs at their fixed precision), a skipped block at 0 plus its
 fp32 projection when it has one; the layers outside the gated blocks (stem, head, FC: fp32 in DFQ) cost the
-same for every sample; the gate's own cost is kept apart (``gate``).
+same for every sample; the gate's own cost is kept apart (``gate``). ``batch_costs`` prices the same choices
+under every cost model of the counter (a model's per-iteration part, the weights, once per block and option
+chosen by at least one sample of the batch: routed execution reads each option's weights once).
 
 ``GatedRunner.step`` is one iteration: forward through the gated model (its decisions priced by the
 controller, §6.5), ``loss = CE + weight * mean_i c_i`` with the weight from the controller, SGD on backbone
@@ -44,6 +46,45 @@ class BlockCosts:
                     cost = layer_cost(layer.macs, lm.resolve(layer.role, opt)).total
                 self.table[layer.block][k] += cost
         self.gate = 3 * gate_macs * 32 * 32
+        self._model_tables(counter, options, num_blocks)
+
+    def _model_tables(self, counter: BitOpsCounter, options: list[Precision], num_blocks: int) -> None:
+        """Per model: (per sample, per iteration) of the fixed layers and of every (block, option)."""
+        lm = counter.layer_map
+        self.models = [m.name for m in counter.models]
+        self.m_fixed = {n: [0, 0] for n in self.models}
+        self.m_table = {n: [[[0, 0] for _ in options] for _ in range(num_blocks)] for n in self.models}
+        for model in counter.models:
+            for layer in counter.table:
+                if layer.block is None:
+                    s, i = model.layer_cost(layer, lm.resolve(layer.role, FP32))
+                    self.m_fixed[model.name][0] += s
+                    self.m_fixed[model.name][1] += i
+                    continue
+                for k, opt in enumerate(options):
+                    if opt.skip:
+                        s, i = model.layer_cost(layer, FP32) if layer.name.endswith(".proj") else (0, 0)
+                    else:
+                        s, i = model.layer_cost(layer, lm.resolve(layer.role, opt))
+                    cell = self.m_table[model.name][layer.block][k]
+                    cell[0] += s
+                    cell[1] += i
+
+    def batch_costs(self, choices: torch.Tensor) -> dict[str, float]:
+        """One iteration's cost under every model (``bitops`` equals ``batch_bitops``)."""
+        b, num_blocks = choices.shape
+        counts = [torch.bincount(choices[:, blk].cpu(), minlength=len(self.table[blk])).tolist()
+                  for blk in range(num_blocks)]
+        out = {}
+        for name in self.models:
+            fs, fi = self.m_fixed[name]
+            total = b * fs + fi
+            for blk in range(num_blocks):
+                for c, (s, i) in zip(counts[blk], self.m_table[name][blk]):
+                    if c:
+                        total += c * s + i
+            out[name] = total
+        return out
 
     def batch_bitops(self, choices: torch.Tensor) -> int:
         """Exact BitOPs of one iteration: fixed layers for every sample + each sample's chosen options."""
@@ -175,6 +216,7 @@ class GatedRunner:
         b = choices.shape[0]
         picked = choices.cpu()
         self.last_bitops = self.costs.batch_bitops(picked)
+        self.last_costs = self.costs.batch_costs(picked)
         self.gate_bitops += b * self.costs.gate
         self.ep_counts += F.one_hot(picked, len(self.options)).sum(0).to(torch.float64)
         self.ep_cp_sum += cp

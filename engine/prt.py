@@ -25,6 +25,7 @@ class PRTResult:
     gains: dict[int, float] = field(default_factory=dict)  # bits -> gain over the previous candidate
     iterations: int = 0
     bitops: int = 0
+    costs: dict[str, float] = field(default_factory=dict)  # the test's cost under every cost model
 
     def as_dict(self) -> dict:
         return {"fw_min": self.fw_min, "fw_max": self.fw_max, "iterations": self.iterations, "bitops": self.bitops,
@@ -48,6 +49,7 @@ def precision_range_test(prt, fw_max: int, weight_bits: int | None, batches, ste
     accuracies: dict[int, float] = {}
     it = iter(batches())
     bitops = iterations = 0
+    costs: dict[str, float] = {}
     for bits in prt.candidates:
         prec = Precision.fwbw(bits, prt.bw, weight_bits)
         recent: list[float] = []
@@ -56,8 +58,10 @@ def precision_range_test(prt, fw_max: int, weight_bits: int | None, batches, ste
             _, correct = step(x, y, prec)
             recent.append(correct / len(y))
             bitops += len(y) * counter.per_sample(prec)
+            for name, value in counter.costs(prec, len(y)).items():
+                costs[name] = costs.get(name, 0) + value
             iterations += 1
         tail = recent[-prt.window:]
         accuracies[bits] = float(torch.tensor(tail).mean())
     fw_min, gains = choose_fw_min(accuracies, prt.threshold)
-    return PRTResult(min(fw_min, fw_max), fw_max, accuracies, gains, iterations, bitops)
+    return PRTResult(min(fw_min, fw_max), fw_max, accuracies, gains, iterations, bitops, costs)

@@ -3,7 +3,7 @@
 ``StaticRunner`` (fp32, static, PFQ, CPT): the schedule gives the precision before the iteration and observes
 the CE loss after it; the whole batch runs at that precision. ``engine.dfq.GatedRunner`` (DFQ, FracTrain):
 the gate picks per input and block. Both expose ``step(x, y, iteration) -> (CE loss, correct)``, the exact
-BitOPs of the last step (``last_bitops``), the mean FW/BW bits it used, ``eval_logits``, ``end_epoch()``
+BitOPs of the last step (``last_bitops``) and its cost under every cost model (``last_costs``), the mean FW/BW bits it used, ``eval_logits``, ``end_epoch()``
 metrics, ``events``, ``summary()`` and ``state_dict()``.
 """
 
@@ -51,6 +51,7 @@ class StaticRunner:
         self.schedule, self.model, self.counter = schedule, model, counter
         self._step = make_step(model, opt)
         self.last_bitops, self.last_fw, self.last_bw = 0, 0.0, 0.0
+        self.last_costs: dict[str, float] = {}
         self._last_iteration = 0
 
     @property
@@ -62,6 +63,7 @@ class StaticRunner:
         loss, correct = self._step(x, y, prec)
         self.schedule.observe(iteration, loss)
         self.last_bitops = len(y) * self.counter.per_sample(prec)
+        self.last_costs = self.counter.costs(prec, len(y))
         self.last_fw, self.last_bw = float(prec.act), float(prec.grad)
         self._last_iteration = iteration
         return loss, correct

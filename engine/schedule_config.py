@@ -188,7 +188,7 @@ class GatedSettings(Strict):
     execution: Literal["masked", "routed"] = "masked"  # masked: the reference (every option for every sample)
     # routed's gate gradient (methods.md §6.3): skip = computing against skipping; sampled = also the chosen
     # option against one sampled alternative per sample (one forward-only pass more)
-    routed_estimator: Literal["skip", "sampled"] = "skip"
+    routed_estimator: Literal["skip", "sampled"] = "sampled"  # methods.md §6.3: sampled matches masked (study)
     gate_dim: int = Field(32, ge=1, le=4096)
     embed_dim: int = Field(16, ge=1, le=4096)
     hidden_dim: int = Field(16, ge=1, le=4096)

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from engine import checkpoint
 from engine.config import ExperimentConfig
-from engine.cost import BitOpsCounter, CostTotals
+from engine.cost import FW8BW8, BitOpsCounter, CostTotals
+from engine.cost_models import metric_key
 from engine.data import DataSplits, load_data, run_length
 from engine.dfq import GatedRunner
 from engine.errors import CheckpointError, TrainingDiverged
@@ -69,7 +70,7 @@ def prepare(cfg: ExperimentConfig, data_info, device: torch.device):
     backbone = build_model(cfg.model.name, data_info.channels, data_info.classes, cfg.act_momentum)
     backbone.set_layer_map(cfg.layer_map(stem_default=backbone.stem_quantized_by_default))
     table = backbone.layer_table((data_info.channels, data_info.size, data_info.size))
-    counter = BitOpsCounter(table, backbone.layer_map)
+    counter = BitOpsCounter(table, backbone.layer_map, cfg.cost.models())
     model = backbone
     if cfg.gated:
         s = cfg.schedule
@@ -162,6 +163,9 @@ def resolve_fw_min(cfg: ExperimentConfig, data: DataSplits, device: torch.device
     result, counter = run_prt(cfg, data, device)
     samples = result.iterations * cfg.data.batch_size
     totals.add(result.bitops, samples * counter.fp32_per_sample(), samples * counter.fw8bw8_per_sample())
+    b = cfg.data.batch_size
+    totals.add_costs(result.costs, *({n: result.iterations * v for n, v in counter.costs(ref, b).items()}
+                                     for ref in (FP32, FW8BW8)))
     return result.as_dict()
 
 
@@ -268,6 +272,7 @@ class Trainer:
             loss_value, ok = self._step(x, y)
             b = len(y)
             epoch_cost.add(runner.last_bitops, b * counter.fp32_per_sample(), b * counter.fw8bw8_per_sample())
+            epoch_cost.add_costs(runner.last_costs, counter.costs(FP32, b), counter.costs(FW8BW8, b))
             trace.add(runner.last_fw, runner.last_bw)
             loss_sum, correct, seen = loss_sum + loss_value * b, correct + ok, seen + b
             self.iteration += 1
@@ -275,7 +280,7 @@ class Trainer:
                 self.bar.update(1)
                 self.bar.set_postfix(epoch=self.epoch + 1, loss=f"{loss_value:.3f}", fw=f"{runner.last_fw:.1f}",
                                      refresh=False)
-        self.totals.add(epoch_cost.bitops, epoch_cost.fp32, epoch_cost.fw8bw8)
+        self.totals.merge(epoch_cost)
         self.epoch += 1
         fw_bits, bw_bits = trace.means()
         metrics = {
@@ -291,6 +296,7 @@ class Trainer:
             "train_bitops": float(self.totals.bitops),
             "cp": epoch_cost.cp,
             "cum_cp": self.totals.cp,
+            **cost_metrics(epoch_cost, self.totals),
             "fw_bits": fw_bits,
             "bw_bits": bw_bits,
             "wall_seconds": self.wall_seconds(),
@@ -354,9 +360,22 @@ def train_and_evaluate(
     return trainer.result()
 
 
+def cost_metrics(epoch: CostTotals, totals: CostTotals) -> dict:
+    """Every cost model's cumulative (``train_cost_<model>``) and per-epoch (``epoch_cost_<model>``) training
+    cost, the flat numeric metrics the tracker logs (BitOPs keep their own keys: ``train_bitops``...)."""
+    out = {}
+    for name, (run, _, _) in totals.models.items():
+        if name != "bitops":
+            key = metric_key(name)
+            out[key] = float(run)
+            out["epoch_cost_" + key.removeprefix("train_cost_")] = float(epoch.models.get(name, [0])[0])
+    return out
+
+
 def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, counter: BitOpsCounter,
               wall: float) -> dict:
     last = history[-1] if history else {}
+    units = {m.name: m.unit for m in counter.models}
     val = [h["val_accuracy"] for h in history if not math.isnan(h["val_accuracy"])]
     best_epoch = (max(range(len(history)), key=lambda i: history[i]["val_accuracy"]) + 1) if val else None
     return {
@@ -382,4 +401,6 @@ def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, co
         "wall_seconds": wall,
         "cpu_seconds": last.get("cpu_seconds", float("nan")),
         **{k: v for k, v in (history[0] if history else {}).items() if k.startswith("init_")},
+        **{metric_key(n): v["total"] for n, v in totals.model_summary().items() if n != "bitops"},
+        "costs": {n: {**v, "unit": units.get(n, "")} for n, v in totals.model_summary().items()},
     }

@@ -132,6 +132,32 @@ def importances(rows: list[dict], factors: list[str], evaluator: str = "fanova")
     return out
 
 
+def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, evaluator: str = "fanova") -> dict:
+    """Each factor's importance for accuracy and for the training cost under each cost model: ``costs`` maps a
+    model name to a function of a row giving its cost (``orchestrator.runs.cost_of``). One two-objective study
+    per model (accuracy, that cost), so each model's importance is computed from the trials that logged it."""
+    out: dict = {"evaluator": evaluator, "trials": 0, "accuracy": {}}
+    for name, cost in costs.items():
+        priced = [{**r, "train_bitops": cost(r)} for r in rows]
+        values = {p["train_bitops"] for p in priced if math.isfinite(p["train_bitops"])}
+        if len(values) < 2:  # e.g. MACs across precisions: no variance to explain
+            out[name] = {}
+            out.setdefault("constant", []).append(name)
+            continue
+        try:
+            imp = importances(priced, factors, evaluator)
+        except RuntimeError as exc:  # an evaluator that cannot fit these trials (fANOVA: no variance in a tree)
+            out[name] = {}
+            out["note"] = f"{name}: {exc}"
+            continue
+        out["accuracy"] = out["accuracy"] or imp["accuracy"]
+        out["trials"] = max(out["trials"], imp["trials"])
+        out[name] = imp["train_bitops"]
+        if "note" in imp:
+            out["note"] = imp["note"]
+    return out
+
+
 def _evaluator(name: str):
     from optuna import importance as oi
 

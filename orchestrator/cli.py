@@ -57,8 +57,9 @@ def _add_train(sub) -> None:
 
 
 def _add_cost(sub) -> None:
-    p = sub.add_parser("cost", help="training BitOPs of one iteration for one sample",
-                       description="Per-sample training cost of one iteration (FW + EB + GC passes) at a precision. "
+    p = sub.add_parser("cost", help="training cost of one iteration under every cost model",
+                       description="Per-sample training cost of one iteration (FW + EB + GC passes) at a precision, "
+                       "in BitOPs and under every cost model (macs, int_units, energy, memory, a user table). "
                        "By default every conv and linear layer runs at FW/BW; --stem/--fc fp32 reproduce a "
                        "method's layer map (the reference keeps the FC, and in DFQ the stem, in fp32).")
     p.add_argument("--model", required=True, help="model name, e.g. resnet38")
@@ -68,6 +69,11 @@ def _add_cost(sub) -> None:
     p.add_argument("--weight-bits", type=int, help="weight bits (default: FW)")
     p.add_argument("--stem", choices=["quantized", "fp32"], default="quantized")
     p.add_argument("--fc", choices=["quantized", "fp32"], default="quantized")
+    p.add_argument("--batch-size", type=int, default=128, help="samples per iteration, for the per-iteration "
+                   "costs (the memory model's weight traffic is once per iteration; default 128)")
+    p.add_argument("--int-widths", metavar="4,8,16,32", help="the int_units model's integer unit widths")
+    p.add_argument("--table", metavar="FILE.yaml", help="a user cost table (width pair -> cost per MAC), "
+                   "reported as table:NAME; format in docs/methods.md §10")
     _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_engine:cmd_cost")
 
@@ -86,6 +92,8 @@ def _add_sweep(sub) -> None:
     p.add_argument("--report-dir", metavar="DIR", help="where the HTML report goes (default: "
                    "./fractune_reports/SWEEP_ID); it is also logged on the sweep's parent run")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report at the end")
+    p.add_argument("--objective", metavar="MODEL", help="the cost axis instead of the spec's objective: bitops, "
+                   "macs, int_units, energy, memory or table:NAME")
     _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_sweep:cmd_sweep")
 
@@ -109,14 +117,17 @@ def _add_ablate(sub) -> None:
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write a sweep's self-contained HTML report (+ PNGs) from MLflow",
                        description="Write the HTML report of the latest sweep of this name (or --sweep-id) from its "
-                       "MLflow runs: accuracy vs training BitOPs with the Pareto front, sensitivity curves (ablations), "
-                       "parameter importance, precision over training of chosen runs, DFQ bit allocation heatmaps; "
+                       "MLflow runs: accuracy vs training cost with the Pareto front and its hypervolume, parallel "
+                       "coordinates of parameters and objectives, sensitivity curves (ablations), "
+                       "parameter importance per objective, precision over training of chosen runs, DFQ bit allocation heatmaps; "
                        "matplotlib PNGs of the key plots. Logged under report/ on the sweep's parent run.")
     p.add_argument("sweep", help="sweep name (the MLflow experiment)")
     p.add_argument("--out", metavar="DIR", help="report folder (default: ./fractune_reports/SWEEP_ID)")
     _shared(p, "sweep_id", "tracking_uri")
     p.add_argument("--run", dest="runs", action="append", metavar="RUN",
                    help="a run (id, trial id or name) for the precision plot (repeatable; default: the Pareto front)")
+    p.add_argument("--objective", metavar="MODEL", help="the cost axis of the front: bitops, macs, int_units, "
+                   "energy, memory or table:NAME (default: the sweep's own)")
     p.add_argument("--no-log", action="store_true", help="write the files only, do not log them to MLflow")
     _shared(p, "json")
     p.set_defaults(func="dashboards.report:cmd_report")
@@ -125,22 +136,28 @@ def _add_report(sub) -> None:
 def _add_ui(sub) -> None:
     p = sub.add_parser("ui", help="start the MLflow UI for the sweep store on 127.0.0.1 and print its URL",
                        description="Start `mlflow server --workers 1` on 127.0.0.1 for a sqlite store and print the "
-                       "URL (the sweep's runs page with --sweep); stays in the foreground until Ctrl-C. For an "
-                       "http(s) tracking URI (a server already) only the URL is printed.")
+                       "URL (with --sweep, the sweep's view in MLflow's model-training mode); stays in the "
+                       "foreground until Ctrl-C. For an http(s) tracking URI (a server already) only the URL is "
+                       "printed.")
     _shared(p, "tracking_uri")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000; 0: any free port)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others expose the "
                    "unauthenticated UI to the network)")
-    p.add_argument("--sweep", help="print the URL of this sweep's runs page")
+    p.add_argument("--sweep", help="print the URL of this sweep's view: its latest sweep's trials sorted by "
+                   "accuracy, with the swept values, objectives, cp and the Pareto tag as columns (and of its charts)")
+    p.add_argument("--verbose", action="store_true", help="the MLflow server's own log on stderr (default: in "
+                   "mlflow-ui.log beside the database)")
     _shared(p, "json", json="once the server is up, a JSON line with the url")
     p.set_defaults(func="dashboards.ui:cmd_ui")
 
 
 def _add_pareto(sub) -> None:
     p = sub.add_parser("pareto", help="recompute a sweep's Pareto front from MLflow alone",
-                       description="Recompute the Pareto front (accuracy max, training BitOPs min) of the latest "
-                       "sweep of this name (or --sweep-id) from its MLflow runs.")
+                       description="Recompute the Pareto front (accuracy max, training cost min) of the latest "
+                       "sweep of this name (or --sweep-id) from its MLflow runs, the cost under any cost model.")
     p.add_argument("sweep", help="sweep name (the MLflow experiment)")
+    p.add_argument("--objective", metavar="MODEL", help="the cost axis: bitops, macs, int_units, energy, memory "
+                   "or table:NAME (default: the sweep's own, its spec's objective)")
     _shared(p, "sweep_id", "tracking_uri", "json")
     p.set_defaults(func="orchestrator.commands_sweep:cmd_pareto")
 
@@ -158,7 +175,8 @@ def _add_schedule(sub) -> None:
     p = sub.add_parser("schedule", help="preview a precision schedule without training",
                        description="Preview the precision schedule of an experiment config without training: "
                        "iterations, mean FW/BW bits, occupancy and the global cost ratio (every layer at the "
-                       "schedule's bits) against FP32 and FW8/BW8. Auto PFQ is previewed with uniform stages.")
+                       "schedule's bits) against FP32 and FW8/BW8, and the run priced under every cost model on "
+                       "the config's network. Auto PFQ is previewed with uniform stages.")
     p.add_argument("config", help="experiment YAML")
     _shared(p, "set")
     p.add_argument("--plot", metavar="FILE.png", help="also plot the bits over iterations")
@@ -188,6 +206,9 @@ def _add_results(sub) -> None:
                    "written beside it: results.md -> results_pareto.png")
     p.add_argument("--notes", metavar="FILE", help="a markdown file appended verbatim (the analysis)")
     p.add_argument("--no-log", action="store_true", help="do not log the page on the parent run")
+    p.add_argument("--objective", metavar="MODEL", help="the cost model of the plot and the front: bitops, "
+                   "macs, int_units, energy, memory or table:NAME (default: the sweep's own); the savings table "
+                   "shows every model either way")
     _shared(p, "json")
     p.set_defaults(func="dashboards.results:cmd_results")
 

@@ -46,6 +46,9 @@ def cmd_train(args) -> int:
         history_file.close()
     m = result.metrics
     table([{"metric": k, "value": m[k]} for k in SUMMARY_KEYS + GATED_KEYS if k in m])
+    if m.get("costs"):
+        print("\ntraining cost under each cost model (docs/methods.md §10):")
+        cost_table(m["costs"])
     if "bit_allocation" in m:
         alloc = m["bit_allocation"]
         print("\nbit allocation in the last epoch (fraction of inputs per option, per block):")
@@ -54,6 +57,35 @@ def cmd_train(args) -> int:
     if args.json:
         emit_json(m)
     return 0
+
+
+def cost_table(costs: dict) -> None:
+    table([{"model": n, "unit": c.get("unit", ""), "total": c["total"], "fp32": c["fp32"],
+            "savings_vs_fp32": c.get("savings_vs_fp32", 1.0 - c.get("ratio_vs_fp32", 1.0)),
+            "savings_vs_fw8bw8": c["savings_vs_fw8bw8"]} for n, c in costs.items()])
+
+
+def cost_config(args):
+    """The cost models of ``--int-widths`` and ``--table`` (validated like a config's ``cost`` section)."""
+    from pydantic import ValidationError
+
+    from engine.config import CostConfig
+    from engine.config_errors import validation_problems
+
+    tree = {}
+    if getattr(args, "int_widths", None):
+        try:
+            tree["int_widths"] = [int(w) for w in args.int_widths.split(",")]
+        except ValueError:
+            raise ConfigError.single("--int-widths", args.int_widths, "allowed: comma-separated integers, "
+                                     "e.g. 4,8,16,32") from None
+    if getattr(args, "table", None):
+        tree["table"] = args.table
+    try:
+        return CostConfig.model_validate(tree)
+    except ValidationError as exc:
+        flags = {"int_widths": "--int-widths", "table": "--table"}
+        raise ConfigError([(flags.get(f, f), v, a) for f, v, a in validation_problems(exc, CostConfig)]) from None
 
 
 def _short(v) -> str:
@@ -76,9 +108,10 @@ def parse_precision(text: str, weight_bits: int | None):
 
 def cmd_cost(args) -> int:
     from engine.config import DataConfig
-    from engine.cost import BitOpsCounter
+    from engine.cost import FW8BW8, BitOpsCounter
     from engine.data import INFO
     from engine.models import LayerMap, build_model
+    from engine.precision import FP32
 
     if args.dataset not in INFO:
         raise ConfigError.single("--dataset", args.dataset, f"allowed: {', '.join(INFO)}")
@@ -88,8 +121,19 @@ def cmd_cost(args) -> int:
     model = build_model(args.model, info_.channels, info_.classes)
     layer_map = LayerMap(stem=args.stem == "quantized", fc=args.fc == "quantized", head=True, depthwise=None)
     model.set_layer_map(layer_map)
-    counter = BitOpsCounter(model.layer_table((info_.channels, info_.size, info_.size)), layer_map)
+    models = cost_config(args).models()
+    counter = BitOpsCounter(model.layer_table((info_.channels, info_.size, info_.size)), layer_map, models)
     bitops, fp32 = counter.per_sample(prec), counter.fp32_per_sample()
+    b = args.batch_size
+    if b < 1:
+        raise ConfigError.single("--batch-size", b, "allowed: an integer >= 1")
+    run, ref32, ref8 = counter.costs(prec, b), counter.costs(FP32, b), counter.costs(FW8BW8, b)
+    costs = {m.name: {"unit": m.unit, "per_sample": counter.costs(prec, 1)[m.name] - counter.costs(prec, 0)[m.name],
+                      "per_iteration": float(run[m.name]), "fp32": float(ref32[m.name]),
+                      "fw8bw8": float(ref8[m.name]), "ratio_vs_fp32": run[m.name] / ref32[m.name],
+                      "savings_vs_fp32": 1.0 - run[m.name] / ref32[m.name],
+                      "savings_vs_fw8bw8": 1.0 - run[m.name] / ref8[m.name], "source": m.source}
+             for m in counter.models}
     out = {
         "model": args.model,
         "dataset": args.dataset,
@@ -99,11 +143,18 @@ def cmd_cost(args) -> int:
         "bitops_per_sample": bitops,
         "fp32_bitops_per_sample": fp32,
         "ratio_vs_fp32": bitops / fp32,
+        "batch_size": b,
+        "costs": costs,
     }
     if not args.json:
         table(counter.per_layer(prec), ["layer", "role", "block", "macs", "precision", "bitops"])
         print()
-    table([{"metric": k, "value": v} for k, v in out.items()])
+    table([{"metric": k, "value": v} for k, v in out.items() if k != "costs"])
+    print(f"\none training iteration of {b} samples under each cost model (per_iteration; fp32 and fw8bw8: the "
+          "same iteration at FP32 and FW8/BW8):")
+    table([{"model": n, "unit": c["unit"], "per_sample": c["per_sample"], "per_iteration": c["per_iteration"],
+            "fp32": c["fp32"], "ratio_vs_fp32": c["ratio_vs_fp32"], "savings_vs_fw8bw8": c["savings_vs_fw8bw8"]}
+           for n, c in costs.items()])
     if args.json:
         emit_json(out)
     return 0
@@ -118,6 +169,11 @@ def cmd_schedule(args) -> int:
     rows = [{"metric": k, "value": v} for k, v in out.items() if not isinstance(v, dict)]
     table(rows)
     print("fw occupancy: " + ", ".join(f"{b} bits {100 * f:.1f}%" for b, f in out["fw_occupancy"].items()))
+    print(f"\nthe run priced under each cost model ({cfg.model.name}, its layer map, batches of "
+          f"{cfg.data.batch_size}):")
+    table([{"model": n, "unit": c["unit"], "total": c["total"], "ratio_vs_fp32": c["ratio_vs_fp32"],
+            "ratio_vs_fw8bw8": c["ratio_vs_fw8bw8"], "savings_vs_fw8bw8": c["savings_vs_fw8bw8"]}
+           for n, c in out["costs"].items()])
     if args.plot:
         import matplotlib
 

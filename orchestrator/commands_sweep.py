@@ -48,6 +48,7 @@ def cmd_validate(args) -> int:
 
 def pareto_table(front: list[dict]) -> None:
     rows = [{"run_id": (r.get("run_id") or "")[:12], "accuracy": r["accuracy"], "train_gbitops": r["train_bitops"] / 1e9,
+             **({f"cost_{r['objective']}": r["cost"]} if r.get("objective", "bitops") != "bitops" else {}),
              "cp": r.get("cp"), **{k: _short(v) for k, v in r["params"].items()}} for r in front]
     table(rows)
 
@@ -93,12 +94,18 @@ def cmd_sweep(args) -> int:
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     store.preflight(uri)
     storage_root(args.storage)
+    if args.objective:  # a bad name is refused before Ray starts
+        from engine.cost_models import check_model_name
+
+        check_model_name(args.objective, "--objective")
     loaded = load_for_cluster(args.spec, args.address, args.dashboard)
+    if args.objective:
+        loaded = loaded.with_objective(args.objective)
     opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
                         resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
     out = run_sweep(loaded, opts)
     print(f"\nsweep {out['sweep_id']}: {out['trials']} trials, {out['errored']} errored, "
-          f"{len(out['pareto'])} on the Pareto front (accuracy max, training BitOPs min)")
+          f"{len(out['pareto'])} on the Pareto front (accuracy max, training cost min under {out['objective']})")
     pareto_table(out["pareto"])
     for e in out["errors"]:
         info(f"trial {e['trial_id']} errored: {e['error']}")
@@ -145,14 +152,15 @@ def cmd_pareto(args) -> int:
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     data = runs.load(uri, args.sweep, args.sweep_id)
-    front = runs.front(data.rows)
-    done = len(data.finished())
+    objective = runs.check_objective(args.objective or data.objective, data.rows)
+    front = runs.front(data.rows, objective)
+    done = len(data.finished(objective))
     print(f"sweep {data.sweep_id}: {len(data.rows)} trials, {done} finished their planned epochs, "
-          f"{len(front)} on the Pareto front")
-    entries = [runs.front_entry(r) for r in front]
+          f"{len(front)} on the Pareto front (accuracy max, training cost min under {objective})")
+    entries = [runs.front_entry(r, objective) for r in front]
     pareto_table(entries)
     if args.json:
         emit_json({"sweep": args.sweep, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
                    "parent_run_id": data.parent_run_id, "trials": len(data.rows), "finished": done,
-                   "pareto": entries})
+                   "objective": objective, "pareto": entries})
     return 0

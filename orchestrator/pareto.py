@@ -36,3 +36,19 @@ def pareto_rows(rows: list[dict], acc_key: str = "accuracy", cost_key: str = "tr
     mask = pareto_mask([r.get(acc_key, float("nan")) for r in rows], [r.get(cost_key, float("nan")) for r in rows])
     front = [r for r, keep in zip(rows, mask) if keep]
     return sorted(front, key=lambda r: (r[cost_key], -r[acc_key]))
+
+
+def hypervolume(accuracy: Sequence[float], cost: Sequence[float], ref_cost: float) -> float:
+    """The share of the (cost / ref_cost, accuracy) unit square the points dominate, from the reference point
+    (cost = ``ref_cost``, accuracy = 0): 0 when nothing beats the reference, 1 for accuracy 1 at no cost.
+    Only the front matters; points at or beyond ``ref_cost`` (or non-finite) add nothing."""
+    if not ref_cost or not np.isfinite(ref_cost) or ref_cost <= 0:
+        return 0.0
+    mask = pareto_mask(accuracy, cost)
+    pts = sorted((c / ref_cost, max(a, 0.0)) for a, c, keep in zip(accuracy, cost, mask)
+                 if keep and c < ref_cost)
+    area = 0.0
+    for i, (x, a) in enumerate(pts):  # the front: accuracy rises with cost; strips up to the next point
+        nxt = pts[i + 1][0] if i + 1 < len(pts) else 1.0
+        area += (nxt - max(x, 0.0)) * a
+    return float(area)

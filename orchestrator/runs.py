@@ -4,7 +4,12 @@
 A row: ``run_id``, ``trial_id``, ``name``, ``status``, ``schedule`` (the kind), the objectives ``accuracy`` and
 ``train_bitops``, ``cp`` (the run's cumulative cp), ``cp_gated`` (DFQ/FracTrain: the mean of the per-epoch gated
 cp the papers report, else NaN), ``seed``, ``wall_seconds``, ``point`` (the swept values, typed), ``epochs``
-(the last epoch logged), ``planned_epochs``, ``complete``, ``node_id`` and ``pareto`` (the front's tag).
+(the last epoch logged), ``planned_epochs``, ``complete``, ``node_id``, ``pareto`` (the front's tag) and
+``costs`` (the run's training cost under every cost model it logged: ``bitops`` and each ``train_cost_<model>``).
+
+The cost axis of a front is any cost model (``objective``: ``bitops`` by default, the sweep spec's
+``objective`` at sweep time, ``--objective`` for the readers); the sweep records its own in the parent run's
+``fractune.objective`` tag and in ``pareto.json``.
 
 ``complete``: the run FINISHED and logged its planned epochs, the engine's ``run_length(cfg).epochs`` of the
 trial's resolved config, which the tracker records in the ``fractune.planned_epochs`` tag when it creates the
@@ -18,10 +23,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine.cost_models import check_model_name, metric_key
 from engine.errors import ConfigError
 from orchestrator import store
-from orchestrator.pareto import pareto_rows
+from orchestrator.pareto import hypervolume, pareto_rows
 from search_spaces import trial
+
+OBJECTIVE_TAG = "fractune.objective"
+COST_PREFIX = "train_cost_"
 
 
 @dataclass
@@ -34,9 +43,10 @@ class SweepRuns:
     rows: list[dict]  # every trial run, sorted by run name
     factors: list[str]  # the swept dotted paths
     client: object = field(default=None, repr=False)
+    objective: str = "bitops"  # the cost model the sweep's own front used (parent tag fractune.objective)
 
-    def finished(self) -> list[dict]:
-        return finished(self.rows)
+    def finished(self, objective: str = "bitops") -> list[dict]:
+        return finished(self.rows, objective)
 
 
 def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
@@ -50,7 +60,7 @@ def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
         raise ConfigError.single("sweep", name, f"{what} in {uri}")
     rows, factors = trial_rows(c, parent)
     return SweepRuns(uri, name, parent.data.tags.get(store.SWEEP_TAG, ""), parent.info.experiment_id,
-                     parent.info.run_id, rows, factors, c)
+                     parent.info.run_id, rows, factors, c, parent.data.tags.get(OBJECTIVE_TAG, "bitops"))
 
 
 def trial_rows(c, parent) -> tuple[list[dict], list[str]]:
@@ -100,23 +110,64 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
             "train_bitops": float(metrics.get("train_bitops", math.nan)),
             "cp": float(metrics.get("cum_cp", math.nan)), "cp_gated": cp_gated, "seed": seed,
             "wall_seconds": float(metrics.get("wall_seconds", math.nan)), "point": point, "epochs": epochs,
-            "planned_epochs": planned_epochs, "node_id": node_id, "pareto": pareto,
+            "planned_epochs": planned_epochs, "node_id": node_id, "pareto": pareto, "costs": row_costs(metrics),
             "complete": (status == "FINISHED" and epochs is not None and planned_epochs is not None
                          and epochs >= planned_epochs)}
 
 
-def finished(rows: list[dict]) -> list[dict]:
+def row_costs(metrics: dict) -> dict[str, float]:
+    """Cost model name -> the run's training cost (``train_bitops`` and every ``train_cost_<model>`` metric)."""
+    out = {"bitops": float(metrics.get("train_bitops", math.nan))}
+    for key, value in metrics.items():
+        if key.startswith(COST_PREFIX):
+            name = key[len(COST_PREFIX):]
+            out["table:" + name[len("table_"):] if name.startswith("table_") else name] = float(value)
+    return out
+
+
+def cost_of(row: dict, objective: str = "bitops") -> float:
+    """A row's training cost under the cost model ``objective`` (NaN when the run did not log it)."""
+    if objective == "bitops":
+        return row["train_bitops"]
+    return float(row.get("costs", {}).get(objective, math.nan))
+
+
+def check_objective(objective: str, rows: list[dict] | None = None, field_name: str = "--objective") -> str:
+    """A known cost model name; with ``rows``, one that at least one of them logged."""
+    check_model_name(objective, field_name)
+    if rows and not any(math.isfinite(cost_of(r, objective)) for r in rows):
+        logged = sorted({n for r in rows for n, v in r.get("costs", {}).items() if math.isfinite(v)})
+        raise ConfigError.single(field_name, objective, "no trial logged it (metric "
+                                 f"{metric_key(objective)}); allowed here: {', '.join(logged) or 'none'}")
+    return objective
+
+
+def finished(rows: list[dict], objective: str = "bitops") -> list[dict]:
     """Trials that ran their planned length with both objectives: the ones fronts and statistics use."""
-    return [r for r in rows if r["complete"] and math.isfinite(r["accuracy"]) and math.isfinite(r["train_bitops"])]
+    return [r for r in rows if r["complete"] and math.isfinite(r["accuracy"]) and math.isfinite(cost_of(r, objective))]
 
 
-def front(rows: list[dict]) -> list[dict]:
-    """The Pareto front (accuracy max, training BitOPs min) of the finished trials, cheapest first."""
-    return pareto_rows(finished(rows))
+def front(rows: list[dict], objective: str = "bitops") -> list[dict]:
+    """The Pareto front (accuracy max, training cost under ``objective`` min) of the finished trials, cheapest
+    first; each member carries its ``cost`` under that model."""
+    keyed = [{**r, "cost": cost_of(r, objective)} for r in finished(rows, objective)]
+    return pareto_rows(keyed, cost_key="cost")
 
 
-def front_entry(row: dict) -> dict:
+def front_entry(row: dict, objective: str = "bitops") -> dict:
     """A front member as the sweep's and ``fractune pareto``'s JSON give it: the swept values and the seed as
-    ``params``."""
+    ``params``, and its ``cost`` under the front's ``objective``."""
     return {"run_id": row["run_id"], "trial_id": row["trial_id"], "accuracy": row["accuracy"],
-            "train_bitops": row["train_bitops"], "cp": row["cp"], "params": {**row["point"], "seed": row["seed"]}}
+            "train_bitops": row["train_bitops"], "objective": objective, "cost": cost_of(row, objective),
+            "cp": row["cp"], "params": {**row["point"], "seed": row["seed"]}}
+
+
+def front_quality(done: list[dict], front: list[dict], objective: str) -> dict:
+    """The hypervolume of the front (``orchestrator.pareto.hypervolume``) with its reference point stated."""
+    costs = [cost_of(r, objective) for r in done]
+    ref = max(costs) if costs else float("nan")
+    return {"objective": objective, "hypervolume": hypervolume([r["accuracy"] for r in done], costs, ref) if costs
+            else float("nan"), "reference": {"accuracy": 0.0, "cost": ref},
+            "rule": f"area dominated by the front in the (cost / reference cost, accuracy) unit square, from the "
+                    f"reference point accuracy 0 at the dearest finished trial's cost under {objective} "
+                    f"({ref:.6g}); 1 = accuracy 1 at no cost", "front_size": len(front)}

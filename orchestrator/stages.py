@@ -168,8 +168,9 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
         track["final_error"] = store.one_line_error(exc)
     rows = rows or []
     last = [r for r in rows if r.get("stage") == stages[-1]]
-    front = runs.front(last)
-    summary = {"stages": stages, "pareto": front, "errors": errors, "trials": rows}
+    objective = loaded.spec.objective
+    front = runs.front(last, objective)
+    summary = {"stages": stages, "objective": objective, "pareto": front, "errors": errors, "trials": rows}
     try:
         (exp_root / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))
     except OSError as exc:
@@ -182,6 +183,7 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
             c.log_dict(parent_id, summary, "pareto.json")
             c.log_dict(parent_id, manifest, "stages.json")
             c.set_tag(parent_id, "fractune.stages", ",".join(stages))
+            c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)
             c.set_tag(parent_id, "fractune.errored", str(len(errors)))
             c.set_tag(parent_id, "fractune.trials", str(sum(records[s]["trials"] for s in stages)))
             c.set_terminated(parent_id, "FINISHED")
@@ -199,7 +201,7 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
         "trials": sum(records[s]["trials"] for s in stages),
         "errored": len(errors),
         "errors": errors,
-        "pareto": [runs.front_entry(r) for r in front],
+        "pareto": [runs.front_entry(r, objective) for r in front],
         "tracking": track,
         "storage": str(exp_root),
         "tracking_uri": store.redact(uri),

@@ -14,6 +14,9 @@ TRIAL_TAG = "ray_trial_id"
 SWEEP_TAG = "fractune.sweep_id"
 POINT_TAG = "fractune.point"  # JSON of the trial's swept values {dotted path: value} (search_spaces.trial)
 PLANNED_TAG = "fractune.planned_epochs"  # the engine's run_length(cfg).epochs of the trial's resolved config
+# MLflow 3's UI opens an experiment by its kind: without this tag it guesses, and shows a sweep in its GenAI mode
+# (traces, judges). "custom_model_development" is the model-training mode (runs table, model metrics charts).
+KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
 def default_tracking_uri() -> str:
@@ -94,8 +97,20 @@ def ensure_experiment(c, name: str) -> str:
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
+        mark_training(c, exp)
         return exp.experiment_id
-    return c.create_experiment(name, artifact_location=artifact_root(c.tracking_uri, name))
+    return c.create_experiment(name, artifact_location=artifact_root(c.tracking_uri, name),
+                               tags={KIND_TAG: TRAINING_KIND})
+
+
+def mark_training(c, exp) -> bool:
+    """Open ``exp`` in the UI's model-training mode: set its kind tag unless someone chose a kind (the UI's own
+    guesses end in ``_inferred``). True when the tag was written."""
+    kind = exp.tags.get(KIND_TAG, "")
+    if kind and not kind.endswith("_inferred") and kind != "no_inferred_type":
+        return False
+    c.set_experiment_tag(exp.experiment_id, KIND_TAG, TRAINING_KIND)
+    return True
 
 
 def trial_error_text(trial) -> str:

@@ -9,6 +9,7 @@ node would stay PENDING forever), and after ``fit()`` trial errors are surfaced,
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -171,6 +172,13 @@ def param_space(loaded: LoadedSpec, sweep_id: str) -> dict:
                         tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0])
 
 
+def sweep_objectives(objective: str = "bitops") -> tuple[tuple[str, str], ...]:
+    """Accuracy (max) and the training cost under the spec's cost model (min), as the trials' metric keys."""
+    from engine.cost_models import metric_key
+
+    return ("accuracy", "max"), (metric_key(objective), "min")
+
+
 def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
     s = loaded.spec.search
     if s.algorithm == "grid":
@@ -188,7 +196,8 @@ def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
     sampler = (optuna.samplers.NSGAIISampler(seed=s.seed) if s.sampler == "nsga2"
                else optuna.samplers.TPESampler(seed=s.seed))
     # No metric/mode in TuneConfig with a list metric (it only takes strings): they go here.
-    return OptunaSearch(metric=[m for m, _ in OBJECTIVES], mode=[d for _, d in OBJECTIVES], study_name=sweep_id,
+    objectives = sweep_objectives(loaded.spec.objective)
+    return OptunaSearch(metric=[m for m, _ in objectives], mode=[d for _, d in objectives], study_name=sweep_id,
                         storage=storage, sampler=sampler)
 
 
@@ -276,7 +285,8 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
 def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,
            report: dict | None = None) -> dict:
     """The sweep's outcome: its trial rows as MLflow holds them (``orchestrator.runs``, the loader every reader
-    uses), the front tagged and ``pareto.json`` written beside the experiment and on the parent run."""
+    uses), the front tagged and ``pareto.json`` written beside the experiment and on the parent run; the parent's
+    summary metrics, its note and the sweep's view in the MLflow UI (``dashboards.mlflow_view``)."""
     from orchestrator import runs, store
     from orchestrator.tracker import REPORT_FILE
 
@@ -286,17 +296,20 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
     errors = [{"trial_id": r.metrics.get("trial_id"), "run_id": run_ids.get(r.metrics.get("trial_id")),
                "error": store.one_line_error(r.error)} for r in grid if r.error is not None]
     c = parent = rows = None
+    factors: list[str] = []
     try:
         c = store.client(uri)
         parent = c.get_run(parent_id) if parent_id else None
         if parent is not None and not track.get("pending"):
-            rows = runs.trial_rows(c, parent)[0]
+            rows, factors = runs.trial_rows(c, parent)
     except Exception as exc:  # the store went away at the very end: the summary comes from Tune's results
         track["final_error"] = store.one_line_error(exc)
     if rows is None:  # the store is unreachable or behind (operations pending): the same rows from Tune
         rows = [result_row(r, run_ids) for r in grid]
-    front = runs.front(rows)
-    summary = {"pareto": front, "errors": errors, "trials": rows}
+    objective = loaded.spec.objective
+    front = runs.front(rows, objective)
+    quality = runs.front_quality(runs.finished(rows, objective), front, objective)
+    summary = {"objective": objective, "front_quality": quality, "pareto": front, "errors": errors, "trials": rows}
     try:
         (exp_path / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if MLflow is down
     except OSError as exc:
@@ -308,7 +321,16 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
                     c.set_tag(r["run_id"], "pareto", "true")
             c.log_dict(parent_id, summary, "pareto.json")
             c.set_tag(parent_id, "fractune.errored", str(len(errors)))
+            c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)
+            if math.isfinite(quality["hypervolume"]):  # the front's quality, with its reference point
+                key = "hypervolume_" + objective.replace(":", "_")
+                c.log_metric(parent_id, key, quality["hypervolume"])
+                c.set_tag(parent_id, f"fractune.{key}.reference", quality["rule"][:5000])
             c.set_tag(parent_id, "fractune.trials", str(len(grid)))
+            if factors or rows:  # the UI's view of the sweep, the summary metrics and the note (dashboards)
+                from dashboards.mlflow_view import publish
+
+                publish(c, parent.info.experiment_id, parent_id, sweep_id, rows, factors)
             c.set_terminated(parent_id, "FINISHED")
         except Exception as exc:  # the summary is on disk
             track["pending"] = track.get("pending", 0) + 1
@@ -323,13 +345,16 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         "trials": len(grid),
         "errored": len(errors),
         "errors": errors,
-        "pareto": [runs.front_entry(r) for r in front],
+        "objective": objective,
+        "hypervolume": quality["hypervolume"],
+        "pareto": [runs.front_entry(r, objective) for r in front],
         "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
                                                "report_error", "storage_error") if track.get(k) is not None},
         "storage": str(exp_path),
         "tracking_uri": store.redact(uri),
         "wall_seconds": wall,
-        "ui": ui_command(store.redact(uri), loaded.name),
+        "ui": ui_command(store.redact(uri), loaded.name,
+                         (parent.info.experiment_id, sweep_id) if parent is not None and rows else None),
     }
 
 
@@ -345,7 +370,13 @@ def result_row(result, run_ids: dict) -> dict:
                          planned_epochs=run_length(cfg).epochs, node_id=m.get("node_id"))
 
 
-def ui_command(uri: str, sweep: str | None = None) -> str:
+def ui_command(uri: str, sweep: str | None = None, view: tuple[str, str] | None = None) -> str:
+    """How to look at the sweep: `fractune ui` for a sqlite store; a tracking server's URL of the sweep's view
+    (``view``: experiment id, sweep id) or its home page."""
     if uri.startswith("http"):
+        if view and "***@" not in uri:
+            from dashboards.mlflow_view import view_url
+
+            return f"open {view_url(uri, *view)}"
         return f"open {uri}"
     return f"fractune ui --tracking-uri {uri}" + (f" --sweep {sweep}" if sweep else "")

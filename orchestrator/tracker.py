@@ -1,7 +1,8 @@
 """MLflow tracking from the Ray driver: one Tune callback, one writer (ecosystem.md 3.2, 7.1).
 
 An MLflow experiment per sweep name, a parent run per sweep, a child run per trial (tag
-``mlflow.parentRunId``) with the flattened resolved config as params, the per-epoch metrics at
+``mlflow.parentRunId``, named by its method, swept values and seed: ``search_spaces.trial.run_name``, unique
+within the sweep; Tune's trial id is the ``ray_trial_id`` tag) with the flattened resolved config as params, the per-epoch metrics at
 ``step = epoch``, provenance tags, the resolved config, events and DFQ bit allocations as artifacts.
 
 The metrics are whatever the engine reports: every numeric (not boolean) top-level key of a trial's result is
@@ -175,6 +176,7 @@ class MLflowTracker(tune.Callback):
             logged = max((m.step for m in self.c.get_metric_history(run_id, "accuracy")), default=0)
             self.state["written_epoch"][trial_id] = self.state["last_epoch"][trial_id] = logged
             self.state["runs"][trial_id] = run_id
+            self.state.setdefault("names", {})[trial_id] = found[0].info.run_name
             return
         tags = {PARENT_TAG: parent, TRIAL_TAG: trial_id, SWEEP_TAG: self.sweep_id, "fractune.kind": "trial",
                 "fractune.schedule": config["schedule"]["kind"], "fractune.swept": ",".join(swept),
@@ -183,14 +185,17 @@ class MLflowTracker(tune.Callback):
             tags[POINT_TAG] = text
         if planned is not None:
             tags[PLANNED_TAG] = str(planned)
+        names = self.state.setdefault("names", {})
         stage = tags.get("fractune.stage")  # a staged sweep: the stage leads the run's name
-        run = self.c.create_run(self.state["experiment_id"], tags=tags, run_name=(f"{stage}-" if stage else "")
-                                + f"{trial_id}-{config['schedule']['kind']}")
+        name = trial_dict.unique_name((f"{stage}-" if stage else "") + trial_dict.run_name(config, point),
+                                      set(names.values()))
+        run = self.c.create_run(self.state["experiment_id"], run_name=name, tags=tags)
         params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
         for i in range(0, len(params), 100):
             self.c.log_batch(run.info.run_id, params=params[i:i + 100])
         self.c.log_dict(run.info.run_id, config, "config.yaml")
         self.state["runs"][trial_id] = run.info.run_id
+        names[trial_id] = name
 
     # -- Tune hooks -----------------------------------------------------------------------------------
     def setup(self, **info) -> None:

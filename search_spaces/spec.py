@@ -2,8 +2,9 @@
 
 A spec names a base experiment (inline, or a YAML path relative to the spec) and parameters over any
 config field by dotted path, each one of ``grid``, ``choice``, ``uniform``, ``loguniform`` or ``int``
-(inclusive bounds). ``seeds`` repeat every point. The objectives are fixed: final test ``accuracy``
-(max) and total training BitOPs (min). ``load_spec`` reports every error at once, before any trial:
+(inclusive bounds). ``seeds`` repeat every point. The objectives: final test ``accuracy`` (max) and the
+total training cost (min) under the cost model ``objective`` (``bitops`` by default; any model of
+engine/cost_models.py, e.g. ``energy`` or ``int_units``). ``load_spec`` reports every error at once, before any trial:
 the spec's own fields, and the experiment config of every grid point and of both ends of every range.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from engine.config import NAME_PATTERN, parse_config, read_yaml, set_path
 from engine.config_errors import validation_problems
@@ -120,6 +122,16 @@ class SweepSpec(Strict):
     budget: Budget = Budget()
     resources: Resources = Resources()
     stages: list[Stage] = Field(default_factory=list)  # a staged sweep: run in order under one parent run
+    objective: str = "bitops"  # the cost axis: a cost model of engine/cost_models.py
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, v: str) -> str:
+        from engine.cost_models import MODEL_NAMES
+
+        if v not in MODEL_NAMES and not (v.startswith("table:") and len(v) > 6):
+            raise PydanticCustomError("objective", "allowed: " + ", ".join(MODEL_NAMES) + ", table:NAME")
+        return v
 
     @field_validator("seeds")
     @classmethod
@@ -158,6 +170,17 @@ class LoadedSpec:
     def point_tree(self, values: dict[str, Any], seed: int) -> dict:
         """The experiment tree of one point: what a trial with these swept values and seed runs."""
         return trial.resolved_tree(trial.encode(self.spec.name, self.base_tree, values, seed))
+
+    def with_objective(self, objective: str, field: str = "--objective") -> LoadedSpec:
+        """The same spec with another cost axis (``fractune sweep --objective``), checked like the spec's own."""
+        from engine.cost_models import check_model_name
+
+        check_model_name(objective, field)
+        spec = self.spec.model_copy(update={"objective": objective})
+        problems = _check_objective(spec, self.base_tree)
+        if problems:
+            raise ConfigError([(field, v, a) for _, v, a in problems])
+        return LoadedSpec(spec, self.base_tree, self.source)
 
     def base_trial(self) -> dict:
         """The trial dict of the base point (no parameter applied, the first seed): planned lengths."""
@@ -239,14 +262,31 @@ def _point_problems(spec: SweepSpec, source: Path | None) -> list[tuple[str, obj
     if problems:
         return problems
     if spec.stages:
-        problems = _check_stages(spec)
+        problems = _check_stages(spec) + _check_objective(spec, base_tree)
         if problems:
             return problems
         loaded = LoadedSpec(spec, base_tree, source)
         for stage, sub in zip(spec.stages, loaded.stages):
             problems += [(f"stages.{stage.name}: {f}", v, a) for f, v, a in _check_search(sub.spec) + _check_points(sub)]
         return problems or _stage_references(loaded)
-    return _check_search(spec) + _check_points(LoadedSpec(spec, base_tree, source))
+    return _check_search(spec) + _check_objective(spec, base_tree) + _check_points(LoadedSpec(spec, base_tree, source))
+
+
+def _check_objective(spec: SweepSpec, base_tree: dict) -> list[tuple[str, object, str]]:
+    """``objective: table:NAME`` needs the base experiment's ``cost.table`` to be the table named NAME."""
+    if not spec.objective.startswith("table:"):
+        return []
+    from engine.cost_models import load_cost_table
+
+    path = (base_tree.get("cost") or {}).get("table")
+    try:
+        name = load_cost_table(path).name if path else None
+    except ConfigError:
+        return []  # the config check reports the table's own problem
+    if name != spec.objective.removeprefix("table:"):
+        return [("objective", spec.objective, "allowed with a user table: table:NAME where NAME is the name of "
+                 f"the base experiment's cost.table ({'table:' + name if name else 'none set'})")]
+    return []
 
 
 def stage_spec(loaded: LoadedSpec, stage: Stage) -> LoadedSpec:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import run_main, write_yaml
+import pytest
+
+from tests.conftest import ROOT, run_main, write_yaml
 
 TINY = """
 name: cli_tiny
@@ -30,6 +32,17 @@ def test_train_json_and_checkpoint_resume(run_cli, tmp_path):
     assert out["cp"] == 100 * out["train_bitops"] / out["fp32_bitops"]
     lines = (tmp_path / "h.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
+    # every cost model: the run's total with its references, as the tracker logs it per epoch
+    assert set(out["costs"]) == {"bitops", "macs", "int_units", "energy", "memory"}
+    assert out["costs"]["bitops"]["total"] == out["train_bitops"]
+    assert out["costs"]["int_units"]["savings_vs_fw8bw8"] == 0.0  # FW6 runs on 8-bit units
+    assert out["costs"]["macs"]["savings_vs_fp32"] == 0.0
+    assert 0.0 < out["costs"]["energy"]["savings_vs_fw8bw8"] < out["savings_vs_fw8bw8"]
+    epochs = [json.loads(x) for x in lines]
+    for model in ("macs", "int_units", "energy", "memory"):
+        assert out[f"train_cost_{model}"] == out["costs"][model]["total"] == epochs[-1][f"train_cost_{model}"]
+        assert epochs[0][f"epoch_cost_{model}"] + epochs[1][f"epoch_cost_{model}"] == \
+            pytest.approx(epochs[1][f"train_cost_{model}"])
     code, _, again = run_main("train", str(cfg), "--json", "--resume", str(tmp_path / "ck"))
     assert code == 0 and again["accuracy"] == out["accuracy"]
 
@@ -65,6 +78,12 @@ def test_bad_input_exits_2_with_one_line(run_cli, tmp_path, capsys):
     one_line_error(("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/0"), "--precision")
     one_line_error(("cost", "--model", "resnet38", "--dataset", "svhn", "--precision", "8/8"), "--dataset")
     one_line_error(("train",), "config")
+    one_line_error(("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/8", "--int-widths", "8,4"),
+                   "--int-widths", "increasing")
+    bad_table = write_yaml(tmp_path / "accel.yaml", "fp32: 4\ncosts: {'8x99': 0.3}\n")
+    one_line_error(("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/8", "--table",
+                    str(bad_table)), "--table", "costs.8x99", "1..31")
+    one_line_error(("train", str(cfg), "--set", f"cost.table={bad_table}"), "cost.table", "costs.8x99")
     # and as a real process: exit status 2, one line on stderr
     r = run_cli("train", str(cfg), "--set", "schedule.fw=40")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "schedule.fw" in r.stderr
@@ -79,3 +98,30 @@ def test_cost_resnet38(run_cli):
     assert out["bitops_per_sample"] == out["forward_macs_per_sample"] * 192
     code, text, _ = run_main("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "4/8", "--fc", "fp32")
     assert code == 0 and "layers.17.conv2" not in text and "blocks.17.conv2" in text
+
+
+def test_cost_every_model_with_a_user_table(tmp_path):
+    table = write_yaml(tmp_path / "accel.yaml", "name: acc\nunit: pJ\nfp32: 4.0\ncosts: {'4x4': 0.1, '8x8': 0.3}\n")
+    code, text, out = run_main("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "6/8",
+                               "--table", str(table), "--batch-size", "10", "--json")
+    assert code == 0 and "table:acc" in text
+    costs = out["costs"]
+    assert list(costs) == ["bitops", "macs", "int_units", "energy", "memory", "table:acc"]
+    macs = out["forward_macs_per_sample"]
+    assert costs["bitops"]["per_sample"] == out["bitops_per_sample"] == macs * (36 + 48 + 48)
+    assert costs["macs"]["per_iteration"] == 10 * 3 * macs
+    assert costs["int_units"]["per_sample"] == macs * 192  # FW6/BW8 on 8-bit units = FW8/BW8
+    assert costs["int_units"]["savings_vs_fw8bw8"] == 0.0 < costs["bitops"]["savings_vs_fw8bw8"]
+    assert costs["table:acc"]["per_sample"] == pytest.approx(macs * 3 * 0.3)
+    mem = costs["memory"]
+    assert mem["per_iteration"] > 10 * mem["per_sample"]  # + the weights, once per iteration
+
+
+def test_schedule_priced_under_every_model():
+    code, _, out = run_main("schedule", str(ROOT / "examples" / "cpt_3to8.yaml"), "--json")
+    assert code == 0
+    c = out["costs"]
+    assert c["bitops"]["savings_vs_fw8bw8"] == pytest.approx(0.367, abs=0.002)
+    # CPT 3 -> 8 saves less on integer units (3/4 bits on 4-bit units, 5..8 on 8-bit ones) and in energy
+    assert 0.1 < c["int_units"]["savings_vs_fw8bw8"] < c["energy"]["savings_vs_fw8bw8"] < 0.3
+    assert c["macs"]["ratio_vs_fp32"] == 1.0

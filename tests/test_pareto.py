@@ -62,3 +62,15 @@ def test_rows_sorted_by_cost():
 def test_shape_mismatch():
     with pytest.raises(ValueError):
         pareto_mask([1.0], [1.0, 2.0])
+
+
+def test_hypervolume_by_hand():
+    from orchestrator.pareto import hypervolume
+
+    # reference: accuracy 0 at cost 10; front (2, 0.5), (5, 0.8); (6, 0.6) dominated; (10, 0.9) at the reference
+    acc, cost = [0.5, 0.8, 0.6, 0.9], [2.0, 5.0, 6.0, 10.0]
+    # strips: x 0.2..0.5 at 0.5, x 0.5..1.0 at 0.8 -> 0.15 + 0.4
+    assert hypervolume(acc, cost, 10.0) == pytest.approx(0.55)
+    assert hypervolume([0.9], [10.0], 10.0) == 0.0
+    assert hypervolume([1.0], [0.0], 10.0) == 1.0
+    assert hypervolume(acc, cost, float("nan")) == 0.0

@@ -122,3 +122,43 @@ def test_a_trial_dict_decodes_to_the_config_of_its_point():
     assert trial.point_of("", params, ["schedule", "optim.lr"]) == {
         "schedule": {"kind": "static", "fw": 4, "bw": 8, "weight_bits": None}, "optim.lr": 0.05}
     assert trial.point_tag({"schedule.options": ["4/8"] * 2000}) == ""  # too long for a tag: params instead
+
+
+def test_run_names_say_what_the_trial_is_and_stay_unique():
+    from search_spaces import trial
+
+    def name(point: dict, seed: int = 0, kind: str | None = None) -> str:
+        sched = point.get("schedule") or {"kind": kind, "mode": "auto"}
+        return trial.run_name({"schedule": sched, "seed": seed}, point)
+
+    assert name({"schedule": {"kind": "static", "fw": 6, "bw": 8}}, 1) == "static fw6/bw8 s1"
+    assert name({"schedule.epsilon": 0.1, "schedule.alpha": 0.5}, kind="pfq") == "pfq auto eps0.1 a0.5 s0"
+    assert name({"schedule": {"kind": "dfq", "options": "paper", "target_cp": 3.0, "execution": "routed"}}) == \
+        "dfq paper cp3 routed s0"
+    assert name({"schedule": {"kind": "fractrain", "cp0": 1.5, "cp_step": 0.5}}) == "fractrain cp1.5+0.5 s0"
+    assert name({"schedule.fw_min": 3, "schedule.fw_max": 8, "optim.lr": 0.012345}, kind="cpt") == \
+        "cpt fw3-8 lr0.0123 s0"
+    assert name({"schedule": {"kind": "fp32"}}, 2) == "fp32 s2"
+    # FW4/BW8 and FW6/BW8 differ by name; a repeated point (random search) gets a suffix
+    taken = {"static fw6/bw8 s1", "static fw6/bw8 s1 #2"}
+    assert trial.unique_name("static fw6/bw8 s1", taken) == "static fw6/bw8 s1 #3"
+    assert trial.unique_name("static fw4/bw8 s1", taken) == "static fw4/bw8 s1"
+
+
+def test_objective_is_any_cost_model(tmp_path):
+    from search_spaces.spec import parse_spec
+
+    spec = {"name": "obj", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits"}}}
+    assert parse_spec(spec).spec.objective == "bitops"
+    assert parse_spec({**spec, "objective": "energy"}).spec.objective == "energy"
+    with pytest.raises(ConfigError, match="objective: got 'joules'; allowed: bitops, macs, int_units, energy"):
+        parse_spec({**spec, "objective": "joules"})
+    table = tmp_path / "acc.yaml"
+    table.write_text("name: acc\nfp32: 4\ncosts: {'8x8': 0.3}\n")
+    with_table = {**spec, "set": {"cost.table": str(table)}}
+    assert parse_spec({**with_table, "objective": "table:acc"}).spec.objective == "table:acc"
+    with pytest.raises(ConfigError, match=r"objective: got 'table:other'.*\(table:acc\)"):
+        parse_spec({**with_table, "objective": "table:other"})
+    with pytest.raises(ConfigError, match=r"--objective: got 'table:x'.*none set"):
+        parse_spec(spec).with_objective("table:x")
+    assert parse_spec(spec).with_objective("int_units").spec.objective == "int_units"

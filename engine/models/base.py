@@ -40,12 +40,16 @@ class LayerMap:
 
 @dataclass(frozen=True)
 class LayerInfo:
-    """One conv/linear layer: forward MACs for one sample (M_l in methods.md §2)."""
+    """One conv/linear layer: forward MACs for one sample (M_l in methods.md §2), and the element counts the
+    ``memory`` cost model prices: its weights, and its input and output activations for one sample."""
 
     name: str
     role: str
     block: int | None
     macs: int
+    weights: int = 0
+    inputs: int = 0
+    outputs: int = 0
 
 
 class ResidualBlock(nn.Module):
@@ -110,6 +114,7 @@ class QModel(nn.Module):
         if self._table is not None:
             return self._table
         macs: dict[str, int] = {}
+        sizes: dict[str, tuple[int, int, int]] = {}
         names = {m: n for n, m in quantized_layers(self)}
 
         def hook(mod: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
@@ -118,6 +123,7 @@ class QModel(nn.Module):
                 macs[names[mod]] = int(out[0].numel()) * per_out
             else:
                 macs[names[mod]] = mod.in_features * mod.out_features
+            sizes[names[mod]] = (int(mod.weight.numel()), int(inp[0][0].numel()), int(out[0].numel()))
 
         handles = [m.register_forward_hook(hook) for m in names]
         was_training = self.training
@@ -129,7 +135,7 @@ class QModel(nn.Module):
             self.train(was_training)
             for h in handles:
                 h.remove()
-        self._table = [LayerInfo(n, m.role, m.block, macs[n]) for m, n in names.items() if n in macs]
+        self._table = [LayerInfo(n, m.role, m.block, macs[n], *sizes[n]) for m, n in names.items() if n in macs]
         return self._table
 
     @property

@@ -36,7 +36,7 @@ from engine.precision import FP32, MixedPrecision, Precision
 
 class GatedModel(nn.Module):
     def __init__(self, backbone: QModel, options: list[Precision], execution: str = "masked",
-                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "skip"):
+                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "sampled"):
         super().__init__()
         self.backbone = backbone
         self.options = list(options)

@@ -1,6 +1,7 @@
 """Headless Chromium (Debian's chromium + chromium-driver, driven by Selenium) against the real MLflow server
-holding a real sweep: the runs page lists the trials with their metrics, and the report renders its plots,
-opened as a file and inside the MLflow UI. Screenshots go to test-artifacts/."""
+holding a real sweep: the sweep's view (the URL `fractune ui --sweep` prints) lists the trials with their settings
+and objectives and charts every trial, and the report renders its plots, opened as a file and inside the MLflow
+UI. Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 import pytest
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 from orchestrator import store
@@ -33,38 +33,54 @@ def _wait(driver, condition, what: str, timeout: float = WAIT):
         pytest.fail(f"waited {timeout} s for {what}; screenshot {shot}", pytrace=False)
 
 
-def _show_metric_column(driver, name: str) -> None:
-    """The runs table shows no metric columns by default: tick the metric in the Columns menu."""
-    driver.find_element(By.CSS_SELECTOR, "button[data-testid=column-selection-dropdown]").click()
-    search = _wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, "input[placeholder='Search columns']"),
-                   "the column search box", 30)
-    search.send_keys(name)
-    entry = _wait(driver, lambda d: next((e for e in d.find_elements(By.CSS_SELECTOR, ".du-bois-light-tree-title")
-                                          if e.text.strip() == name), None), f"the {name} column entry", 30)
-    entry.click()
-    driver.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
+def _texts(driver, css: str) -> list[str]:
+    return [e.text.strip() for e in driver.find_elements(By.CSS_SELECTOR, css)]
 
 
-def test_runs_page_lists_the_trials_with_their_metrics(browser, served_sweep, mlflow_server):
+def _run_names(driver) -> list[str]:
+    """The run names of the table's rows, top to bottom (by the grid's row index, not the DOM's order)."""
+    names = {}
+    for link in driver.find_elements(By.CSS_SELECTOR, ".ag-cell[col-id='attributes.`Run Name`'] a"):
+        row = link.find_element(By.XPATH, "./ancestor::div[@role='row'][1]")
+        names[int(row.get_attribute("row-index"))] = link.text.strip()
+    return [names[i] for i in sorted(names)]
+
+
+def test_the_sweeps_view_shows_its_trials_and_charts(browser, served_sweep, mlflow_server):
+    """The URL `fractune ui --sweep` prints: the model-training mode, one row per trial with its readable name,
+    sorted by accuracy, the objectives and cp as columns; its chart view draws every trial."""
+    from tests.conftest import run_main
+
+    code, _, urls = run_main("ui", "--tracking-uri", mlflow_server["uri"], "--sweep", "served_sweep", "--json")
+    assert code == 0
     c = store.client(mlflow_server["uri"])
     children = store.child_runs(c, c.get_run(served_sweep["parent_run_id"]))
-    assert len(children) == 3
-    browser.get(f"{mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs")
-    _wait(browser, lambda d: served_sweep["sweep_id"] in d.page_source, "the sweep's parent run")
+    by_accuracy = [r.info.run_name for r in sorted(children, key=lambda r: -r.data.metrics["accuracy"])]
+    browser.get(urls["url"])
+    _wait(browser, lambda d: _run_names(d) == by_accuracy, "one row per trial, sorted by accuracy")
     for close in browser.find_elements(By.CSS_SELECTOR, "button[aria-label=Close]"):  # the assistant side panel
         close.click()
-    # the trials are nested under the sweep's parent run: expand it
-    browser.find_element(By.CSS_SELECTOR, "button[data-component-id*=runnamecellrenderer]").click()
-    names = [r.info.run_name for r in children]
-    _wait(browser, lambda d: all(n in d.page_source for n in names), "the trial run names")
-    _show_metric_column(browser, "accuracy")
-    cells = _wait(browser, lambda d: [e.text for e in d.find_elements(By.CSS_SELECTOR, ".ag-cell[col-id='metrics.`accuracy`']")
-                                      if e.text.strip() not in ("", "-")] or None, "the accuracy column")
-    browser.save_screenshot(str(SHOTS / "mlflow_runs_page.png"))
-    # what the UI shows is what MLflow holds (the cells may be cut to 10 characters)
-    shown = sorted(t.rstrip(".") for t in cells)
-    held = sorted(str(r.data.metrics["accuracy"]) for r in children)
-    assert len(shown) == 3 and all(h.startswith(s[:8]) for s, h in zip(shown, held)), (shown, held)
+    # the model-training mode: its runs page and side bar, not the GenAI overview
+    assert browser.find_element(By.TAG_NAME, "h2").text == "Runs"
+    side = " ".join(_texts(browser, "nav a, nav li"))
+    assert "Models" in side and "Judges" not in side and "Overview" not in side
+    headers = {e.get_attribute("data-testid")[len("sort-header-"):]
+               for e in browser.find_elements(By.CSS_SELECTOR, "[data-testid^=sort-header-]")}
+    assert {"Run Name", "accuracy", "train_bitops", "cum_cp"} <= headers, headers
+    browser.save_screenshot(str(SHOTS / "mlflow_view_table.png"))
+
+    browser.get(urls["charts_url"])
+    cards = "[data-testid=experiment-view-compare-runs-card]"
+
+    def scatter_points(d) -> int | None:
+        first = next(iter(d.find_elements(By.CSS_SELECTOR, cards)), None)  # accuracy vs training BitOPs
+        n = len(first.find_elements(By.CSS_SELECTOR, ".scatterlayer .point")) if first is not None else 0
+        return n or None
+
+    assert _wait(browser, scatter_points, "the scatter chart of every trial") == len(children)
+    titles = " ".join(_texts(browser, cards))
+    assert "train_bitops" in titles and "Parallel Coordinates" in titles and "accuracy" in titles
+    browser.save_screenshot(str(SHOTS / "mlflow_view_charts.png"))
 
 
 def _full_page_shot(driver, name: str) -> None:
@@ -84,12 +100,12 @@ def _plots(driver) -> tuple[int, int]:
 def test_report_renders_its_plots(browser, served_sweep):
     report = Path(served_sweep["report"])
     browser.get(report.as_uri())
-    _wait(browser, lambda d: _plots(d)[0] == 4, "four rendered plotly figures")
+    _wait(browser, lambda d: _plots(d)[0] == 5, "five rendered plotly figures")
     containers, svgs = _plots(browser)
     assert svgs >= 2 * containers  # plotly draws each figure on two stacked svg layers (at least)
     headings = [h.text for h in browser.find_elements(By.TAG_NAME, "h2")]
-    assert headings == ["Trials", "Accuracy vs training BitOPs", "Parameter importance", "Precision over training",
-                        "DFQ bit allocation"]
+    assert headings == ["Trials", "Accuracy vs training BitOPs", "Parameters and objectives", "Parameter importance",
+                        "Precision over training", "DFQ bit allocation"]
     # the front's stars are drawn: a Pareto-front legend entry in the first figure
     assert "Pareto front" in browser.find_elements(By.CSS_SELECTOR, ".plot-container")[0].text
     _full_page_shot(browser, "report.png")

@@ -34,6 +34,19 @@ def test_pareto_figure_highlights_exactly_the_front():
     assert fig.layout.xaxis.type == "log"  # 5e8 .. 5e10 spans two decades
 
 
+def test_front_and_parallel_coordinates_under_a_cost_model():
+    rows = [{**_row("a", 0.9, 1e9), "costs": {"bitops": 1e9, "energy": 5.0}},
+            {**_row("b", 0.8, 2e9, fw=4), "costs": {"bitops": 2e9, "energy": 2.0}}]
+    fig = figures.pareto_figure(rows, rows, "energy")
+    (trace,) = [t for t in fig.data if t.name == "Pareto front"]
+    assert list(trace.x) == [5.0, 2.0] and "pJ" in fig.layout.xaxis.title.text
+    par = figures.parallel_figure(rows, ["schedule.fw"], ["bitops", "energy"])
+    dims = {d.label: list(d.values) for d in par.data[0].dimensions}
+    assert dims == {"schedule.fw": [8, 4], "accuracy": [0.9, 0.8], "bitops": [1e9, 2e9], "energy": [5.0, 2.0]}
+    imp = figures.importance_figure({"evaluator": "fanova", "trials": 3, "accuracy": {"x": 1.0}, "energy": {"x": 1.0}})
+    assert [a.text for a in imp.layout.annotations] == ["for accuracy", "for energy"]
+
+
 def test_sensitivity_figure_has_error_bars_per_level():
     levels = {"schedule.epsilon": {"0.02": {"accuracy_mean": 0.9, "accuracy_std": 0.01, "train_bitops_mean": 1e9,
                                             "train_bitops_std": None, "n": 2},
@@ -70,10 +83,11 @@ def test_bit_allocation_falls_back_to_the_per_block_metrics(tmp_path):
 def test_sweep_writes_and_logs_the_report(served_sweep, mlflow_server):
     report = Path(served_sweep["report"])
     html = report.read_text()
-    for section in ("Trials", "Accuracy vs training BitOPs", "Parameter importance", "Precision over training",
-                    "DFQ bit allocation"):
+    for section in ("Trials", "Accuracy vs training BitOPs", "Parameters and objectives", "Parameter importance",
+                    "Precision over training", "DFQ bit allocation"):
         assert f"<h2>{section}</h2>" in html, section
-    assert html.count('class="plotly-graph-div"') == 4 and not re.search(r"<script[^>]+src=", html)
+    assert html.count('class="plotly-graph-div"') == 5 and not re.search(r"<script[^>]+src=", html)
+    assert "Hypervolume of the front" in html and "reference point accuracy 0" in html
     assert "Sensitivity" not in html  # not an ablation
     for png in served_sweep["report_pngs"]:
         assert Path(png).read_bytes()[:8] == PNG_MAGIC and Path(png).stat().st_size > 5000
@@ -85,7 +99,15 @@ def test_sweep_writes_and_logs_the_report(served_sweep, mlflow_server):
     assert {"report/report.html", "report/pareto.png", "report/report.json"} <= logged
     summary = json.loads((report.parent / "report.json").read_text())
     assert {p["run_id"] for p in summary["pareto"]} == {p["run_id"] for p in served_sweep["pareto"]}
-    assert f"report: {report}" in served_sweep["stdout"] and served_sweep["ui"] == f"open {mlflow_server['uri']}"
+    # importance for accuracy and for the cost under every model; the hypervolume on the parent run
+    assert set(summary["importance"]) >= {"accuracy", "bitops", "macs", "int_units", "energy", "memory"}
+    parent = c.get_run(served_sweep["parent_run_id"]).data
+    hv = summary["front_quality"]["hypervolume"]
+    assert 0 < hv < 1 and parent.metrics["hypervolume_bitops"] == pytest.approx(hv) == served_sweep["hypervolume"]
+    assert "reference point" in parent.tags["fractune.hypervolume_bitops.reference"]
+    assert f"report: {report}" in served_sweep["stdout"] and served_sweep["ui"] == (
+        f"open {mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs?workflowType=machine_learning"
+        f"&viewStateShareKey=fractune-{served_sweep['sweep_id']}&compareRunsMode=TABLE")
 
 
 def test_report_reads_events_and_bit_allocation_back(served_sweep, mlflow_server):
@@ -133,8 +155,10 @@ def test_ui_bad_input_exits_2(tmp_path, args, field, capsys):
     assert code == 2 and err.strip().splitlines()[-1].startswith(f"fractune ui: error: {field}: got")
 
 
-def test_ui_for_a_server_prints_the_runs_page(served_sweep, mlflow_server):
+def test_ui_for_a_server_prints_the_sweeps_view(served_sweep, mlflow_server):
     code, _, out = run_main("ui", "--tracking-uri", mlflow_server["uri"], "--sweep", "served_sweep", "--json")
     assert code == 0
-    assert out == {"url": f"{mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs",
+    view = (f"{mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs?workflowType=machine_learning"
+            f"&viewStateShareKey=fractune-{served_sweep['sweep_id']}&compareRunsMode=")
+    assert out == {"url": view + "TABLE", "charts_url": view + "CHART", "sweep_id": served_sweep["sweep_id"],
                    "tracking_uri": mlflow_server["uri"], "started": False}

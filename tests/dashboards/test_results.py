@@ -38,8 +38,9 @@ def _config(point: dict):
     return parse_config(tree)
 
 
-def _row(point, seed, acc, ops, cp=float("nan")):
-    return {"point": point, "config": _config(point), "seed": seed, "accuracy": acc, "train_bitops": ops, "cp": cp}
+def _row(point, seed, acc, ops, cp=float("nan"), **costs):
+    return {"point": point, "config": _config(point), "seed": seed, "accuracy": acc, "train_bitops": ops, "cp": cp,
+            "costs": {"bitops": ops, **costs}}
 
 
 def _label(schedule: dict) -> str:
@@ -102,6 +103,28 @@ def test_summary_statistics_savings_and_trend_rule():
     assert not comparable({**noisy, "accuracy_std": 0.001}, {**groups["FW8/BW8"], "accuracy_mean": 0.92})
 
 
+def test_savings_and_ranking_under_each_cost_model():
+    from dashboards.results import cost_model_section, front_of, rankings
+
+    fp32, sbm, fw6 = ({"schedule": {"kind": "fp32"}}, {"schedule": {"kind": "static", "fw": 8, "bw": 8}},
+                      {"schedule": {"kind": "static", "fw": 6, "bw": 8}})
+    rows = [_row(fp32, 0, 0.90, 1000.0, int_units=1000.0), _row(sbm, 0, 0.89, 100.0, int_units=100.0),
+            _row(fw6, 0, 0.89, 70.0, int_units=100.0), _row(fw6, 1, 0.89, 70.0, int_units=110.0)]
+    groups = {g["method"]: g for g in summarise(rows)}
+    g = groups["FW6/BW8"]
+    assert g["costs_mean"] == {"bitops": 70.0, "int_units": 105.0}
+    assert g["savings_by_model"]["bitops"] == {"fp32": pytest.approx(0.93), "fw8bw8": pytest.approx(0.3)}
+    assert g["savings_by_model"]["int_units"] == {"fp32": pytest.approx(0.895), "fw8bw8": pytest.approx(-0.05)}
+    assert rankings(list(groups.values())) == {"bitops": ["FW6/BW8", "FW8/BW8", "FP32"],
+                                               "int_units": ["FW8/BW8", "FW6/BW8", "FP32"]}
+    # the front follows the model: FW6/BW8 dominates FW8/BW8 in BitOPs, not on integer units
+    assert [r["method"] for r in front_of(list(groups.values()))] == ["FW6/BW8", "FP32"]
+    assert [r["method"] for r in front_of(list(groups.values()), "int_units")] == ["FW8/BW8", "FP32"]
+    text = "\n".join(cost_model_section(list(groups.values())))
+    assert "| FW6/BW8 | +93.0% / +30.0% | +89.5% / -5.0% |" in text
+    assert "- int_units: **FW8/BW8**, **FW6/BW8**, FP32" in text
+
+
 @pytest.fixture(scope="module")
 def mini_study(ray_local, tmp_path_factory):
     from orchestrator.cli import main
@@ -152,6 +175,24 @@ def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({plot.name})" in page
     logged = {a.path for a in c.list_artifacts(parent.info.run_id, "results")}
     assert logged == {"results/results.md", "results/results_pareto.png"}
+    # every cost model side by side; FW8/BW8 against itself saves nothing under any model
+    assert "## Savings under each cost model" in page
+    row = next(line for line in page.splitlines() if line.startswith("| FW8/BW8 |") and "/ +0.0% |" in line)
+    assert row.count("/ +0.0%") == 5
+    assert set(summary["rankings"]) == {"bitops", "macs", "int_units", "energy", "memory"}
+
+
+def test_results_front_under_another_cost_model(mini_study):
+    from tests.conftest import run_main
+
+    folder, uri = mini_study["folder"], mini_study["uri"]
+    code, _, out = run_main("results", "mini_study", "--tracking-uri", uri, "--out", str(folder / "e.md"),
+                            "--no-log", "--objective", "energy", "--json")
+    assert code == 0 and out["objective"] == "energy"
+    energy = {m["method"]: m["costs_mean"]["energy"] for m in out["methods"]}
+    assert energy["FP32"] == max(energy.values())
+    assert out["pareto"][0] == min((m for m in out["methods"] if m["method"] in out["pareto"]),
+                                   key=lambda m: m["costs_mean"]["energy"])["method"]
 
 
 def test_results_bad_input_is_one_line(mini_study, capsys):

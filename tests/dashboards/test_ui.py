@@ -3,6 +3,7 @@ way; the ``mlflow_server`` fixture checks at the end of the session that Ctrl-C 
 
 from __future__ import annotations
 
+import re
 import socket
 import urllib.request
 from pathlib import Path
@@ -12,7 +13,8 @@ def test_ui_serves_a_loopback_server_with_one_worker(mlflow_server):
     info = mlflow_server["info"]
     base = info["tracking_uri"]
     port = int(base.rsplit(":", 1)[1])
-    assert base.startswith("http://127.0.0.1:") and info["url"] == base + "/" and info["started"] is True
+    assert base.startswith("http://127.0.0.1:") and info["started"] is True
+    assert info["url"] == base + "/#/experiments?workflowType=machine_learning"  # the UI's model-training mode
     with urllib.request.urlopen(base + "/health", timeout=10) as resp:
         assert resp.status == 200
     argv = Path(f"/proc/{info['pid']}/cmdline").read_bytes().split(b"\0")
@@ -34,3 +36,80 @@ def test_a_busy_port_is_refused(tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (f"fractune ui: error: --port: got {port}; already in use: give a "
                                                   "free port, or --port 0 for any free one")
+
+
+def test_ui_output_and_the_server_log(mlflow_server):
+    from dashboards.ui import server_command
+
+    log = mlflow_server["folder"] / "mlflow-ui.log"  # the server's own log, off the terminal
+    assert mlflow_server["info"]["log"] == str(log) and log.is_file()
+    assert " GET /" not in log.read_text()  # no access lines (the UI makes dozens a page)
+    quiet = server_command("sqlite:////x/m.db", "127.0.0.1", 5000, quiet=True)
+    assert quiet[-2:] == ["--uvicorn-opts", "--no-access-log --log-level warning"]
+    assert "--uvicorn-opts" not in server_command("sqlite:////x/m.db", "127.0.0.1", 5000)  # --verbose
+
+
+def test_a_sweep_opens_in_training_mode_with_its_summary(served_sweep, mlflow_server):
+    import json
+
+    from dashboards import mlflow_view
+    from orchestrator import runs, store
+
+    c = store.client(mlflow_server["uri"])
+    exp = c.get_experiment(served_sweep["experiment_id"])
+    assert exp.tags[store.KIND_TAG] == "custom_model_development"
+    # trial runs named by method, swept values and seed; Tune's trial id stays a tag
+    parent = c.get_run(served_sweep["parent_run_id"])
+    children = store.child_runs(c, parent)
+    assert sorted(r.info.run_name for r in children) == [
+        "dfq paper cp3 routed s0", "pfq auto fw3-4-6-8/bw6-6-8-8 eps0.3 a0.5 ev2 s0", "static fw8/bw8 s0"]
+    assert len({r.data.tags[store.TRIAL_TAG] for r in children}) == 3
+    assert all(re.fullmatch(r"[0-9a-f]{5}_\d{5}", r.data.tags[store.TRIAL_TAG]) for r in children)
+    # the parent's summary metrics, as the trial rows give them
+    rows = runs.trial_rows(c, parent)[0]
+    m = parent.data.metrics
+    assert (m["sweep/trials"], m["sweep/finished"], m["sweep/errored"]) == (3, 3, 0)
+    assert m["sweep/front_size"] == len(served_sweep["pareto"]) >= 1
+    assert m["sweep/best_accuracy"] == max(r["accuracy"] for r in rows)
+    # its note: the front as a table linking to each run, the views and the report artifact
+    note = parent.data.tags["mlflow.note.content"]
+    base = f"#/experiments/{exp.experiment_id}"
+    for p in served_sweep["pareto"]:
+        assert f"]({base}/runs/{p['run_id']}) | {p['accuracy']:.4f} |" in note
+    assert f"[HTML report]({base}/runs/{parent.info.run_id}/artifacts/report/report.html)" in note
+    assert mlflow_view.view_url("", exp.experiment_id, served_sweep["sweep_id"], charts=True) in note
+    # the saved view the URL names: this sweep's trials, sorted by accuracy, the objectives and the front as columns
+    view = json.loads(exp.tags["mlflow.sharedViewState." + mlflow_view.view_key(served_sweep["sweep_id"])])
+    assert served_sweep["sweep_id"] in view["searchFilter"] and view["orderByKey"] == "metrics.`accuracy`"
+    assert {"metrics.`accuracy`", "metrics.`train_bitops`", "metrics.`cum_cp`", "params.`schedule.kind`",
+            "tags.`pareto`"} <= set(view["selectedColumns"])
+    assert view["runsHiddenMode"] == "SHOW_ALL"  # every trial in the charts, not the first ten
+
+
+def test_ui_brings_an_earlier_sweep_to_the_same_view(mlflow_server):
+    """A sweep logged before any of this (no kind tag, no note, no view): `fractune ui --sweep` adds them."""
+    from mlflow.entities import Metric
+
+    from orchestrator import store
+    from tests.conftest import run_main
+
+    c = store.client(mlflow_server["uri"])
+    exp_id = c.create_experiment("earlier_sweep")
+    parent = c.create_run(exp_id, run_name="earlier-1", tags={"fractune.kind": "sweep", store.SWEEP_TAG: "earlier-1"})
+    child = c.create_run(exp_id, run_name="0001-static", tags={
+        store.PARENT_TAG: parent.info.run_id, "fractune.kind": "trial", store.SWEEP_TAG: "earlier-1",
+        store.TRIAL_TAG: "0001", store.PLANNED_TAG: "1", store.POINT_TAG: '{"schedule.fw": 8}'})
+    c.log_batch(child.info.run_id, metrics=[Metric(k, v, 0, 1) for k, v in
+                                            (("accuracy", 0.5), ("train_bitops", 1e9), ("cum_cp", 6.25), ("epoch", 1))])
+    c.set_terminated(child.info.run_id)
+    assert store.KIND_TAG not in c.get_experiment(exp_id).tags
+    code, out, js = run_main("ui", "--tracking-uri", mlflow_server["uri"], "--sweep", "earlier_sweep", "--json")
+    assert code == 0 and js["sweep_id"] == "earlier-1"
+    assert js["url"] == (f"{mlflow_server['uri']}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+                         "&viewStateShareKey=fractune-earlier-1&compareRunsMode=TABLE")
+    assert js["charts_url"] == js["url"].replace("TABLE", "CHART") and js["url"] in out
+    exp = c.get_experiment(exp_id)
+    assert exp.tags[store.KIND_TAG] == "custom_model_development" and "mlflow.sharedViewState.fractune-earlier-1" in exp.tags
+    run = c.get_run(parent.info.run_id)
+    assert run.data.metrics["sweep/trials"] == 1 and run.data.metrics["sweep/best_accuracy"] == 0.5
+    assert f"(#/experiments/{exp_id}/runs/{child.info.run_id})" in run.data.tags["mlflow.note.content"]

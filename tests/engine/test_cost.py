@@ -25,7 +25,8 @@ class OneConv(QModel):
 def test_one_conv_by_hand():
     # 3x3 conv 3->16 on 32x32, stride 1, pad 1: M = 16 * 3 * 3 * 3 * 32 * 32 = 442,368 MACs (the CIFAR stem)
     table = OneConv().layer_table((3, 32, 32))
-    assert table == [LayerInfo("conv", "body", 0, 442_368)]
+    # weights 16*3*3*3, input 3*32*32, output 16*32*32 elements (the memory model's sizes)
+    assert table == [LayerInfo("conv", "body", 0, 442_368, 432, 3072, 16_384)]
     c = layer_cost(442_368, Precision(act=4, weight=6, grad=8))
     assert (c.fw, c.eb, c.gc) == (442_368 * 4 * 6, 442_368 * 8 * 6, 442_368 * 4 * 8)
     counter = BitOpsCounter(table, LayerMap())

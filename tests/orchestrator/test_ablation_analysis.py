@@ -156,3 +156,20 @@ def test_analyse_reports_levels_verdicts_and_importance():
     assert a["verdicts"]["schedule.alpha"]["train_bitops_verdict"] == "insensitive"
     assert set(a["importance"]["accuracy"]) == {"schedule.epsilon", "schedule.alpha"}
     assert "insensitive: ratio < 2" in a["verdict_rule"]
+
+
+def test_importance_per_cost_model():
+    """Each cost model is its own objective: `c` decides BitOPs, `d` decides energy; MACs are constant."""
+    from orchestrator.ablation_analysis import importances_by_objective
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(60):
+        p = {"c": float(rng.uniform()), "d": float(rng.uniform())}
+        rows.append({"point": p, "accuracy": 0.5 + 0.1 * p["c"], "run_id": str(i),
+                     "costs": {"bitops": 1e9 * (1 + p["c"]), "energy": 5.0 + p["d"], "macs": 3.0}})
+    imp = importances_by_objective(rows, ["c", "d"], {m: (lambda r, m=m: r["costs"][m])
+                                                      for m in ("bitops", "energy", "macs")}, "fanova")
+    assert max(imp["bitops"], key=imp["bitops"].get) == "c" and max(imp["energy"], key=imp["energy"].get) == "d"
+    assert imp["macs"] == {} and imp["constant"] == ["macs"] and imp["trials"] == 60
+    assert max(imp["accuracy"], key=imp["accuracy"].get) == "c"

@@ -159,3 +159,42 @@ def test_cli_reports_spec_and_cluster_errors_together(ray_local, tmp_path, capsy
     assert code == 2, lines
     assert any("schedule.fw: got 99" in x for x in lines) and any("resources.cpu: got 512" in x for x in lines)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("bad-*"))
+
+
+def test_sweep_front_on_a_cost_model(ray_local, tmp_path, sqlite_uri, capsys):
+    """The spec's ``objective`` picks the cost axis: on 8-bit integer units FW6/BW8 costs what FW8/BW8 costs, so
+    it cannot beat FW8/BW8 on cost alone; ``fractune pareto`` gives the same front, and any other model."""
+    import math
+
+    from orchestrator import runs
+
+    spec = {**DIGITS, "name": "digits_int_units", "objective": "int_units",
+            "parameters": {"schedule": {"grid": [{"kind": "static", "fw": 8, "bw": 8},
+                                                 {"kind": "static", "fw": 6, "bw": 8},
+                                                 {"kind": "static", "fw": 3, "bw": 8}]}}}
+    out = run_sweep(parse_spec(spec), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"),
+                                                    progress=False))
+    assert out["errored"] == 0 and out["objective"] == "int_units"
+    data = runs.load(sqlite_uri, "digits_int_units")
+    assert data.objective == "int_units"
+    by_fw = {r["point"]["schedule"]["fw"]: r for r in data.rows}
+    assert by_fw[6]["costs"]["int_units"] == by_fw[8]["costs"]["int_units"]
+    assert by_fw[6]["train_bitops"] < by_fw[8]["train_bitops"]
+    finished = data.finished("int_units")
+    for p in out["pareto"]:
+        assert p["objective"] == "int_units" and p["cost"] == data.client.get_run(p["run_id"]).data.metrics[
+            "train_cost_int_units"]
+        assert not any(r["accuracy"] >= p["accuracy"] and r["costs"]["int_units"] <= p["cost"]
+                       and (r["accuracy"], r["costs"]["int_units"]) != (p["accuracy"], p["cost"]) for r in finished)
+    code, _, again = run_main("pareto", "digits_int_units", "--tracking-uri", sqlite_uri, "--json")
+    assert code == 0 and again["objective"] == "int_units"
+    assert again["pareto"] == json.loads(json.dumps(out["pareto"]))
+    code, _, energy = run_main("pareto", "digits_int_units", "--tracking-uri", sqlite_uri, "--objective", "energy",
+                               "--json")
+    assert code == 0 and energy["objective"] == "energy"
+    assert all(math.isfinite(p["cost"]) and p["cost"] == by_fw[p["params"]["schedule"]["fw"]]["costs"]["energy"]
+               for p in energy["pareto"])
+    capsys.readouterr()
+    assert run_main("pareto", "digits_int_units", "--tracking-uri", sqlite_uri, "--objective", "joules")[0] == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--objective" in err[0] and "energy" in err[0]

@@ -1,0 +1,191 @@
+"""The MLflow UI as the window on a sweep: what the sweep writes so that its page shows it without clicking.
+
+MLflow's UI (3.17) keeps an experiment page's view (filter, sort, columns, charts, which runs the charts use) in
+the browser, and can load it from an experiment tag ``mlflow.sharedViewState.<key>`` holding the view as JSON,
+named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share view" button writes the same tag).
+``publish`` writes, for one sweep:
+
+- the view ``fractune-<sweep id>``: the sweep's trials only (``tags.fractune.sweep_id`` and kind ``trial``),
+  sorted by the primary objective (accuracy, best first; a sort by a metric also lists the nested trials flat,
+  no parent row to expand), with the swept parameters, accuracy, training BitOPs, cp and the ``pareto`` tag as
+  columns, every trial in the charts, and a first chart section "sweep" with accuracy against training BitOPs,
+  accuracy against cp, the swept parameters and objectives in parallel coordinates, and the per-epoch accuracy
+  of every trial;
+- the parent run's summary metrics (``sweep/trials``, ``sweep/finished``, ``sweep/errored``,
+  ``sweep/best_accuracy``, ``sweep/front_size``);
+- the parent run's description (``mlflow.note.content``, markdown): the front as a table, each row linking to its
+  run, links to the two views and to the report artifact once it is logged.
+
+``view_url`` is the URL ``fractune ui`` prints. The experiment's kind tag (model-training mode) is
+``orchestrator.store.mark_training``. Everything here is rebuilt from MLflow (``fractune ui --sweep`` refreshes
+it for sweeps logged before it existed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from orchestrator import runs, store
+
+VIEW_TAG = "mlflow.sharedViewState."
+NOTE_TAG = "mlflow.note.content"
+OBJECTIVE = "accuracy"  # the primary objective: the view's sort, the best value on the parent run
+OBJECTIVE_COLUMNS = ("accuracy", "train_bitops", "cum_cp")
+NAME_WIDTH = 330  # pixels: the run name column shows names like "pfq auto fw3-4-6-8/bw6-6-8-8 eps0.1 a0.5 s0"
+MAX_RUNS = 1000  # runs each chart draws (the UI's default is 10 for lines, 100 for scatters)
+REPORT = "report/report.html"
+# MLflow 3.17's UI takes an experiment's mode (GenAI or model training) from this URL parameter, else from the
+# browser's last choice (GenAI at first): the experiment's kind tag is only read with a feature flag it ships off
+TRAINING_MODE = "workflowType=machine_learning"
+
+
+def view_key(sweep_id: str) -> str:
+    return "fractune-" + re.sub(r"[^A-Za-z0-9_.-]", "_", sweep_id)
+
+
+def view_url(base: str, experiment_id: str, sweep_id: str, charts: bool = False) -> str:
+    """The sweep's view on a server at ``base`` ("" for a link inside the UI itself): the table or the charts."""
+    mode = "CHART" if charts else "TABLE"
+    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{TRAINING_MODE}&viewStateShareKey="
+            f"{view_key(sweep_id)}&compareRunsMode={mode}")
+
+
+def _col(kind: str, key: str) -> str:
+    return f"{kind}.`{key}`"  # the UI's canonical column key (also its sort key)
+
+
+def param_columns(rows: list[dict], factors: list[str]) -> list[str]:
+    """The params that hold the swept values: a swept section (e.g. the whole ``schedule``) as its leaves, in
+    the order first seen; the seed when the sweep has more than one."""
+    keys: list[str] = []
+    for path in factors:
+        for r in rows:
+            value = (r.get("point") or {}).get(path)
+            leaves = [f"{path}.{k}" for k in store.flatten(value)] if isinstance(value, dict) else [path]
+            keys += [k for k in leaves if k not in keys]
+    keys.sort(key=lambda k: not k.endswith(".kind"))  # the method first (stable: the rest as first seen)
+    if len({r.get("seed") for r in rows}) > 1:
+        keys.append("seed")
+    return keys
+
+
+def _holds(row: dict, param: str) -> bool:
+    """The trial's swept point sets ``param`` (a dotted path, or a leaf of a swept section; the seed always)."""
+    if param == "seed":
+        return True
+    point = row.get("point") or {}
+    if param in point:
+        return True
+    return any(isinstance(v, dict) and param[len(path) + 1:] in store.flatten(v)
+               for path, v in point.items() if param.startswith(path + "."))
+
+
+def metric_columns(rows: list[dict]) -> list[str]:
+    gated = any(math.isfinite(r.get("cp_gated", math.nan)) for r in rows)
+    return [*OBJECTIVE_COLUMNS, *(["cp_gated"] if gated else [])]  # in this order in the table
+
+
+def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
+    """The page's state as the UI reads it from a shared-view tag (its search facets and UI state keys)."""
+    params, metrics = param_columns(rows, factors), metric_columns(rows)
+    section = "fractune-sweep"
+
+    def chart(n: int, **config) -> dict:
+        return {"uuid": f"fractune-chart-{n}", "metricSectionId": section, "isGenerated": False, "deleted": False,
+                "runsCountToCompare": MAX_RUNS, **config}
+
+    def axis(key: str) -> dict:
+        return {"key": key, "type": "METRIC"}
+
+    charts = [
+        chart(1, type="SCATTER", displayName="accuracy vs training BitOPs (every trial)",
+              xaxis=axis("train_bitops"), yaxis=axis("accuracy")),
+        chart(2, type="SCATTER", displayName="accuracy vs cp (% of FP32 BitOPs)", xaxis=axis("cum_cp"),
+              yaxis=axis("accuracy")),
+        # the parallel plot draws only the runs that hold every selected param: the swept ones all trials have
+        chart(3, type="PARALLEL", displayName="swept parameters and objectives", selectedMetrics=list(OBJECTIVE_COLUMNS),
+              selectedParams=[p for p in params if all(_holds(r, p) for r in rows)], showAllRuns=True),
+        chart(4, type="LINE", displayName="accuracy per epoch", metricKey="accuracy",
+              selectedMetricKeys=["accuracy"], xAxisKey="step", scaleType="linear", xAxisScaleType="linear",
+              lineSmoothness=0, useGlobalXaxisKey=False, useGlobalLineSmoothing=False, ignoreOutliers=False,
+              range={}, yAxisKey="metric", yAxisExpressions=[], selectedXAxisMetricKey=""),
+    ]
+    return {
+        # search facets
+        "searchFilter": f"tags.`{store.SWEEP_TAG}` = '{sweep_id}' and tags.`fractune.kind` = 'trial'",
+        "orderByKey": _col("metrics", OBJECTIVE), "orderByAsc": False,
+        # UI state
+        "selectedColumns": ([_col("metrics", m) for m in metrics] + [_col("params", p) for p in params]
+                            + [_col("tags", "pareto")]),
+        "runsHiddenMode": "SHOW_ALL", "hideEmptyCharts": True, "useGroupedValuesInCharts": True, "groupBy": None,
+        "viewMaximized": False, "runListHidden": False,
+        "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", "duration", *(_col("metrics", m) for m in metrics),
+                        *(_col("params", p) for p in params), _col("tags", "pareto")],
+        "columnWidths": {"attributes.`Run Name`": NAME_WIDTH},
+        "compareRunCharts": charts, "isAccordionReordered": True,
+        "compareRunSections": [{"uuid": section, "name": "sweep", "display": True, "isReordered": True,
+                                "deleted": False, "isGenerated": False}],
+    }
+
+
+def summary_metrics(rows: list[dict]) -> dict[str, float]:
+    """The sweep's summary as the parent run's metrics (read from the trial rows MLflow holds)."""
+    done = runs.finished(rows)
+    out = {"sweep/trials": float(len(rows)), "sweep/finished": float(len(done)),
+           "sweep/errored": float(sum(r["status"] == "FAILED" for r in rows)),
+           "sweep/front_size": float(len(runs.front(rows)))}
+    if done:
+        out["sweep/best_accuracy"] = max(r[OBJECTIVE] for r in done)
+    return out
+
+
+def note(experiment_id: str, sweep_id: str, rows: list[dict], metrics: dict[str, float],
+         report_run: str | None) -> str:
+    """The parent run's description (markdown): the numbers, the front with links, the views and the report."""
+    front = runs.front(rows)
+    base = f"#/experiments/{experiment_id}"
+    lines = [f"**Sweep `{sweep_id}`**: {len(rows)} trials, {int(metrics['sweep/finished'])} finished, "
+             f"{int(metrics['sweep/errored'])} errored, {len(front)} on the Pareto front "
+             "(accuracy max, training BitOPs min).", "",
+             f"[All trials, sorted by accuracy]({view_url('', experiment_id, sweep_id)}) · "
+             f"[Charts of every trial]({view_url('', experiment_id, sweep_id, charts=True)})"
+             + (f" · [HTML report]({base}/runs/{report_run}/artifacts/{REPORT})" if report_run else ""), ""]
+    hv = {k: v for k, v in metrics.items() if "hypervolume" in k}
+    if hv:
+        lines += [" · ".join(f"{k}: {v:.4g}" for k, v in sorted(hv.items())), ""]
+    if front:
+        lines += ["| run | accuracy | training GBitOPs | cp % | seed |", "| --- | ---: | ---: | ---: | ---: |"]
+        for r in front:
+            name = (r["name"] or r["run_id"] or "?").replace("|", "/")
+            link = f"[{name}]({base}/runs/{r['run_id']})" if r["run_id"] else name
+            lines.append(f"| {link} | {r['accuracy']:.4f} | {r['train_bitops'] / 1e9:.4g} | {r['cp']:.3g} | "
+                         f"{r['seed']} |")
+    else:
+        lines.append("No trial finished its planned epochs: the front is empty.")
+    return "\n".join(lines)
+
+
+def publish(c, experiment_id: str, parent_run_id: str, sweep_id: str, rows: list[dict],
+            factors: list[str]) -> dict:
+    """Write the sweep's view tag, the parent's summary metrics and its note. Idempotent; returns what it wrote."""
+    import time
+
+    from mlflow.entities import Metric
+
+    c.set_experiment_tag(experiment_id, VIEW_TAG + view_key(sweep_id),
+                         json.dumps(view_state(sweep_id, rows, factors), separators=(",", ":")))
+    metrics = summary_metrics(rows)
+    now = int(time.time() * 1000)
+    c.log_batch(parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+    held = c.get_run(parent_run_id).data.metrics  # a hypervolume another step logged is shown too
+    metrics.update({k: v for k, v in held.items() if "hypervolume" in k})
+    has_report = any(a.path == REPORT for a in c.list_artifacts(parent_run_id, "report"))
+    text = note(experiment_id, sweep_id, rows, metrics, parent_run_id if has_report else None)
+    c.set_tag(parent_run_id, NOTE_TAG, text)
+    return {"view": view_key(sweep_id), "metrics": metrics, "note": text}
+
+
+def publish_sweep(data: runs.SweepRuns) -> dict:
+    return publish(data.client, data.experiment_id, data.parent_run_id, data.sweep_id, data.rows, data.factors)
