@@ -170,6 +170,7 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
     last = [r for r in rows if r.get("stage") == stages[-1]]
     objective = loaded.spec.objective
     front = runs.front(last, objective)
+    quality = runs.front_quality(runs.finished(last, objective), front, objective)
     summary = {"stages": stages, "objective": objective, "pareto": front, "errors": errors, "trials": rows}
     try:
         (exp_root / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -201,6 +202,8 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
         "trials": sum(records[s]["trials"] for s in stages),
         "errored": len(errors),
         "errors": errors,
+        "objective": objective,
+        "hypervolume": quality["hypervolume"],
         "pareto": [runs.front_entry(r, objective) for r in front],
         "tracking": track,
         "storage": str(exp_root),
