@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine import safe_yaml
@@ -40,6 +40,7 @@ class DebugConfig(Strict):
     """Fault injection, for testing a deployment's failure handling (docs/reliability.md). Leave unset."""
 
     nan_loss_at_iteration: int | None = Field(None, ge=0)  # the loss becomes NaN at this iteration
+    nan_loss_seeds: list[int] | None = None  # ... only in runs of these seeds (null: every seed)
     sleep_per_iteration: float = Field(0.0, ge=0.0, le=10.0)  # slow a run down (to kill it mid-epoch)
 
 
@@ -54,6 +55,28 @@ class ModelConfig(Strict):
         return v
 
 
+class SplitConfig(Strict):
+    """One part of the training set, for staged runs (FracTrain supplement §5; docs/sweeps.md "Staged sweeps").
+
+    ``by: classes``: the classes (in natural order, or shuffled by ``seed`` with ``shuffle_classes``) cut into
+    ``parts`` contiguous groups; the part's training samples and its classes' test samples (adaptation).
+    ``by: samples``: every class's training samples, shuffled by ``seed``, cut into ``parts``; each part holds
+    every class; the whole test set (fine-tuning). Labels keep their data set indices. The validation split is
+    then held out of the part (``val_fraction``, ``split_seed``)."""
+
+    by: Literal["classes", "samples"]
+    part: int = Field(0, ge=0)
+    parts: int = Field(2, ge=2, le=1000)
+    seed: int = Field(0, ge=0)  # fixed: every run of a scenario sees the same parts
+    shuffle_classes: bool = False  # classes: shuffle the class order by seed (false: 0..C-1 in order)
+
+    @model_validator(mode="after")
+    def _part_in_range(self) -> SplitConfig:
+        if self.part >= self.parts:
+            raise PydanticCustomError("split_part", f"allowed: part 0..{self.parts - 1} (parts: {self.parts})")
+        return self
+
+
 class DataConfig(Strict):
     dataset: Literal["fashion-mnist", "digits", "cifar10", "cifar100", "imagenet"] = "fashion-mnist"
     data_dir: str | None = None  # default: the Debian package's folder for fashion-mnist
@@ -66,6 +89,7 @@ class DataConfig(Strict):
     test_subset: int | None = Field(None, ge=1)
     augment: bool = True
     num_workers: int = Field(0, ge=0, le=64)  # DataLoader workers (ImageNet folders only)
+    split: SplitConfig | None = None  # train on one part of the training set (adaptation, fine-tuning)
 
     @field_validator("data_dir")
     @classmethod
@@ -105,6 +129,24 @@ class QuantConfig(Strict):
     depthwise_act_bits: Bits = 8  # MobileNetV2 depthwise convs: fixed, not scheduled (reference 8/16)
     depthwise_weight_bits: Bits = 8
     depthwise_grad_bits: Bits = 16
+
+
+class InitConfig(Strict):
+    """Start from a pretrained model: the weights of ``checkpoint`` (a run's folder holding ``state.pt``, or the
+    file), loaded with ``weights_only=True``; the optimizer, schedule and BitOPs start afresh. ``head: keep``
+    loads the classifier too (the supplement's setting: the same model retrained, labels keep their indices);
+    ``reset`` re-initialises it (and then also accepts a checkpoint with another number of classes)."""
+
+    checkpoint: str
+    head: Literal["keep", "reset"] = "keep"
+    run_id: str | None = None  # lineage only: the MLflow run that wrote the checkpoint (staged sweeps set it)
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.strip():
+            raise PydanticCustomError("checkpoint", "allowed: a folder holding state.pt, or the file")
+        return str(Path(v).expanduser().resolve())
 
 
 class CostConfig(Strict):
@@ -160,6 +202,7 @@ class ExperimentConfig(Strict):
     schedule: Schedule = FP32Schedule()
     cost: CostConfig = CostConfig()
     debug: DebugConfig = DebugConfig()
+    init: InitConfig | None = None  # start from a pretrained model's weights
 
     @property
     def gated(self) -> bool:
@@ -234,9 +277,15 @@ def read_yaml(path: str | Path, field: str = "config") -> dict:
 
 def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
     """Checks that need more than one section (the run's length comes from optim and data)."""
-    from engine.data import run_length  # lazy: data.py imports this module
+    from engine.data import INFO, run_length  # lazy: data.py imports this module
 
     problems = []
+    split = cfg.data.split
+    if split is not None and cfg.data.dataset == "imagenet":
+        problems.append(("data.split", split.by, "allowed: null with data.dataset imagenet (in-memory data sets only)"))
+    elif split is not None and split.by == "classes" and split.parts > INFO[cfg.data.dataset].classes:
+        problems.append(("data.split.parts", split.parts,
+                         f"allowed: <= {INFO[cfg.data.dataset].classes} (the classes of {cfg.data.dataset})"))
     sched = cfg.schedule
     total = run_length(cfg).total_iterations
     if total > MAX_ITERATIONS:

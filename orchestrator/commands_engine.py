@@ -10,7 +10,7 @@ from engine.errors import ConfigError
 from orchestrator.output import PLOT_SUFFIXES, check_output_file, check_output_folder, emit_json, info, table
 
 SUMMARY_KEYS = ("accuracy", "val_accuracy", "best_val_accuracy", "epochs", "iterations", "train_gbitops",
-                "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds")
+                "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds", "init_accuracy")
 GATED_KEYS = ("target_cp", "cp_last_epoch", "gate_bitops")
 EPOCH_KEYS = ("epoch", "loss", "train_accuracy", "val_accuracy", "accuracy", "cum_gbitops", "cp", "fw_bits",
               "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
