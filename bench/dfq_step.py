@@ -1,13 +1,13 @@
 """DFQ training-step time: gated ResNet-38 (batch 64, the paper's seven options incl. skip, 4-bit weights) in
 ``masked`` mode (the reference: every option for every sample) and ``routed`` mode (each sample only at its
-option, one pass per block; with the default ``skip`` gate estimator, and with ``sampled``, which adds one
-forward-only pass of every block), against the plain FP32 ResNet-38, in one process with interleaved timing.
+option, one pass per block; with the default ``sampled`` gate estimator, which adds one forward-only pass of
+every block, and with ``skip``), against the plain FP32 ResNet-38, in one process with interleaved timing.
 
 The choices are drawn uniformly at random per sample and block (fixed seed, the same for both modes): every
 option is in use in every block, the hardest case for routing (a trained gate concentrates its choices). The
 step is the full DFQ step: gated forward, CE + beta * cost, backward, SGD. Target: routed <= 2.0x FP32 (the
 reference implementation measures about 10x FP32 on this machine). Last stdout line: one JSON object with
-``masked_ratio``, ``routed_ratio`` and ``routed_sampled_ratio``.
+``masked_ratio``, ``routed_ratio`` (the default, sampled) and ``routed_skip_ratio``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> None:
         loss.backward()
         plain_opt.step()
 
-    def gated(execution: str, estimator: str = "skip"):
+    def gated(execution: str, estimator: str = "sampled"):
         torch.manual_seed(1)
         backbone = build_model(args.model, 3, 10)
         backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))
@@ -70,17 +70,17 @@ def main() -> None:
         return step
 
     t = interleaved({"fp32": fp32_step, "masked": gated("masked"), "routed": gated("routed"),
-                     "routed_sampled": gated("routed", "sampled")}, args.rounds, args.steps, warmup=1)
+                     "routed_skip": gated("routed", "skip")}, args.rounds, args.steps, warmup=1)
     out = {"bench": "dfq_step", "model": args.model, "batch": args.batch, "options": len(options),
            "fp32_step_s": t["fp32"], "masked_step_s": t["masked"], "routed_step_s": t["routed"],
-           "routed_sampled_step_s": t["routed_sampled"], "masked_ratio": t["masked"] / t["fp32"],
-           "routed_ratio": t["routed"] / t["fp32"], "routed_sampled_ratio": t["routed_sampled"] / t["fp32"],
+           "routed_skip_step_s": t["routed_skip"], "masked_ratio": t["masked"] / t["fp32"],
+           "routed_ratio": t["routed"] / t["fp32"], "routed_skip_ratio": t["routed_skip"] / t["fp32"],
            "target_routed": 2.0,
            **machine()}
     print(f"{args.model} batch {args.batch}, {len(options)} options: FP32 {t['fp32'] * 1e3:.0f} ms, masked "
           f"{t['masked'] * 1e3:.0f} ms ({out['masked_ratio']:.2f}x), routed {t['routed'] * 1e3:.0f} ms "
-          f"({out['routed_ratio']:.2f}x; target <= 2.0x), routed with the sampled estimator "
-          f"{t['routed_sampled'] * 1e3:.0f} ms ({out['routed_sampled_ratio']:.2f}x)")
+          f"({out['routed_ratio']:.2f}x with the default sampled estimator; target <= 2.0x), routed with the skip "
+          f"estimator {t['routed_skip'] * 1e3:.0f} ms ({out['routed_skip_ratio']:.2f}x)")
     emit(out)
 
 

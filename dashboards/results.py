@@ -12,6 +12,7 @@ the numbers are never typed by hand.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -22,6 +23,7 @@ from dashboards.data import SweepData, load_sweep
 from engine.config import ExperimentConfig
 from engine.safe_yaml import read_text
 from engine.schedule_config import GatedSettings
+from orchestrator import runs
 
 TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
 
@@ -335,11 +337,31 @@ def with_configs(data: SweepData) -> list[dict]:
     return rows
 
 
+def last_stage(data: SweepData) -> tuple[SweepData, list[dict]]:
+    """A staged sweep: its last stage's rows (the methods compared) and a reference row per earlier stage
+    (accuracy mean/std over its finished runs); any other sweep as it is."""
+    if not any(r.get("stage") for r in data.rows):
+        return data, []
+    order = [s for s in data.client.get_run(data.parent_run_id).data.tags.get("fractune.stages", "").split(",") if s]
+    order = order or list(dict.fromkeys(r["stage"] for r in data.rows if r.get("stage")))
+    refs = []
+    for stage in order[:-1]:
+        acc = [r["accuracy"] for r in runs.finished([r for r in data.rows if r.get("stage") == stage])]
+        refs.append({"stage": stage, "n": len(acc), "accuracy_mean": sum(acc) / len(acc) if acc else math.nan,
+                     "accuracy_std": _std(acc)})
+    last = [r for r in data.rows if r.get("stage") == order[-1]]
+    init = [r["init_accuracy"] for r in runs.finished(last) if math.isfinite(r.get("init_accuracy", math.nan))]
+    if init:
+        refs.append({"stage": f"{order[-1]} before any step (init_accuracy)", "n": len(init),
+                     "accuracy_mean": sum(init) / len(init), "accuracy_std": _std(init)})
+    return dataclasses.replace(data, rows=last), refs
+
+
 def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, notes: str | None = None,
                   log: bool = True, command: str | None = None, objective: str | None = None) -> dict:
     from orchestrator.runs import check_objective
 
-    data = load_sweep(uri, sweep, sweep_id)
+    data, stage_refs = last_stage(load_sweep(uri, sweep, sweep_id))
     objective = check_objective(objective or data.objective, data.rows)
     done = with_configs(data)
     groups = summarise(done)
@@ -350,7 +372,15 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
     plot = results_png(groups, front, page.with_name(page.stem + "_pareto.png"), objective)
     notes_text = read_text(notes, "--notes", "markdown file") if notes else None
     cmd = command or f"fractune results {sweep} --out {out}"
-    page.write_text(markdown(data, groups, checks, front, plot.name, cmd, notes_text, setup_of(data)))
+    text = markdown(data, groups, checks, front, plot.name, cmd, notes_text, setup_of(data))
+    if stage_refs:  # a staged sweep: the table is its last stage; the earlier stages for reference
+        text = text.replace("## Accuracy and training BitOPs", "\n".join(
+            ["## Earlier stages (reference)", "", "The tables below compare the last stage's methods; each of its runs "
+             "started from the earlier stage's run of the same seed.", "", "| stage | runs | accuracy % |",
+             "| --- | --- | --- |"] + [f"| {r['stage']} | {r['n']} | {100 * r['accuracy_mean']:.2f} +/- "
+                                       f"{100 * r['accuracy_std']:.2f} |" for r in stage_refs]
+            + ["", "## Accuracy and training BitOPs"]), 1)
+    page.write_text(text)
     artifact = None
     if log:
         data.client.log_artifact(data.parent_run_id, str(page), "results")
@@ -362,6 +392,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
     return {"sweep": data.name, "sweep_id": data.sweep_id, "parent_run_id": data.parent_run_id,
             "trials": len(data.rows), "finished": len(done), "methods": methods, "objective": objective,
             "pareto": [r["method"] for r in front], "rankings": rankings(groups), "trends": checks, "markdown": str(page), "plot": str(plot),
+            "stages": stage_refs,
             "artifact": artifact}
 
 

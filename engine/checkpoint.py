@@ -42,3 +42,40 @@ def load(directory: str | Path, map_location: str | torch.device = "cpu") -> dic
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint: {path} has format {state.get('format')!r}; expected {FORMAT}")
     return state
+
+
+def load_init(init, model_name: str) -> dict:
+    """The pretrained weights ``init`` (an ``InitConfig``) names, for a run building ``model_name``: the backbone's
+    state dict (a gated run's gate is left out), refused with a one-line error when another architecture wrote
+    it. Only the weights are used: optimizer, schedule and BitOPs totals start afresh."""
+    state = load(init.checkpoint)
+    written = ((state.get("config") or {}).get("model") or {}).get("name")
+    if written != model_name:
+        raise CheckpointError(f"init.checkpoint: {init.checkpoint} holds a {written} model; allowed: a checkpoint "
+                              f"of model.name {model_name} (this run's model)")
+    weights = state["model"]
+    if any(k.startswith("backbone.") for k in weights):  # written by a gated (DFQ/FracTrain) run
+        weights = {k[len("backbone."):]: v for k, v in weights.items() if k.startswith("backbone.")}
+    return weights
+
+
+def apply_init(backbone, weights: dict, init) -> None:
+    """Load ``weights`` into ``backbone``; ``head: reset`` re-initialises the classifier (``fc``) instead of
+    loading it. A shape or key mismatch is a ``CheckpointError`` naming the first problem."""
+    if init.head == "reset":
+        weights = {k: v for k, v in weights.items() if not k.startswith("fc.")}
+    try:
+        missing, unexpected = backbone.load_state_dict(weights, strict=False)
+    except RuntimeError as exc:
+        first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
+        raise CheckpointError(f"init.checkpoint: {init.checkpoint} does not fit this run's model ({first}); "
+                              "allowed: a checkpoint of the same model and data set (or head: reset when only "
+                              "the classes differ)") from None
+    missing = [k for k in missing if not (init.head == "reset" and k.startswith("fc."))]
+    if missing or unexpected:
+        raise CheckpointError(f"init.checkpoint: {init.checkpoint} does not fit this run's model (missing "
+                              f"{missing[:3]}, unexpected {unexpected[:3]}); allowed: a checkpoint of the same model")
+    if init.head == "reset":
+        backbone.fc.reset_parameters()
+        backbone.fc.run_lo.zero_()
+        backbone.fc.run_range.zero_()

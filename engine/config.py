@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine import safe_yaml
@@ -40,6 +40,7 @@ class DebugConfig(Strict):
     """Fault injection, for testing a deployment's failure handling (docs/reliability.md). Leave unset."""
 
     nan_loss_at_iteration: int | None = Field(None, ge=0)  # the loss becomes NaN at this iteration
+    nan_loss_seeds: list[int] | None = None  # ... only in runs of these seeds (null: every seed)
     sleep_per_iteration: float = Field(0.0, ge=0.0, le=10.0)  # slow a run down (to kill it mid-epoch)
 
 
@@ -52,6 +53,28 @@ class ModelConfig(Strict):
         if v not in MODELS:
             raise PydanticCustomError("unknown_model", f"allowed: {', '.join(sorted(MODELS))}")
         return v
+
+
+class SplitConfig(Strict):
+    """One part of the training set, for staged runs (FracTrain supplement §5; docs/sweeps.md "Staged sweeps").
+
+    ``by: classes``: the classes (in natural order, or shuffled by ``seed`` with ``shuffle_classes``) cut into
+    ``parts`` contiguous groups; the part's training samples and its classes' test samples (adaptation).
+    ``by: samples``: every class's training samples, shuffled by ``seed``, cut into ``parts``; each part holds
+    every class; the whole test set (fine-tuning). Labels keep their data set indices. The validation split is
+    then held out of the part (``val_fraction``, ``split_seed``)."""
+
+    by: Literal["classes", "samples"]
+    part: int = Field(0, ge=0)
+    parts: int = Field(2, ge=2, le=1000)
+    seed: int = Field(0, ge=0)  # fixed: every run of a scenario sees the same parts
+    shuffle_classes: bool = False  # classes: shuffle the class order by seed (false: 0..C-1 in order)
+
+    @model_validator(mode="after")
+    def _part_in_range(self) -> SplitConfig:
+        if self.part >= self.parts:
+            raise PydanticCustomError("split_part", f"allowed: part 0..{self.parts - 1} (parts: {self.parts})")
+        return self
 
 
 class DataConfig(Strict):
@@ -71,6 +94,7 @@ class DataConfig(Strict):
     # training words; the rest become <unk>). batch_size / eval_batch_size count sequences, subsets too.
     seq_len: int = Field(256, ge=1, le=65536)
     vocab_size: int | None = Field(None, ge=2)
+    split: SplitConfig | None = None  # train on one part of the training set (adaptation, fine-tuning)
 
     @field_validator("data_dir")
     @classmethod
@@ -114,6 +138,24 @@ class QuantConfig(Strict):
     depthwise_weight_bits: Bits = 8
     depthwise_grad_bits: Bits = 16
     quantize_embedding: bool = False  # language models: the token embedding's weights at FW, its gradient at BW
+
+
+class InitConfig(Strict):
+    """Start from a pretrained model: the weights of ``checkpoint`` (a run's folder holding ``state.pt``, or the
+    file), loaded with ``weights_only=True``; the optimizer, schedule and BitOPs start afresh. ``head: keep``
+    loads the classifier too (the supplement's setting: the same model retrained, labels keep their indices);
+    ``reset`` re-initialises it (and then also accepts a checkpoint with another number of classes)."""
+
+    checkpoint: str
+    head: Literal["keep", "reset"] = "keep"
+    run_id: str | None = None  # lineage only: the MLflow run that wrote the checkpoint (staged sweeps set it)
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.strip():
+            raise PydanticCustomError("checkpoint", "allowed: a folder holding state.pt, or the file")
+        return str(Path(v).expanduser().resolve())
 
 
 class CostConfig(Strict):
@@ -169,6 +211,7 @@ class ExperimentConfig(Strict):
     schedule: Schedule = FP32Schedule()
     cost: CostConfig = CostConfig()
     debug: DebugConfig = DebugConfig()
+    init: InitConfig | None = None  # start from a pretrained model's weights
 
     @property
     def gated(self) -> bool:
@@ -246,6 +289,15 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
     from engine.data import INFO, run_length  # lazy: data.py imports this module
 
     problems = []
+    split = cfg.data.split
+    if split is not None and cfg.data.dataset == "imagenet":
+        problems.append(("data.split", split.by, "allowed: null with data.dataset imagenet (in-memory data sets only)"))
+    elif split is not None and INFO[cfg.data.dataset].is_text:
+        problems.append(("data.split", split.by, f"allowed: null with data.dataset {cfg.data.dataset} (text "
+                         "corpora are not split into parts)"))
+    elif split is not None and split.by == "classes" and split.parts > INFO[cfg.data.dataset].classes:
+        problems.append(("data.split.parts", split.parts,
+                         f"allowed: <= {INFO[cfg.data.dataset].classes} (the classes of {cfg.data.dataset})"))
     sched = cfg.schedule
     is_lm, is_text = is_language_model(cfg.model.name), INFO[cfg.data.dataset].is_text
     if is_lm != is_text:

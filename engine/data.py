@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.config import DataConfig
+from engine.config import DataConfig, SplitConfig
 from engine.errors import DataError
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -71,6 +71,10 @@ def split_sizes(cfg: DataConfig) -> tuple[int, int]:
         n = (info.tokens - 1) // cfg.seq_len
         return (n if cfg.train_subset is None else min(n, cfg.train_subset)), 0
     total = info.train_size
+    if cfg.split is not None:  # a part of the training set: its expected size (balanced classes)
+        share = (len(class_part(cfg.split, info.classes)) / info.classes if cfg.split.by == "classes"
+                 else 1 / cfg.split.parts)
+        total = int(round(total * share))
     n_val = int(round(total * cfg.val_fraction))
     n_train = total - n_val
     if cfg.train_subset is not None:
@@ -239,6 +243,38 @@ def _cifar(cfg: DataConfig):
     return as_x(tr.data), torch.tensor(tr.targets), as_x(te.data), torch.tensor(te.targets)
 
 
+def class_part(split: SplitConfig, num_classes: int) -> list[int]:
+    """The classes of ``split.part`` (sorted): contiguous groups of the class order, natural or shuffled."""
+    order = (torch.randperm(num_classes, generator=torch.Generator().manual_seed(split.seed))
+             if split.shuffle_classes else torch.arange(num_classes))
+    return sorted(torch.tensor_split(order, split.parts)[split.part].tolist())
+
+
+def part_indices(labels: torch.Tensor, split: SplitConfig, num_classes: int) -> torch.Tensor:
+    """Indices (increasing) of the training samples in ``split.part``: the part's classes, or each class's
+    samples shuffled by ``split.seed`` and cut into ``split.parts`` (so every part holds every class)."""
+    if split.by == "classes":
+        return torch.isin(labels, torch.tensor(class_part(split, num_classes))).nonzero().flatten()
+    g = torch.Generator().manual_seed(split.seed)
+    chosen = []
+    for c in range(num_classes):
+        idx = (labels == c).nonzero().flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        chosen.append(torch.tensor_split(idx, split.parts)[split.part])
+    return torch.cat(chosen).sort().values
+
+
+def apply_split(xtr, ytr, xte, yte, split: SplitConfig | None, num_classes: int):
+    """The scenario's training part and its test set: the part's classes (classes) or the whole set (samples)."""
+    if split is None:
+        return xtr, ytr, xte, yte
+    tr = part_indices(ytr, split, num_classes)
+    if split.by == "classes":
+        te = torch.isin(yte, torch.tensor(class_part(split, num_classes))).nonzero().flatten()
+        xte, yte = xte[te], yte[te]
+    return xtr[tr], ytr[tr], xte, yte
+
+
 def _split(x: torch.Tensor, y: torch.Tensor, cfg: DataConfig):
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg.split_seed))
     n_val = int(round(len(y) * cfg.val_fraction))
@@ -255,7 +291,7 @@ def load_data(cfg: DataConfig) -> DataSplits:
     if cfg.dataset == "imagenet":
         return _imagenet(cfg, info)
     loader = {"fashion-mnist": _fashion_mnist, "digits": _digits, "cifar10": _cifar, "cifar100": _cifar}[cfg.dataset]
-    xtr, ytr, xte, yte = loader(cfg)
+    xtr, ytr, xte, yte = apply_split(*loader(cfg), cfg.split, info.classes)
     (x_train, y_train), val = _split(xtr, ytr, cfg)
     if cfg.test_subset is not None:
         xte, yte = xte[: cfg.test_subset], yte[: cfg.test_subset]

@@ -186,6 +186,7 @@ class Trainer:
                  prt_info: dict | None):
         self.cfg, self.data, self.device, self.totals, self.prt_info = cfg, data, device, totals, prt_info
         self.started, self.wall_before = time.perf_counter(), 0.0
+        self.cpu_started, self.cpu_before = time.process_time(), 0.0
         seed_everything(cfg.seed)
         self.model, self.counter = prepare(cfg, data.info, device)
         self.run = run_length(cfg, len(data.train))
@@ -199,8 +200,20 @@ class Trainer:
         self.history: list[dict] = []
         self.epoch = self.iteration = 0
         self.bar = None
+        self.init_metrics: dict = {}
 
     # -- resume ---------------------------------------------------------------------------------------
+    def initialise(self, weights: dict) -> None:
+        """Start from pretrained weights (``cfg.init``); their FP32 accuracy before any step is kept as
+        ``init_accuracy`` / ``init_val_accuracy`` in the first epoch's metrics (proof that they were loaded)."""
+        backbone = self.model.backbone if self.cfg.gated else self.model
+        checkpoint.apply_init(backbone, weights, self.cfg.init)
+        size = self.cfg.data.eval_batch_size
+        fp32 = lambda x: backbone(x, FP32)  # noqa: E731
+        self.init_metrics = {"init_accuracy": evaluate(backbone, fp32, self.data.test, size, self.device)[0]}
+        if self.data.val is not None:
+            self.init_metrics["init_val_accuracy"] = evaluate(backbone, fp32, self.data.val, size, self.device)[0]
+
     def restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
@@ -209,6 +222,7 @@ class Trainer:
         self.history = list(state["history"])
         self.epoch, self.iteration = int(state["epoch"]), int(state["iteration"])
         self.wall_before = float(state["wall_seconds"])
+        self.cpu_before = float(state.get("cpu_seconds", 0.0))
         _set_rng_state(state["rng"])
 
     def snapshot(self, directory: str | Path) -> Path:
@@ -216,11 +230,16 @@ class Trainer:
             "config": self.cfg.to_dict(), "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "schedule": self.runner.state_dict(), "totals": self.totals.state_dict(), "history": self.history,
             "epoch": self.epoch, "iteration": self.iteration, "rng": _rng_state(), "prt": self.prt_info,
-            "wall_seconds": self.wall_seconds(),
+            "wall_seconds": self.wall_seconds(), "cpu_seconds": self.cpu_seconds(),
         })
 
     def wall_seconds(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
+
+    def cpu_seconds(self) -> float:
+        """This process's CPU time (all threads) since the run started: a duration a shared machine's other
+        load does not stretch, unlike ``wall_seconds``."""
+        return self.cpu_before + time.process_time() - self.cpu_started
 
     # -- training -------------------------------------------------------------------------------------
     @property
@@ -239,7 +258,8 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         debug = self.cfg.debug
-        if self.iteration == debug.nan_loss_at_iteration:
+        seeds = debug.nan_loss_seeds
+        if self.iteration == debug.nan_loss_at_iteration and (seeds is None or self.cfg.seed in seeds):
             x = torch.full_like(x, float("nan"))  # fault injection: the loss becomes NaN
         try:
             out = self.runner.step(x, y, self.iteration)
@@ -292,7 +312,9 @@ class Trainer:
             "fw_bits": fw_bits,
             "bw_bits": bw_bits,
             "wall_seconds": self.wall_seconds(),
+            "cpu_seconds": self.cpu_seconds(),
             **runner.end_epoch(),
+            **(self.init_metrics if self.epoch == 1 else {}),
             "events": [dict(e, epoch=self.epoch) for e in runner.events[events_before:]],
         }
         if self.data.info.is_text:  # seen counts predicted tokens (y is flattened)
@@ -340,13 +362,16 @@ def train_and_evaluate(
     progress: bool = False,
 ) -> RunResult:
     device = pick_device(cfg.device)
-    data = load_data(cfg.data)
     state = load_resume_state(cfg, resume_from, device)
+    init_weights = checkpoint.load_init(cfg.init, cfg.model.name) if cfg.init and state is None else None
+    data = load_data(cfg.data)
     totals = CostTotals()
     prt_info = resolve_fw_min(cfg, data, device, state, totals)
     trainer = Trainer(cfg, data, device, totals, prt_info)
     if state is not None:
         trainer.restore(state)
+    elif init_weights is not None:
+        trainer.initialise(init_weights)
     if progress:
         trainer.show_progress()
     while not trainer.finished:
@@ -419,6 +444,8 @@ def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, co
         "cp": totals.cp,
         "forward_macs_per_sample": counter.forward_macs,
         "wall_seconds": wall,
+        "cpu_seconds": last.get("cpu_seconds", float("nan")),
+        **{k: v for k, v in (history[0] if history else {}).items() if k.startswith("init_")},
         **{metric_key(n): v["total"] for n, v in totals.model_summary().items() if n != "bitops"},
         "costs": {n: {**v, "unit": units.get(n, "")} for n, v in totals.model_summary().items()},
     }

@@ -10,7 +10,7 @@ from engine.errors import ConfigError
 from orchestrator.output import PLOT_SUFFIXES, check_output_file, check_output_folder, emit_json, info, table
 
 SUMMARY_KEYS = ("accuracy", "val_accuracy", "best_val_accuracy", "epochs", "iterations", "train_gbitops",
-                "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds")
+                "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds", "init_accuracy")
 GATED_KEYS = ("target_cp", "cp_last_epoch", "gate_bitops")
 LM_KEYS = ("perplexity", "val_perplexity", "best_val_perplexity", "unigram_perplexity", "tokens_per_second",
            "bitops_per_token")  # language models (accuracy is then next-token accuracy)

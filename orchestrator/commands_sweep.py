@@ -18,7 +18,7 @@ def _load_any(path: str):
     tree = read_yaml(path)
     if "ablation" in tree:
         return "ablation", load_ablation(path)
-    if any(k in tree for k in ("parameters", "base", "search", "seeds", "budget", "resources")):
+    if any(k in tree for k in ("parameters", "base", "search", "seeds", "budget", "resources", "stages")):
         return "spec", load_spec(path)
     return "config", load_config(path)
 
@@ -28,6 +28,9 @@ def cmd_validate(args) -> int:
     if kind in ("spec", "ablation"):
         out = {"file": args.file, "kind": "sweep" if kind == "spec" else "ablation", "name": obj.name,
                "trials": obj.num_trials(), "valid": True}
+        if getattr(obj, "stages", None):  # a staged sweep: its stages in order, their trials and references
+            out["stages"] = [{"name": s.stage.name, "trials": s.num_trials(), "init_from": s.stage.init_from,
+                              "head": s.stage.head if s.stage.init_from else None} for s in obj.stages]
     else:
         from engine.data import check_available
         from engine.train import pick_device
@@ -35,8 +38,13 @@ def cmd_validate(args) -> int:
         pick_device(obj.device)  # device: cuda where no GPU is visible would fail at the first step
         if obj.data.data_dir:  # a folder named in the config must hold the data
             check_available(obj.data)
+        if obj.init is not None:  # the pretrained checkpoint must exist and be of this run's model
+            from engine.checkpoint import load_init
+
+            load_init(obj.init, obj.model.name)
         out = {"file": args.file, "kind": "experiment", "name": obj.name, "valid": True}
-    print(f"{args.file}: valid {out['kind']} {out['name']!r}" + (f", {out['trials']} trials" if "trials" in out else ""))
+    print(f"{args.file}: valid {out['kind']} {out['name']!r}" + (f", {out['trials']} trials" if "trials" in out else "")
+          + ("; stages " + " -> ".join(f"{s['name']} ({s['trials']})" for s in out["stages"]) if "stages" in out else ""))
     if args.json:
         emit_json(out)
     return 0

@@ -72,7 +72,7 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
 
 def token_mode_from_token() -> None:
     """A Ray token given without ``RAY_AUTH_MODE`` means token mode, as the image's entry point does for the nodes:
-    Ray's clients otherwise send no token (their mode defaults to ``disabled``) and a cluster that requires one
+    Ray's clients otherwise send no token (their auth mode is off by default) and a cluster that requires one
     refuses them. Only an explicit token (``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``) counts; an explicit mode
     is left alone. Before Ray reads its configuration, i.e. before the Jobs client is imported."""
     if os.environ.get("RAY_AUTH_MODE") is None and (os.environ.get("RAY_AUTH_TOKEN")

@@ -94,6 +94,8 @@ def _row(c, run, swept: list[str], record: set[str] | None) -> dict:
                    point=trial.point_of(tags.get(store.POINT_TAG), run.data.params, swept),
                    planned_epochs=int(planned) if planned else None, node_id=tags.get("fractune.node_id"),
                    cp_gated=cp_gated, pareto=tags.get("pareto") == "true")
+    row["stage"], row["init_run"] = tags.get("fractune.stage"), tags.get("fractune.init_run")  # staged sweeps
+    row["init_accuracy"] = float(m.get("init_accuracy", math.nan))  # from a pretrained model: before any step
     if planned is None:  # logged before the planned-epochs tag: the sweep's own record, else FINISHED
         row["complete"] = status == "FINISHED" and (record is None or run.info.run_id in record)
     return row

@@ -90,7 +90,8 @@ def storage_problem(root: Path) -> str | None:
 
 
 def latest_sweep_id(root: Path, name: str) -> str:
-    candidates = sorted(p.name for p in root.glob(f"{name}-*") if (p / "tuner.pkl").is_file())
+    candidates = sorted(p.name for p in root.glob(f"{name}-*")
+                        if (p / "tuner.pkl").is_file() or (p / "stages.json").is_file())  # staged: stages.json
     if not candidates:
         raise ConfigError.single("--resume", name, f"no sweep named {name!r} to resume under {root}")
     return candidates[-1]
@@ -279,6 +280,10 @@ def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
 
 
 def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
+    if loaded.stages:  # stages in order under one parent run (orchestrator.stages)
+        from orchestrator.stages import run_staged
+
+        return run_staged(loaded, opts)
     from ray import tune
 
     from orchestrator import store
@@ -313,28 +318,7 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
         callbacks: list = [tracker]
         if opts.progress:
             callbacks.append(ProgressPrinter(loaded.num_trials()))
-        scheduler = None
-        if spec.scheduler.kind == "asha":
-            from ray.tune.schedulers import ASHAScheduler
-
-            from engine.data import run_length
-
-            max_t = run_length(trial.decode(loaded.base_trial())).epochs
-            metric, mode = task_objective(loaded)
-            scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
-                                      grace_period=spec.scheduler.grace_period,
-                                      reduction_factor=spec.scheduler.reduction_factor)
-        tuner = tune.Tuner(
-            trainable,
-            param_space=param_space(loaded, sweep_id),
-            tune_config=tune.TuneConfig(search_alg=search_algorithm(loaded, sweep_id, root), scheduler=scheduler,
-                                        num_samples=spec.search.num_samples,
-                                        max_concurrent_trials=spec.budget.max_concurrent_trials,
-                                        time_budget_s=spec.budget.time_limit_s, reuse_actors=True),
-            run_config=tune.RunConfig(name=sweep_id, storage_path=str(root), callbacks=callbacks, verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
-                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
-        )
+        tuner = make_tuner(loaded, trainable, param_space(loaded, sweep_id), sweep_id, sweep_id, root, callbacks)
         print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {store.redact(uri)}", file=sys.stderr)
     started = time.perf_counter()
     try:
@@ -362,6 +346,35 @@ def mark_failed(tracker, cause: str) -> None:
         tracker.c.set_terminated(tracker.state["parent_run_id"], "FAILED")
     except Exception:  # noqa: BLE001  the store is down as well: the error line still tells the user
         pass
+
+
+def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: str, storage: Path, callbacks: list):
+    """The Tuner of a sweep (or of one stage of a staged sweep: ``name`` is the stage, under ``storage``)."""
+    from ray import tune
+
+    spec = loaded.spec
+    scheduler = None
+    if spec.scheduler.kind == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        from engine.data import run_length
+
+        max_t = run_length(trial.decode(loaded.base_trial())).epochs
+        metric, mode = task_objective(loaded)  # accuracy max, or a language model's test perplexity min
+        scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
+                                  grace_period=spec.scheduler.grace_period,
+                                  reduction_factor=spec.scheduler.reduction_factor)
+    return tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(search_alg=search_algorithm(loaded, sweep_id, storage), scheduler=scheduler,
+                                    num_samples=spec.search.num_samples,
+                                    max_concurrent_trials=spec.budget.max_concurrent_trials,
+                                    time_budget_s=spec.budget.time_limit_s, reuse_actors=True),
+        run_config=tune.RunConfig(name=name, storage_path=str(storage), callbacks=callbacks, verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
+    )
 
 
 def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,

@@ -116,7 +116,8 @@ class MLflowTracker(tune.Callback):
             self._create_parent()
             return
         if kind == "trial":
-            self._create_trial(op["trial_id"], op["config"], op["swept"], op.get("point", {}), op.get("planned"))
+            self._create_trial(op["trial_id"], op["config"], op["swept"], op.get("point", {}), op.get("planned"),
+                               op.get("tags"))
             return
         run_id = self.state["parent_run_id"] if op["trial_id"] == "parent" else self.state["runs"][op["trial_id"]]
         if kind == "metrics":
@@ -162,7 +163,7 @@ class MLflowTracker(tune.Callback):
         self.state.update(experiment_id=exp_id, parent_run_id=run.info.run_id)
 
     def _create_trial(self, trial_id: str, config: dict, swept: list[str], point: dict,
-                      planned: int | None) -> None:
+                      planned: int | None, extra_tags: dict | None = None) -> None:
         if trial_id in self.state["runs"]:
             return
         from mlflow.entities import Param
@@ -179,13 +180,15 @@ class MLflowTracker(tune.Callback):
             return
         tags = {PARENT_TAG: parent, TRIAL_TAG: trial_id, SWEEP_TAG: self.sweep_id, "fractune.kind": "trial",
                 "fractune.schedule": config["schedule"]["kind"], "fractune.swept": ",".join(swept),
-                **provenance.tags()}
+                **provenance.tags(), **(extra_tags or {})}
         if text := trial_dict.point_tag(point):
             tags[POINT_TAG] = text
         if planned is not None:
             tags[PLANNED_TAG] = str(planned)
         names = self.state.setdefault("names", {})
-        name = trial_dict.unique_name(trial_dict.run_name(config, point), set(names.values()))
+        stage = tags.get("fractune.stage")  # a staged sweep: the stage leads the run's name
+        name = trial_dict.unique_name((f"{stage}-" if stage else "") + trial_dict.run_name(config, point),
+                                      set(names.values()))
         run = self.c.create_run(self.state["experiment_id"], run_name=name, tags=tags)
         params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
         for i in range(0, len(params), 100):
@@ -211,7 +214,7 @@ class MLflowTracker(tune.Callback):
         cfg = trial_dict.decode(trial.config)
         point = trial_dict.swept_values(trial.config)
         self._submit({"op": "trial", "trial_id": trial.trial_id, "config": cfg.to_dict(), "swept": sorted(point),
-                      "point": point, "planned": run_length(cfg).epochs})
+                      "point": point, "planned": run_length(cfg).epochs, "tags": lineage_tags(trial.config)})
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         tid = trial.trial_id
@@ -271,6 +274,21 @@ class MLflowTracker(tune.Callback):
                 report["report_error"] = f"{path}: {exc.strerror}"
         self.last_report = report
         return report
+
+
+def lineage_tags(config: dict) -> dict[str, str]:
+    """A staged sweep's trial: its stage (``fractune.stage``) and the earlier run it starts from
+    (``fractune.init_run``, its stage ``fractune.init_stage``; a failed one's id too)."""
+    tags = {}
+    if config.get(trial_dict.STAGE):
+        tags["fractune.stage"] = str(config[trial_dict.STAGE])
+    source = trial_dict.init_source(config)
+    if source:
+        if source.get("run_id"):
+            tags["fractune.init_run"] = str(source["run_id"])
+        if source.get("stage"):
+            tags["fractune.init_stage"] = str(source["stage"])
+    return tags
 
 
 def is_metric(key: str, value: Any) -> bool:

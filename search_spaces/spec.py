@@ -98,6 +98,27 @@ class Resources(Strict):
     gpu: float = Field(0.0, ge=0, le=64)
 
 
+class Stage(Strict):
+    """One stage of a staged sweep: its own overrides and grid over the spec's base, seeds and resources. With
+    ``init_from`` (an earlier stage of one trial per seed), each trial starts from the weights of that stage's run
+    of the same seed (``init.checkpoint``, ``head``: keep or reset the classifier)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    set: dict[str, Any] = Field(default_factory=dict)  # dotted overrides applied after the spec's own ``set``
+    parameters: dict[str, Param] = Field(default_factory=dict)  # grid parameters only
+    init_from: str | None = None
+    head: Literal["keep", "reset"] = "keep"  # the supplement retrains the same model: keep
+
+    @field_validator("parameters")
+    @classmethod
+    def _paths(cls, v: dict[str, Param]) -> dict[str, Param]:
+        return _check_paths(v)
+
+
+INIT_PLACEHOLDER = "/fractune-stage-init"  # the checkpoint path a stage's points are validated with (set per trial)
+
+
 class SweepSpec(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
@@ -109,6 +130,7 @@ class SweepSpec(Strict):
     scheduler: Scheduler = Scheduler()
     budget: Budget = Budget()
     resources: Resources = Resources()
+    stages: list[Stage] = Field(default_factory=list)  # a staged sweep: run in order under one parent run
     objective: str = "bitops"  # the cost axis: a cost model of engine/cost_models.py
 
     @field_validator("objective")
@@ -130,12 +152,16 @@ class SweepSpec(Strict):
     @field_validator("parameters")
     @classmethod
     def _paths(cls, v: dict[str, Param]) -> dict[str, Param]:
-        for path in v:
-            if path == "seed":
-                raise ValueError("'seed' is swept through 'seeds', not as a parameter")
-            if not all(part.isidentifier() for part in path.split(".")):
-                raise ValueError(f"parameter path {path!r} must be dotted identifiers, e.g. schedule.fw")
-        return v
+        return _check_paths(v)
+
+
+def _check_paths(v: dict[str, Param]) -> dict[str, Param]:
+    for path in v:
+        if path == "seed":
+            raise ValueError("'seed' is swept through 'seeds', not as a parameter")
+        if not all(part.isidentifier() for part in path.split(".")):
+            raise ValueError(f"parameter path {path!r} must be dotted identifiers, e.g. schedule.fw")
+    return v
 
 
 class LoadedSpec:
@@ -143,6 +169,8 @@ class LoadedSpec:
 
     def __init__(self, spec: SweepSpec, base_tree: dict, source: Path | None):
         self.spec, self.base_tree, self.source = spec, base_tree, source
+        self.stages: list[LoadedSpec] = [stage_spec(self, st) for st in spec.stages]
+        self.stage: Stage | None = None  # set on the LoadedSpec of one stage
 
     @property
     def name(self) -> str:
@@ -175,6 +203,8 @@ class LoadedSpec:
         return n
 
     def num_trials(self) -> int | None:
+        if self.stages:
+            return sum(st.num_trials() for st in self.stages)
         s = self.spec
         if s.search.algorithm == "grid":
             return self.grid_size() * s.search.num_samples * len(s.seeds)
@@ -240,6 +270,14 @@ def _point_problems(spec: SweepSpec, source: Path | None) -> list[tuple[str, obj
     base_tree, problems = _base_tree(spec, source)
     if problems:
         return problems
+    if spec.stages:
+        problems = _check_stages(spec) + _check_objective(spec, base_tree)
+        if problems:
+            return problems
+        loaded = LoadedSpec(spec, base_tree, source)
+        for stage, sub in zip(spec.stages, loaded.stages):
+            problems += [(f"stages.{stage.name}: {f}", v, a) for f, v, a in _check_search(sub.spec) + _check_points(sub)]
+        return problems or _stage_references(loaded)
     loaded = LoadedSpec(spec, base_tree, source)
     size = _size_problems(loaded)
     if size:
@@ -287,6 +325,70 @@ def _check_objective(spec: SweepSpec, base_tree: dict) -> list[tuple[str, object
         return [("objective", spec.objective, "allowed with a user table: table:NAME where NAME is the name of "
                  f"the base experiment's cost.table ({'table:' + name if name else 'none set'})")]
     return []
+
+
+def stage_spec(loaded: LoadedSpec, stage: Stage) -> LoadedSpec:
+    """One stage as a sweep of its own (same name, seeds, search, budget, resources): the spec's base tree, then
+    the stage's ``set``, then (``init_from``) an ``init`` whose checkpoint each trial gets from its seed's run."""
+    spec = loaded.spec.model_copy(update={"stages": [], "parameters": dict(stage.parameters), "set": {}})
+    tree = copy.deepcopy(loaded.base_tree)
+    for path, value in stage.set.items():
+        set_path(tree, path, value)
+    if stage.init_from:
+        set_path(tree, "init", {"checkpoint": INIT_PLACEHOLDER, "head": stage.head})
+    sub = LoadedSpec(spec, tree, loaded.source)
+    sub.stage = stage
+    return sub
+
+
+def _check_stages(spec: SweepSpec) -> list[tuple[str, object, str]]:
+    """The stages' own rules: names, references to earlier stages of one trial per seed, grid search only."""
+    out: list[tuple[str, object, str]] = []
+    if spec.parameters:
+        out.append(("parameters", sorted(spec.parameters), "allowed: {} with stages (each stage has its own)"))
+    if spec.search.algorithm != "grid" or spec.search.num_samples != 1:
+        out.append(("search.algorithm", spec.search.algorithm, "allowed: grid with num_samples 1 in a staged sweep"))
+    earlier: dict[str, Stage] = {}
+    for i, stage in enumerate(spec.stages):
+        where = f"stages[{i}]"
+        if stage.name in earlier:
+            out.append((f"{where}.name", stage.name, "allowed: a name no other stage has"))
+        for path, p in stage.parameters.items():
+            if p.kind != "grid":
+                out.append((f"{where}.parameters.{path}", p.kind, "allowed: grid (stages are grid searches)"))
+        if stage.init_from is not None and any(k == "init" or k.startswith("init.") for k in stage.set):
+            out.append((f"{where}.set.init", {k: v for k, v in stage.set.items() if k.startswith("init")},
+                        "allowed: no init with init_from (each trial's init.checkpoint is its seed's earlier run)"))
+        if stage.init_from is not None:
+            ref = earlier.get(stage.init_from)
+            if ref is None:
+                out.append((f"{where}.init_from", stage.init_from,
+                            f"allowed: an earlier stage ({', '.join(earlier) or 'none before this one'})"))
+            elif ref.parameters:
+                out.append((f"{where}.init_from", stage.init_from, "allowed: a stage with no parameters (one run "
+                            "per seed, which the trial of the same seed starts from)"))
+        earlier[stage.name] = stage
+    return out
+
+
+def _stage_references(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
+    """A stage starts from another's weights: same model; same data set's classes unless the head is reset."""
+    out: list[tuple[str, object, str]] = []
+    by_name = {sub.stage.name: sub for sub in loaded.stages}
+    for i, sub in enumerate(loaded.stages):
+        stage = sub.stage
+        if not stage.init_from:
+            continue
+        ref = by_name[stage.init_from]
+        seed = loaded.spec.seeds[0]
+        here, there = parse_config(sub.point_tree({}, seed)), parse_config(ref.point_tree({}, seed))
+        if here.model.name != there.model.name:
+            out.append((f"stages[{i}].init_from", stage.init_from, f"allowed: a stage of this stage's model "
+                        f"{here.model.name} (stage {ref.stage.name} trains {there.model.name})"))
+        if stage.head == "keep" and here.data.dataset != there.data.dataset:
+            out.append((f"stages[{i}].head", "keep", f"allowed: reset when the data sets differ "
+                        f"({there.data.dataset} -> {here.data.dataset})"))
+    return out
 
 
 def _check_search(spec: SweepSpec) -> list[tuple[str, object, str]]:

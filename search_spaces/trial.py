@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from engine.config import ExperimentConfig
 
 SWEEP, BASE, PARAMS, SEED = "sweep", "base", "params", "seed"
+STAGE, INITS = "stage", "inits"  # staged sweeps: the stage's name; {seed: the earlier stage's run it starts from}
 MAX_POINT_TAG = 7000  # characters: MLflow's tag limit is 8000; longer points fall back to the flattened params
 
 
@@ -40,7 +41,34 @@ def resolved_tree(trial: dict) -> dict:
         set_path(tree, path, value)
     tree["seed"] = int(trial[SEED])
     tree.setdefault("name", trial.get(SWEEP) or "trial")
+    source = init_source(trial)
+    if source and source.get("checkpoint"):  # a staged sweep: the weights of this seed's earlier run
+        set_path(tree, "init.checkpoint", source["checkpoint"])
+        set_path(tree, "init.run_id", source.get("run_id"))
     return tree
+
+
+def staged(trial: dict, stage: str, inits: dict[int, dict] | None) -> dict:
+    """A trial dict of one stage of a staged sweep; ``inits``: per seed, the earlier stage's run this stage's trial
+    of that seed starts from (``{"checkpoint", "run_id"}``) or why there is none (``{"error", "run_id"}``)."""
+    out = {**trial, STAGE: stage}
+    if inits is not None:
+        out[INITS] = {str(seed): dict(v) for seed, v in inits.items()}
+    return out
+
+
+def init_source(trial: dict) -> dict | None:
+    """The earlier run a staged trial starts from (None outside staged sweeps and for a first stage)."""
+    inits = trial.get(INITS)
+    if not inits:
+        return None
+    return inits.get(str(int(trial[SEED]))) or {"error": f"no run of seed {trial[SEED]} in the earlier stage"}
+
+
+def init_error(trial: dict) -> str | None:
+    """Why a staged trial cannot start (its seed's run of the earlier stage failed), else None."""
+    source = init_source(trial)
+    return source.get("error") if source and not source.get("checkpoint") else None
 
 
 def decode(trial: dict) -> ExperimentConfig:

@@ -29,7 +29,13 @@ def trial_threads() -> int:
     return max(1, math.floor(resources.get("CPU", 1)))
 
 
+class DependencyFailed(RuntimeError):
+    """A staged trial whose earlier stage's run of the same seed failed: it fails too, naming that run."""
+
+
 def train_trial(config: dict) -> None:
+    if (reason := trial.init_error(config)) is not None:
+        raise DependencyFailed(f"not run: {reason}")
     cfg = trial.decode(config)
     threads = trial_threads()
     torch.set_num_threads(threads)
