@@ -51,14 +51,14 @@ def test_labels_name_each_method_with_the_engines_values():
     assert _label({"kind": "fp32"}) == "FP32"
     assert _label({"kind": "static", "fw": 6, "bw": 8}) == "FW6/BW8"
     assert _label({"kind": "cpt", "fw_min": 3, "fw_max": 8, "num_cycles": 4}) == "CPT FW3->8/BW8"
-    assert _label({"kind": "dfq", "target_cp": 4.0, "execution": "routed"}) == "DFQ cp 4% routed"
+    assert _label({"kind": "dfq", "target_cp": 4.0, "execution": "routed"}) == "DFQ cp 4% routed (sampled)"
     assert _label({"kind": "dfq", "target_cp": 3.0, "beta": 1.0, "controller": "reference"}) == \
         "DFQ cp 3% masked reference beta 1"
     assert _label({"kind": "pfq", "mode": "manual", "fw": [3, 8], "bw": [6, 8]}) == "PFQ manual FW3-8/BW6-8"
     # defaults are the engine's, not re-derived here: PFQ's bits, FracTrain's first target (1.5, or from cp_total)
     assert _label({"kind": "pfq"}) == "PFQ auto FW3-4-6-8/BW6-6-8-8"
     assert _label({"kind": "fractrain"}) == "FracTrain cp 1.5+0.5 masked"
-    assert _label({"kind": "fractrain", "cp_total": 2.75, "execution": "routed"}) == "FracTrain cp 2+0.5 routed"
+    assert _label({"kind": "fractrain", "cp_total": 2.75, "execution": "routed"}) == "FracTrain cp 2+0.5 routed (sampled)"
     point = {"schedule": {"kind": "fp32"}, "optim.lr": 0.05}
     assert method_label(point, _config(point)) == "FP32, optim.lr=0.05"
     assert method_label({"optim.lr": 0.05}, _config({"optim.lr": 0.05})) == "optim.lr=0.05"
@@ -76,8 +76,8 @@ def test_fractrain_is_checked_against_dfq_at_its_final_target_with_the_same_gate
     points = [sbm, *dfq.values(), *other_gates, default, total]
     rows = [_row(p, s, 0.9, 100.0 - i) for i, p in enumerate(points) for s in (0, 1)]
     pairs = {(c["method"], c["reference"]) for c in trends(summarise(rows)) if c["claim"].startswith("FracTrain costs")}
-    assert pairs == {("FracTrain cp 1.5+0.5 routed beta 1", "DFQ cp 3% routed beta 1"),
-                     ("FracTrain cp 2+0.5 routed beta 1", "DFQ cp 3.5% routed beta 1")}
+    assert pairs == {("FracTrain cp 1.5+0.5 routed (sampled) beta 1", "DFQ cp 3% routed (sampled) beta 1"),
+                     ("FracTrain cp 2+0.5 routed (sampled) beta 1", "DFQ cp 3.5% routed (sampled) beta 1")}
 
 
 def test_summary_statistics_savings_and_trend_rule():
