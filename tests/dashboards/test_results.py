@@ -146,6 +146,7 @@ def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
     notes = folder / "notes.md"
     notes.write_text("## Analysis\n\nWritten by a person.\n")
     out_md = folder / "docs" / "results.md"
+    out_md.parent.mkdir()  # --out must be in an existing folder (a missing one is refused: test_bad_input)
     r = run_cli("results", "mini_study", "--tracking-uri", uri, "--out", str(out_md), "--notes", str(notes),
                 "--json")
     assert r.returncode == 0, r.stderr[-3000:]
