@@ -137,6 +137,8 @@ def init_ray(address: str | None, dashboard: bool = False) -> None:
     try:
         if address:
             ray.init(address=address, **kwargs)  # attaching: never pass CPU/GPU counts
+        elif os.environ.get("RAY_ADDRESS"):  # a Ray job's driver: attach to its cluster (no _system_config there)
+            ray.init(**kwargs)
         else:
             # The dashboard (HTTP, Jobs API) binds 127.0.0.1; Ray's gRPC ports are guarded by its token auth.
             # Metrics collection is off: its Prometheus endpoint would listen on every interface, unauthenticated.
