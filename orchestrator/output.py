@@ -62,8 +62,6 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".ps"
 def _writable_folder(folder, field: str, value: str) -> None:
     """``folder`` exists, is a folder and a file can really be created in it (``os.access`` tells root yes on
     read-only and virtual file systems)."""
-    import os
-    import tempfile
 
     from engine.errors import ConfigError
 
@@ -71,13 +69,10 @@ def _writable_folder(folder, field: str, value: str) -> None:
         what = "does not exist" if not folder.exists() else "is not a folder"
         raise ConfigError.single(field, value, f"its folder {folder} {what}; allowed: a path in an existing, "
                                  "writable folder")
+    from orchestrator.store import write_probe
+
     try:
-        fd, name = tempfile.mkstemp(prefix=".fractune-probe-", dir=folder)
-        try:
-            os.write(fd, b"ok")  # an empty file needs no space: a full disk would pass
-        finally:
-            os.close(fd)
-            os.unlink(name)
+        write_probe(folder)
     except OSError as exc:
         raise ConfigError.single(field, value, f"folder {folder} is not writable ({exc.strerror})") from None
 

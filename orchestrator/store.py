@@ -174,19 +174,13 @@ def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
 def _probe_folder(folder: Path, shown: str) -> None:
     """The folder exists and a file can really be created in it (``os.access`` says yes to root on read-only
     or virtual file systems)."""
-    import tempfile
 
     from engine.errors import ConfigError
 
     if not folder.is_dir():
         raise ConfigError.single("--tracking-uri", shown, f"folder {folder} must exist and be writable")
     try:
-        fd, name = tempfile.mkstemp(prefix=".fractune-probe-", dir=folder)
-        try:
-            os.write(fd, b"ok")  # an empty file needs no space: a full disk would pass
-        finally:
-            os.close(fd)
-            os.unlink(name)
+        write_probe(folder)
     except OSError as exc:
         raise ConfigError.single("--tracking-uri", shown, f"folder {folder} must be writable ({exc.strerror})") from None
 
@@ -293,3 +287,16 @@ def artifact_json(c, run_id: str, path: str):
     with tempfile.TemporaryDirectory() as tmp:
         local = c.download_artifacts(run_id, path, tmp)
         return yaml.safe_load(Path(local).read_text())
+
+
+def write_probe(folder) -> None:
+    """Write and remove a few real bytes in ``folder`` (an empty file needs no space: a full disk would pass);
+    raises OSError when it cannot."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=".fractune-probe-", dir=folder)
+    try:
+        os.write(fd, b"ok")
+    finally:
+        os.close(fd)
+        os.unlink(name)
