@@ -203,15 +203,8 @@ def cmd_report(args) -> int:
     from orchestrator.output import check_output_folder
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    problems = []
-    for check in (lambda: store.check_names(args.sweep, args.sweep_id), lambda: store.check_uri(uri),
-                  lambda: check_output_folder("--out", args.out) if args.out else None):
-        try:
-            check()
-        except ConfigError as err:
-            problems += err.problems
-    if problems:
-        raise ConfigError(problems)
+    ConfigError.check_all(lambda: store.check_names(args.sweep, args.sweep_id), lambda: store.check_uri(uri),
+                          lambda: check_output_folder("--out", args.out) if args.out else None)
     out = build_report(uri, args.sweep, args.sweep_id, args.out, args.runs, log=not args.no_log,
                        objective=args.objective)
     print(f"report of sweep {out['sweep_id']}: {out['trials']} trials ({out['finished']} finished), "

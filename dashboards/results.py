@@ -402,18 +402,11 @@ def cmd_results(args) -> int:
     from orchestrator.output import check_output_file, emit_json
 
     # every input and output path checked before the store is read or anything written
-    problems = []
-    for check in (lambda: store.check_names(args.sweep, args.sweep_id),
-                  lambda: read_text(args.notes, "--notes", "markdown file") if args.notes else None,
-                  lambda: check_output_file("--out", args.out, (".md", ".markdown", ".txt")),
-                  lambda: store.check_uri(store.normalise_uri(args.tracking_uri or store.default_tracking_uri()))):
-        try:
-            check()
-        except ConfigError as err:
-            problems += err.problems
-    if problems:
-        raise ConfigError(problems)
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
+    ConfigError.check_all(lambda: store.check_names(args.sweep, args.sweep_id),
+                          lambda: read_text(args.notes, "--notes", "markdown file") if args.notes else None,
+                          lambda: check_output_file("--out", args.out, (".md", ".markdown", ".txt")),
+                          lambda: store.check_uri(uri))
     command = "fractune results " + " ".join(
         [args.sweep] + (["--sweep-id", args.sweep_id] if args.sweep_id else [])
         + (["--tracking-uri", store.redact(args.tracking_uri)] if args.tracking_uri else [])

@@ -178,19 +178,15 @@ def check_host(host: str) -> None:
         raise ConfigError.single("--host", host, f"does not resolve ({exc}); {allowed}") from None
 
 
+def check_port(port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise ConfigError.single("--port", port, "allowed: 1..65535, or 0 for any free port")
+
+
 def cmd_ui(args) -> int:
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    problems = []
-    for check in (lambda: store.check_uri(uri), lambda: check_host(args.host),
-                  lambda: store.check_names(args.sweep) if args.sweep else None):
-        try:
-            check()
-        except ConfigError as err:
-            problems += err.problems
-    if not 0 <= args.port <= 65535:
-        problems.append(("--port", args.port, "allowed: 1..65535, or 0 for any free port"))
-    if problems:
-        raise ConfigError(problems)
+    ConfigError.check_all(lambda: store.check_uri(uri), lambda: check_host(args.host),
+                          lambda: store.check_names(args.sweep) if args.sweep else None, lambda: check_port(args.port))
     if uri.startswith(("http://", "https://")):
         store.preflight(uri)
         found = urls(store.without_credentials(uri), prepare(uri, args.sweep))
@@ -198,8 +194,6 @@ def cmd_ui(args) -> int:
         if args.json:
             emit_json({**found, "tracking_uri": store.redact(uri), "started": False})
         return 0
-    if not 0 <= args.port <= 65535:
-        raise ConfigError.single("--port", args.port, "allowed: 1..65535, or 0 for any free port")
     if not uri.startswith("sqlite:///"):
         raise ConfigError.single("--tracking-uri", store.redact(uri), "allowed: sqlite:///PATH.db or http(s)://HOST:PORT")
     db = Path(uri[len("sqlite:///"):])

@@ -28,6 +28,19 @@ class ConfigError(FractuneError):
     def single(cls, field: str, value: object, allowed: str, source: str | None = None) -> ConfigError:
         return cls([(field, value, allowed)], source)
 
+    @classmethod
+    def check_all(cls, *checks) -> None:
+        """Run every check (a callable taking no argument) and raise one error with all their problems, so a
+        command reports every bad input at once."""
+        problems: list[tuple[str, object, str]] = []
+        for check in checks:
+            try:
+                check()
+            except ConfigError as err:
+                problems += err.problems
+        if problems:
+            raise cls(problems)
+
     def lines(self) -> list[str]:
         prefix = f"{self.source}: " if self.source else ""
         return [f"{prefix}{field}: got {_short(value)}; {allowed}" for field, value, allowed in self.problems]

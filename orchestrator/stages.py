@@ -24,15 +24,10 @@ from engine.errors import ConfigError
 from orchestrator.sweep import (
     SweepError,
     SweepOptions,
-    check_resources,
-    check_shared_storage,
-    init_ray,
-    latest_sweep_id,
     make_tuner,
-    new_sweep_id,
     param_space,
+    start_sweep,
     storage_problem,
-    storage_root,
     ui_command,
 )
 from search_spaces import trial
@@ -56,21 +51,12 @@ def write_manifest(exp_root: Path, manifest: dict) -> None:
 def run_staged(loaded: LoadedSpec, opts: SweepOptions) -> dict:
     from ray import tune
 
-    from orchestrator import store
     from orchestrator.progress import ProgressPrinter
     from orchestrator.tracker import MLflowTracker
-    from trainables.tune_trainable import train_trial
 
     spec = loaded.spec
-    uri = store.normalise_uri(opts.tracking_uri or store.default_tracking_uri())
-    store.preflight(uri)
-    root = storage_root(opts.storage)
-    sweep_id = latest_sweep_id(root, spec.name) if opts.resume else new_sweep_id(spec.name)
+    uri, root, sweep_id, trainable = start_sweep(loaded, opts)
     exp_root = root / sweep_id
-    init_ray(opts.address, opts.dashboard)
-    check_resources(spec.resources.cpu, spec.resources.gpu)
-    check_shared_storage(root)
-    trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
     manifest = read_manifest(exp_root)
     if opts.resume and not (exp_root / MANIFEST).is_file():  # written before the first stage starts
         raise ConfigError.single("--resume", spec.name, f"{exp_root} holds no staged sweep (no {MANIFEST})")

@@ -281,6 +281,27 @@ def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
                         storage=storage, sampler=sampler)
 
 
+def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
+    """What every sweep (plain or staged) does before its first Tuner: the tracking store checked, the storage
+    root, the sweep id (the latest one on ``--resume``), Ray started or attached with the resources and shared
+    storage checked, and the trainable with its resources. Returns ``(uri, root, sweep_id, trainable)``."""
+    from ray import tune
+
+    from orchestrator import store
+    from trainables.tune_trainable import train_trial
+
+    spec = loaded.spec
+    uri = store.normalise_uri(opts.tracking_uri or store.default_tracking_uri())
+    store.preflight(uri)
+    root = storage_root(opts.storage)
+    sweep_id = latest_sweep_id(root, spec.name) if opts.resume else new_sweep_id(spec.name)
+    init_ray(opts.address, opts.dashboard)
+    check_resources(spec.resources.cpu, spec.resources.gpu)
+    check_shared_storage(root)
+    trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    return uri, root, sweep_id, trainable
+
+
 def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
     if loaded.stages:  # stages in order under one parent run (orchestrator.stages)
         from orchestrator.stages import run_staged
@@ -291,19 +312,11 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
     from orchestrator import store
     from orchestrator.progress import ProgressPrinter
     from orchestrator.tracker import MLflowTracker
-    from trainables.tune_trainable import train_trial
 
     spec = loaded.spec
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Ray's own tables: fractune prints its progress itself
-    uri = store.normalise_uri(opts.tracking_uri or store.default_tracking_uri())
-    store.preflight(uri)
-    root = storage_root(opts.storage)
-    sweep_id = latest_sweep_id(root, spec.name) if opts.resume else new_sweep_id(spec.name)
+    uri, root, sweep_id, trainable = start_sweep(loaded, opts)
     exp_path = root / sweep_id
-    init_ray(opts.address, opts.dashboard)
-    check_resources(spec.resources.cpu, spec.resources.gpu)
-    check_shared_storage(root)
-    trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
 
     tracker = None
     if opts.resume:
