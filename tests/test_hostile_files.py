@@ -154,16 +154,20 @@ def test_fuzz_every_reader_refuses_in_one_line_within_bounds(doc, which, tmp_pat
 
 
 def test_fuzz_hostile_documents_in_real_processes_are_bounded(tmp_path):
-    """The worst documents in a real process: exit 2, one line, seconds and a bounded peak memory."""
+    """The worst documents in a real process: exit 2, one line, seconds, and a peak memory within a small margin
+    of the same command refusing a two-line document (the imports' own footprint differs between machines: torch's
+    CUDA wheel alone is 0.5 to 1.6 GB resident, so only the document's share is bounded)."""
     bomb = "a: &a ['x','x','x','x','x','x','x','x','x']\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(9))
-    cases = {"bomb.yaml": bomb, "deep.yaml": "x: " + "[" * 100000 + "]" * 100000}  # the others: in process
+    cases = {"bomb.yaml": bomb, "deep.yaml": "x: " + "[" * 100000 + "]" * 100000,  # the others: in process
+             "plain.yaml": "schedule: {method: nosuch}\n"}  # the baseline: a plain refusal
     for name, text in cases.items():
         (tmp_path / name).write_bytes(text if isinstance(text, bytes) else text.encode())
     procs = {name: subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "validate", name], cwd=tmp_path,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env={**os.environ, "PYTHONPATH": str(ROOT)}) for name in cases}
     started = time.perf_counter()
+    peaks = {}
     for name, proc in procs.items():  # all at once: the bound holds under contention too
         _, _, rusage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
@@ -172,8 +176,10 @@ def test_fuzz_hostile_documents_in_real_processes_are_bounded(tmp_path):
         proc.stderr.close()
         assert len(err) == 1 and "error:" in err[0], (name, err)
         assert wall < 90, (name, wall)
-        assert rusage.ru_maxrss < 1_500_000, (name, rusage.ru_maxrss)  # KiB: torch's import alone is ~0.5 GB
+        peaks[name] = rusage.ru_maxrss  # KiB
         print(f"{name}: {wall:.1f} s, peak {rusage.ru_maxrss / 1024:.0f} MiB")
+    for name in ("bomb.yaml", "deep.yaml"):  # a billion-laughs expansion or a 100k-deep recursion would be GBs
+        assert peaks[name] < peaks["plain.yaml"] + 256 * 1024, (name, peaks)
 
 
 def test_oversized_file_is_refused_unread(tmp_path):
