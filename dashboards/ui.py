@@ -228,6 +228,8 @@ def cmd_ui(args) -> int:
         if sink is not sys.stderr:
             sink.close()  # the child holds its own descriptor
     previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server like Ctrl-C does
+    # Ctrl-C stops it even where the shell started us with SIGINT ignored (a script's background job)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         base = f"http://{'127.0.0.1' if args.host in LOOPBACK else args.host}:{port}"
         wait_healthy(base, proc, log=log)
@@ -244,3 +246,4 @@ def cmd_ui(args) -> int:
     finally:
         stop(proc)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
