@@ -148,6 +148,9 @@ def mlflow_server(tmp_path_factory):
     code = stop_ui(proc)
     port, pid = int(info["tracking_uri"].rsplit(":", 1)[1]), info["pid"]
     server_gone = not Path(f"/proc/{pid}").exists() or b"Z" in Path(f"/proc/{pid}/stat").read_bytes()[:80]
+    if not server_gone:  # leave no server behind for the next run, whatever the verdict
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
     assert code == 0 and not listening(port) and server_gone, f"fractune ui did not stop cleanly (exit {code})"
 
 
