@@ -24,13 +24,31 @@ def session_pids(sid: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:  # field 6 of /proc/PID/stat: the session id
+        fields = _stat(entry)
+        if fields and int(fields[3]) == sid:  # field 6 of /proc/PID/stat: the session id
             pids.append(int(entry.name))
     return pids
+
+
+def _stat(entry: Path) -> list[str] | None:
+    try:
+        return (entry / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the parent tree (field 4 of /proc/PID/stat: the parent's pid)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(entry)):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def kill_session(sid: int) -> None:

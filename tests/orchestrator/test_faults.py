@@ -20,7 +20,7 @@ from orchestrator import store
 from orchestrator.sweep import SweepOptions, run_sweep
 from search_spaces.spec import parse_spec
 from tests.conftest import needs_root, run_main
-from tests.orchestrator.procs import kill_session, start_cli, wait_for
+from tests.orchestrator.procs import descendants, kill_session, start_cli, wait_for
 
 SLOW = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 6},
         "debug": {"sleep_per_iteration": 0.04}}
@@ -55,8 +55,16 @@ def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, 
 
 
 def _trial_workers() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "ray::ImplicitFunc.train"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    """The trial processes of this test's own Ray (started by this process, so its workers are our
+    descendants), never those of another Ray on the machine."""
+    found = []
+    for pid in descendants(os.getpid()):
+        try:
+            if b"ray::ImplicitFunc.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, tmp_path, sqlite_uri):
