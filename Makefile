@@ -80,7 +80,7 @@ demo: install
 
 test: install browser docker-tools
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n 2 --durations=15
 
 # The engine, spec and Pareto tests only (no Ray, MLflow server or browser): the quick loop while editing.
 test-fast: install

@@ -60,6 +60,10 @@ class TrainingDiverged(FractuneError):
     exit_code = 1
 
 
-def _short(value: object, limit: int = 80) -> str:
+def _short(value: object, limit: int = 120) -> str:
+    """The value as the user gave it, cut in the middle when long: a path keeps its file name."""
     text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    head = (limit - 3) // 2
+    return text[:head] + "..." + text[len(text) - (limit - 3 - head):]

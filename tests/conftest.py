@@ -10,6 +10,7 @@ import io
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -39,6 +40,30 @@ BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 # tests that mount tmpfs file systems (a full disk, a read-only one, a folder hidden in a mount namespace)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts tmpfs file systems "
                                 "(mount, unshare --mount); run the suite as root to include it")
+
+
+def _shared_server_files() -> set[str]:
+    """The test files that use the session's MLflow server (directly or through the sweep served from it)."""
+    pattern = re.compile(r"\b(mlflow_server|served_sweep)\b")
+    here = Path(__file__).parent
+    return {str(f.relative_to(ROOT)) for f in here.rglob("test_*.py") if pattern.search(f.read_text())}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs ``pytest -n 2``: every test of the files that use the session's MLflow server (and so
+    the sweep served from it and the browser) goes to one worker, so that server, its sweep and the browser start
+    once per run; every other test is scheduled on its own over both workers (each worker has its own local Ray).
+    (A scheduler of our own: xdist 3.8's ``--dist loadgroup`` marks node ids in a way pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    shared = _shared_server_files()
+
+    class SharedServerScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "mlflow_server" if nodeid.split("::", 1)[0] in shared else nodeid
+
+    return SharedServerScheduling(config, log)
 
 
 @pytest.fixture

@@ -30,8 +30,12 @@ from tests.orchestrator.procs import kill_session, wait_for
 
 BIN = Path(sys.executable).parent
 TOKEN = "ftk" + "5e7a" * 10
-SPEC = {"name": "cluster_sweep", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits"},
-                                     "optim": {"epochs": 2}},
+SPEC = {"name": "cluster_sweep", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64},
+                                     "optim": {"epochs": 2},
+                                     # about 16 s a trial: long enough that the second trial's actor has started
+                                     # on the other node before the first ends, even on a loaded machine (Tune
+                                     # would otherwise run it on the first trial's freed CPU)
+                                     "debug": {"sleep_per_iteration": 0.3}},
         # two one-CPU trials at once on two one-CPU nodes: one runs on each node
         "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}]}},
         "seeds": [0], "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}
