@@ -42,26 +42,27 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts tm
                                 "(mount, unshare --mount); run the suite as root to include it")
 
 
-def _shared_server_files() -> set[str]:
-    """The test files that use the session's MLflow server (directly or through the sweep served from it)."""
-    pattern = re.compile(r"\b(mlflow_server|served_sweep)\b")
+def _files_matching(pattern: str) -> set[str]:
     here = Path(__file__).parent
-    return {str(f.relative_to(ROOT)) for f in here.rglob("test_*.py") if pattern.search(f.read_text())}
+    return {str(f.relative_to(ROOT)) for f in here.rglob("test_*.py") if re.search(pattern, f.read_text())}
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`make test` runs ``pytest -n 2``: every test of the files that use the session's MLflow server (and so
     the sweep served from it and the browser) goes to one worker, so that server, its sweep and the browser start
-    once per run; every other test is scheduled on its own over both workers (each worker has its own local Ray).
+    once per run; the tests of a file with a module-scoped fixture of its own stay together too; every other test
+    is scheduled on its own over both workers (each worker has its own local Ray).
     (A scheduler of our own: xdist 3.8's ``--dist loadgroup`` marks node ids in a way pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    shared = _shared_server_files()
+    shared = _files_matching(r"\b(mlflow_server|served_sweep)\b")  # the session server, directly or not
+    own_fixture = _files_matching(r"scope=\"(module|session)\"")  # a file's own shared fixture: built once
 
     class SharedServerScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "mlflow_server" if nodeid.split("::", 1)[0] in shared else nodeid
+            path = nodeid.split("::", 1)[0]
+            return "mlflow_server" if path in shared else path if path in own_fixture else nodeid
 
     return SharedServerScheduling(config, log)
 
