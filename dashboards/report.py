@@ -6,7 +6,10 @@ its hypervolume; for sweeps, parallel coordinates of the swept parameters agains
 every cost model) and each parameter's importance for each objective; for ablations the sensitivity curves
 (mean ± std per level), the level table and the verdicts, and importance for accuracy and BitOPs; precision over
 training of chosen runs (per-epoch FW/BW bits, target CP, ``events.json``); DFQ's bit allocation per block and
-epoch. Everything is read back from MLflow (``dashboards.data``), so a report can be rebuilt at any time.
+epoch. A staged sweep (pretrain -> retrain): the front, parallel coordinates and importance are over its last
+stage, the trials table names each run's stage and the run it started from, and a "Stages" section gives the
+earlier stages' accuracy and the last stage's methods with their savings against its own FP32 and FW8/BW8 rows.
+Everything is read back from MLflow (``dashboards.data``), so a report can be rebuilt at any time.
 """
 
 from __future__ import annotations
@@ -65,12 +68,14 @@ def task_importances(rows: list[dict], factors: list[str], costs: dict, evaluato
 def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | Path | None = None,
                  runs: list[str] | None = None, log: bool = True, data: SweepData | None = None,
                  objective: str | None = None) -> dict:
+    from dashboards.results import last_stage
     from orchestrator.ablation_analysis import analyse
     from orchestrator.runs import check_objective, cost_of, front_quality
     from orchestrator.runs import front as pareto_front
 
     started = time.perf_counter()
-    data = data or load_sweep(uri, sweep, sweep_id)
+    whole = data or load_sweep(uri, sweep, sweep_id)
+    data, stage_refs = last_stage(whole)  # a staged sweep: the front, figures and importance are its last stage's
     objective = check_objective(objective or data.objective, data.rows)
     c = data.client
     done = data.finished(objective)
@@ -81,18 +86,20 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     evaluator = "ped_anova" if len(done) > PED_ANOVA_FROM else "fanova"
     importance = analysis["importance"] if analysis else task_importances(
         done, data.factors, {m: (lambda r, m=m: cost_of(r, m)) for m in models}, evaluator)
-    chosen = choose_runs(data, front, runs)
+    chosen = choose_runs(whole, front, runs)
     hist = {r["run_id"]: histories(c, r["run_id"], figures.PRECISION_KEYS) for r in chosen}
     events = {r["run_id"]: artifact_json(c, r["run_id"], "events.json") or [] for r in chosen}
     gated = [r for r in chosen if r["schedule"] in GATED_KINDS]
     gated += [r for r in data.finished() if r["schedule"] in GATED_KINDS and r not in gated]
     allocs = {r["run_id"]: a for r in gated[:MAX_GATED] if (a := bit_allocation(c, r))}
-    names = {r["run_id"]: r["name"] for r in data.rows}
+    names = {r["run_id"]: r["name"] for r in whole.rows}
 
     folder = Path(out or Path("fractune_reports") / data.sweep_id).expanduser().resolve()
     folder.mkdir(parents=True, exist_ok=True)
     sections, made = [], []
-    sections.append(("Trials", _trials_table(data)))
+    sections.append(("Trials", _trials_table(whole)))
+    if stage_refs:
+        sections.append(("Stages", _stages_html(whole, data, stage_refs)))
     task_key, task_title, _ = figures.objective_axis(done)  # accuracy, or a language model's test perplexity
     word = task_title[5:].capitalize()
     title = (f"{word} vs training BitOPs" if objective == "bitops" else f"{word} vs training cost ({objective})")
@@ -127,15 +134,17 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
         sections.append(("DFQ bit allocation", H.figure(figures.allocation_figure(allocs, names))))
         made.append(pngs.allocation_png(allocs, names, folder / "bit_allocation.png"))
     subtitle = (f"sweep {data.sweep_id} · experiment {data.experiment_id} · parent run {data.parent_run_id} · "
-                f"{len(data.rows)} trials, {len(done)} finished · tracking {data.uri} · "
+                f"{len(whole.rows)} trials" + (f" ({len(data.rows)} in the last stage)" if stage_refs else "")
+                + f", {len(done)} finished · tracking {data.uri} · "
                 f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}<br>{_view_links(data)}")
     html_path = folder / "report.html"
     html_path.write_text(H.page(f"fractune report: {data.name}", sections, subtitle))
     summary = {"sweep": data.name, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
-               "parent_run_id": data.parent_run_id, "trials": len(data.rows), "finished": len(done),
+               "parent_run_id": data.parent_run_id, "trials": len(whole.rows), "finished": len(done),
                "objective": objective, "pareto": _front_rows(front, objective), "front_quality": quality,
                "importance": importance, "analysis": analysis,
-               "chosen_runs": [r["run_id"] for r in chosen], "bit_allocation_runs": list(allocs)}
+               "chosen_runs": [r["run_id"] for r in chosen], "bit_allocation_runs": list(allocs),
+               "stages": stage_refs}
     (folder / "report.json").write_text(json.dumps(summary, default=str, indent=1))
     artifact = None
     if log:
@@ -145,7 +154,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
                       quality["rule"][:5000])
         c.log_artifacts(data.parent_run_id, str(folder), artifact_path="report")
         artifact = c.get_run(data.parent_run_id).info.artifact_uri.rstrip("/") + "/report/report.html"
-        publish_sweep(data)  # the parent's note now links to the report
+        publish_sweep(whole)  # the parent's note now links to the report
     return {**summary, "report": str(html_path), "pngs": [str(p) for p in made], "folder": str(folder),
             "artifact": artifact, "wall_seconds": time.perf_counter() - started}
 
@@ -177,11 +186,35 @@ def _front_rows(front: list[dict], objective: str = "bitops") -> list[dict]:
 
 def _trials_table(data: SweepData) -> str:
     key = figures.objective_axis(data.rows)[0]  # a language model's sweep: perplexity
-    rows = [{"run": r["name"], "status": r["status"] + ("" if r["complete"] or r["status"] != "FINISHED" else
-                                                       " (stopped early)"),
+    staged = any(r.get("stage") for r in data.rows)
+    names = {r["run_id"]: r["name"] for r in data.rows}
+    rows = [{"run": r["name"], **({"stage": r.get("stage") or "", "from": names.get(r.get("init_run"),
+                                                                                     r.get("init_run") or "")}
+                                  if staged else {}),
+             "status": r["status"] + ("" if r["complete"] or r["status"] != "FINISHED" else " (stopped early)"),
              "schedule": r["schedule"] or "", key: r[key], "train_gbitops": r["train_bitops"] / 1e9,
              "cp %": r["cp"], "seed": r["seed"], "point": figures._short(r["point"])} for r in data.rows]
     return H.table(rows)
+
+
+def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
+    """A staged sweep: the earlier stages' accuracy for reference, and the last stage's methods (the rows every
+    figure below compares) with their savings against that stage's own FP32 and FW8/BW8 rows."""
+    from dashboards.results import summarise, with_configs
+
+    stage = next((r.get("stage") for r in last.rows if r.get("stage")), "last")
+    ref_rows = [{"stage": r["stage"], "runs": r["n"], "accuracy %": 100 * r["accuracy_mean"],
+                 "std": 100 * r["accuracy_std"]} for r in refs]
+    methods = [{"method": g["method"], "seeds": g["n"], "accuracy %": 100 * g["accuracy_mean"],
+                "std": 100 * g["accuracy_std"], "train_gbitops": g["train_bitops_mean"] / 1e9,
+                "savings vs FP32 %": 100 * g["savings_vs_fp32"], "savings vs FW8/BW8 %": 100 * g["savings_vs_fw8bw8"],
+                "acc. vs FW8/BW8 (pp)": g["accuracy_delta_vs_fw8bw8_pp"]} for g in summarise(with_configs(last))]
+    return (H.note(f"A staged sweep: {len(whole.rows)} trials over its stages. The front, the parallel coordinates "
+                   f"and the importance below are over the last stage ({stage}); each of its runs started from "
+                   "the earlier stage's run of the same seed (column \"from\" in the trials table).")
+            + H.table(ref_rows) + H.note(f"The {stage} stage's methods (mean over seeds); savings against this "
+                                          "stage's own FP32 and FW8/BW8 rows (nan: the sweep has no such row).")
+            + H.table(methods))
 
 
 def _sensitivity_html(a: dict) -> str:

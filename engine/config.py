@@ -144,18 +144,39 @@ class InitConfig(Strict):
     """Start from a pretrained model: the weights of ``checkpoint`` (a run's folder holding ``state.pt``, or the
     file), loaded with ``weights_only=True``; the optimizer, schedule and BitOPs start afresh. ``head: keep``
     loads the classifier too (the supplement's setting: the same model retrained, labels keep their indices);
-    ``reset`` re-initialises it (and then also accepts a checkpoint with another number of classes)."""
+    ``reset`` re-initialises it (and then also accepts a checkpoint with another number of classes).
 
-    checkpoint: str
+    ``run_id`` alone names an MLflow run of an earlier sweep instead: ``fractune train``, ``validate`` and
+    ``sweep`` resolve it, through the tracking store, to the final checkpoint that run recorded
+    (``orchestrator.lineage``); the engine itself reads only ``checkpoint``. With both set, ``run_id`` is the
+    lineage of ``checkpoint`` (staged sweeps set both)."""
+
+    checkpoint: str | None = None
     head: Literal["keep", "reset"] = "keep"
-    run_id: str | None = None  # lineage only: the MLflow run that wrote the checkpoint (staged sweeps set it)
+    run_id: str | None = None  # an MLflow run whose final checkpoint to start from (resolved by the orchestrator)
 
     @field_validator("checkpoint")
     @classmethod
-    def _absolute(cls, v: str) -> str:
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
         if not v.strip():
             raise PydanticCustomError("checkpoint", "allowed: a folder holding state.pt, or the file")
         return str(Path(v).expanduser().resolve())
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", v):
+            raise PydanticCustomError("run_id", "allowed: an MLflow run id (letters, digits, - and _; at most 64)")
+        return v
+
+    @model_validator(mode="after")
+    def _source(self) -> InitConfig:
+        if self.checkpoint is None and self.run_id is None:
+            raise PydanticCustomError("checkpoint", "allowed: init.checkpoint (a folder holding state.pt, or the "
+                                      "file) or init.run_id (an MLflow run of an earlier sweep); neither is set")
+        return self
 
 
 class CostConfig(Strict):

@@ -49,6 +49,8 @@ def _add_train(sub) -> None:
                        description="Train one experiment config in this process and report accuracy and BitOPs.")
     p.add_argument("config", help="experiment YAML (see examples/)")
     _shared(p, "set", "data_dir")
+    _shared(p, "tracking_uri", tracking_uri="MLflow tracking URI where init.run_id is looked up (a config that "
+            "starts from an earlier sweep's run; default: $MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)")
     p.add_argument("--checkpoint-dir", help="write a checkpoint here after every epoch")
     p.add_argument("--resume", metavar="DIR", help="resume from a checkpoint folder written by --checkpoint-dir")
     p.add_argument("--history", metavar="FILE", help="also append the per-epoch metrics to FILE as JSON lines (a "
@@ -173,6 +175,8 @@ def _add_validate(sub) -> None:
                        description="Validate a sweep spec (every grid point and range end), an ablation spec (every "
                        "level and point) or an experiment config.")
     p.add_argument("file", help="sweep spec, ablation spec or experiment config YAML")
+    _shared(p, "tracking_uri", tracking_uri="MLflow tracking URI where init.run_id is looked up (default: "
+            "$MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)")
     _shared(p, "json")
     p.set_defaults(func="orchestrator.commands_sweep:cmd_validate")
 

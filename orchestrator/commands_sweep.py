@@ -24,8 +24,16 @@ def _load_any(path: str):
 
 
 def cmd_validate(args) -> int:
+    from orchestrator import lineage, store
+    from orchestrator.commands_engine import resolve_init
+
     kind, obj = _load_any(args.file)
     if kind in ("spec", "ablation"):
+        run_ids = lineage.spec_run_ids(obj)  # init.run_id: each run must exist with a readable checkpoint
+        if run_ids:
+            uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
+            store.preflight(uri, mode="read")
+            lineage.resolve_runs(uri, run_ids)
         out = {"file": args.file, "kind": "sweep" if kind == "spec" else "ablation", "name": obj.name,
                "trials": obj.num_trials(), "valid": True}
         if getattr(obj, "stages", None):  # a staged sweep: its stages in order, their trials and references
@@ -38,10 +46,10 @@ def cmd_validate(args) -> int:
         pick_device(obj.device)  # device: cuda where no GPU is visible would fail at the first step
         if obj.data.data_dir:  # a folder named in the config must hold the data
             check_available(obj.data)
-        if obj.init is not None:  # the pretrained checkpoint must exist and be of this run's model
+        if obj.init is not None:  # the pretrained checkpoint (or init.run_id's) must exist, of this run's model
             from engine.checkpoint import load_init
 
-            load_init(obj.init, obj.model.name)
+            load_init(resolve_init(obj, args.tracking_uri).init, obj.model.name)
         out = {"file": args.file, "kind": "experiment", "name": obj.name, "valid": True}
     print(f"{args.file}: valid {out['kind']} {out['name']!r}" + (f", {out['trials']} trials" if "trials" in out else "")
           + ("; stages " + " -> ".join(f"{s['name']} ({s['trials']})" for s in out["stages"]) if "stages" in out else ""))

@@ -55,7 +55,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions) -> dict:
     from orchestrator.tracker import MLflowTracker
 
     spec = loaded.spec
-    uri, root, sweep_id, trainable = start_sweep(loaded, opts)
+    uri, root, sweep_id, trainable, init_runs = start_sweep(loaded, opts)
     exp_root = root / sweep_id
     manifest = read_manifest(exp_root)
     if opts.resume and not (exp_root / MANIFEST).is_file():  # written before the first stage starts
@@ -89,7 +89,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions) -> dict:
             callbacks: list = [tracker]
             if opts.progress:
                 callbacks.append(ProgressPrinter(sub.num_trials()))
-            space = trial.staged(param_space(sub, sweep_id), stage.name, inits)
+            space = trial.staged(param_space(sub, sweep_id, init_runs), stage.name, inits)
             tuner = make_tuner(sub, trainable, space, sweep_id, stage.name, exp_root, callbacks)
             print(f"stage {stage.name}: {sub.num_trials()} trials" +
                   (f", each from the {stage.init_from} run of its seed" if stage.init_from else ""), file=sys.stderr)

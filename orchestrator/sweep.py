@@ -238,16 +238,18 @@ def domain(param):
     return tune.randint(param.int[0], param.int[1] + 1)  # inclusive bounds in the spec
 
 
-def param_space(loaded: LoadedSpec, sweep_id: str) -> dict:
-    """The trial dict (``search_spaces.trial``) with Tune's domains: what Tune samples each trial from."""
+def param_space(loaded: LoadedSpec, sweep_id: str, init_runs: dict[str, str] | None = None) -> dict:
+    """The trial dict (``search_spaces.trial``) with Tune's domains: what Tune samples each trial from;
+    ``init_runs``: the checkpoint of every ``init.run_id`` the trials may start from (``orchestrator.lineage``)."""
     from ray import tune
 
     seeds = loaded.spec.seeds
     points = getattr(loaded, "points", None)  # an ablation: its explicit list of points, one grid over them
     params = (tune.grid_search([dict(p) for p in points]) if points is not None
               else {path: domain(p) for path, p in loaded.spec.parameters.items()})
-    return trial.encode(sweep_id, loaded.base_tree, params,
-                        tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0])
+    return trial.with_init_runs(trial.encode(sweep_id, loaded.base_tree, params,
+                                             tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0]),
+                                init_runs)
 
 
 def sweep_objectives(objective: str = "bitops", task: tuple[str, str] = ("accuracy", "max")
@@ -284,22 +286,24 @@ def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
 def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
     """What every sweep (plain or staged) does before its first Tuner: the tracking store checked, the storage
     root, the sweep id (the latest one on ``--resume``), Ray started or attached with the resources and shared
-    storage checked, and the trainable with its resources. Returns ``(uri, root, sweep_id, trainable)``."""
+    storage checked, every ``init.run_id`` resolved to its checkpoint, and the trainable with its resources.
+    Returns ``(uri, root, sweep_id, trainable, init_runs)``."""
     from ray import tune
 
-    from orchestrator import store
+    from orchestrator import lineage, store
     from trainables.tune_trainable import train_trial
 
     spec = loaded.spec
     uri = store.normalise_uri(opts.tracking_uri or store.default_tracking_uri())
     store.preflight(uri)
+    init_runs = lineage.resolve_runs(uri, lineage.spec_run_ids(loaded))  # before Ray starts: a bad run id exits 2
     root = storage_root(opts.storage)
     sweep_id = latest_sweep_id(root, spec.name) if opts.resume else new_sweep_id(spec.name)
     init_ray(opts.address, opts.dashboard)
     check_resources(spec.resources.cpu, spec.resources.gpu)
     check_shared_storage(root)
     trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
-    return uri, root, sweep_id, trainable
+    return uri, root, sweep_id, trainable, init_runs
 
 
 def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
@@ -315,7 +319,7 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
 
     spec = loaded.spec
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Ray's own tables: fractune prints its progress itself
-    uri, root, sweep_id, trainable = start_sweep(loaded, opts)
+    uri, root, sweep_id, trainable, init_runs = start_sweep(loaded, opts)
     exp_path = root / sweep_id
 
     tracker = None
@@ -333,7 +337,8 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
         callbacks: list = [tracker]
         if opts.progress:
             callbacks.append(ProgressPrinter(loaded.num_trials()))
-        tuner = make_tuner(loaded, trainable, param_space(loaded, sweep_id), sweep_id, sweep_id, root, callbacks)
+        tuner = make_tuner(loaded, trainable, param_space(loaded, sweep_id, init_runs), sweep_id, sweep_id, root,
+                           callbacks)
         print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {store.redact(uri)}", file=sys.stderr)
     started = time.perf_counter()
     try:

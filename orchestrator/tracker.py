@@ -30,6 +30,7 @@ from ray import tune
 from ray.tune.result import AUTO_RESULT_KEYS, DEFAULT_EXPERIMENT_INFO_KEYS, DONE, SHOULD_CHECKPOINT
 
 from orchestrator import provenance
+from orchestrator.lineage import CHECKPOINT_TAG
 from orchestrator.store import (
     PARENT_TAG,
     PLANNED_TAG,
@@ -242,6 +243,9 @@ class MLflowTracker(tune.Callback):
             self._submit({"op": "dict", "trial_id": tid, "obj": dict(alloc), "path": "bit_allocation.json"})
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        checkpoint = trial.checkpoint  # the final weights: a later run may start from this one (init.run_id)
+        if checkpoint is not None:
+            self._submit({"op": "tag", "trial_id": trial.trial_id, "key": CHECKPOINT_TAG, "value": checkpoint.path})
         self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FINISHED"})
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
@@ -278,7 +282,8 @@ class MLflowTracker(tune.Callback):
 
 def lineage_tags(config: dict) -> dict[str, str]:
     """A staged sweep's trial: its stage (``fractune.stage``) and the earlier run it starts from
-    (``fractune.init_run``, its stage ``fractune.init_stage``; a failed one's id too)."""
+    (``fractune.init_run``, its stage ``fractune.init_stage``; a failed one's id too); a trial of a plain sweep
+    that starts from ``init.run_id``: that run (``fractune.init_run``)."""
     tags = {}
     if config.get(trial_dict.STAGE):
         tags["fractune.stage"] = str(config[trial_dict.STAGE])
@@ -288,6 +293,10 @@ def lineage_tags(config: dict) -> dict[str, str]:
             tags["fractune.init_run"] = str(source["run_id"])
         if source.get("stage"):
             tags["fractune.init_stage"] = str(source["stage"])
+    else:
+        init = trial_dict.resolved_tree(config).get("init")
+        if isinstance(init, dict) and init.get("run_id"):
+            tags["fractune.init_run"] = str(init["run_id"])
     return tags
 
 

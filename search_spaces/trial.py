@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 SWEEP, BASE, PARAMS, SEED = "sweep", "base", "params", "seed"
 STAGE, INITS = "stage", "inits"  # staged sweeps: the stage's name; {seed: the earlier stage's run it starts from}
+INIT_RUNS = "init_runs"  # {MLflow run id: its final checkpoint}, for trials that start from init.run_id
 MAX_POINT_TAG = 7000  # characters: MLflow's tag limit is 8000; longer points fall back to the flattened params
 
 
@@ -45,7 +46,17 @@ def resolved_tree(trial: dict) -> dict:
     if source and source.get("checkpoint"):  # a staged sweep: the weights of this seed's earlier run
         set_path(tree, "init.checkpoint", source["checkpoint"])
         set_path(tree, "init.run_id", source.get("run_id"))
+    init = tree.get("init")
+    if isinstance(init, dict) and init.get("run_id") and not init.get("checkpoint"):  # init.run_id alone
+        checkpoint = (trial.get(INIT_RUNS) or {}).get(str(init["run_id"]))
+        if checkpoint:
+            set_path(tree, "init.checkpoint", checkpoint)
     return tree
+
+
+def with_init_runs(trial: dict, init_runs: dict[str, str] | None) -> dict:
+    """``trial`` carrying the checkpoint of each run its ``init.run_id`` may name (``orchestrator.lineage``)."""
+    return {**trial, INIT_RUNS: dict(init_runs)} if init_runs else trial
 
 
 def staged(trial: dict, stage: str, inits: dict[int, dict] | None) -> dict:

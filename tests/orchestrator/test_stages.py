@@ -77,7 +77,7 @@ def test_a_bad_staged_sweep_starts_nothing(run_cli, tmp_path):
 
 
 def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pretrain_fails_only_its_own(
-        ray_local, tmp_path, sqlite_uri):
+        ray_local, tmp_path, sqlite_uri, capsys):
     # seed 1's pretrain run diverges at iteration 3: its two retrain trials fail naming it, seed 0's finish
     spec = staged("lineage", pretrain_set={"debug": {"nan_loss_at_iteration": 3, "nan_loss_seeds": [1]}})
     args = ("sweep", str(write(tmp_path, spec)), "--storage", str(tmp_path / "runs"), "--tracking-uri", sqlite_uri,
@@ -117,10 +117,57 @@ def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pr
     assert res["stages"][0]["accuracy_mean"] == pytest.approx(pre[0].data.metrics["accuracy"])
     assert res["stages"][1]["accuracy_mean"] == pytest.approx(pre[0].data.metrics["accuracy"])  # init_accuracy
     assert "## Earlier stages (reference)" in (tmp_path / "results.md").read_text()
+    # the HTML report too: front, figures and importance over the retrain stage, the pretrain for reference
+    from dashboards.report import build_report
+
+    rep = build_report(sqlite_uri, "lineage", None, tmp_path / "report", log=False)
+    assert rep["trials"] == 6 and rep["finished"] == 2 and rep["stages"][0]["stage"] == "pretrain"
+    assert {r["run_id"] for r in rep["pareto"]} <= {r.info.run_id for r in retrain}
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "<h2>Stages</h2>" in html and "savings vs FW8/BW8 %" in html and pre[0].info.run_name in html
     # resuming a finished staged sweep runs nothing again
     code, out, again = run_main(*args, "--resume")
     assert again["sweep_id"] == result["sweep_id"] and again["trials"] == 6
     assert len(child_runs(sqlite_uri, "lineage")) == 6
+    check_starting_from_a_run_id(tmp_path, sqlite_uri, pre, capsys)
+
+
+def check_starting_from_a_run_id(tmp_path, sqlite_uri, pre, capsys):
+    """Outside a staged sweep, a config or spec names the run to start from by its MLflow id alone
+    (init.run_id): train, validate and sweep resolve it to the checkpoint the run recorded when it finished."""
+    from pathlib import Path
+
+    ckpt = pre[0].data.tags["fractune.checkpoint"]  # every finished trial records its final checkpoint
+    assert (Path(ckpt) / "state.pt").is_file() and "fractune.checkpoint" not in pre[1].data.tags
+    retrain = {**BASE, "data": {**BASE["data"], "split": {"by": "samples", "part": 1}}}
+    plain = {"name": "from_run", "base": {**retrain, "init": {"run_id": pre[0].info.run_id}},
+             "parameters": {"schedule": {"grid": [{"kind": "static", "fw": 8, "bw": 8}]}}, "seeds": [0],
+             "resources": {"cpu": 1}}
+    code, out, res = run_main("sweep", str(write(tmp_path, plain)), "--storage", str(tmp_path / "runs"),
+                              "--tracking-uri", sqlite_uri, "--quiet", "--no-report", "--json")
+    assert code == 0 and res["errored"] == 0, out
+    (run,) = child_runs(sqlite_uri, "from_run")
+    assert run.data.tags["fractune.init_run"] == pre[0].info.run_id and "fractune.stage" not in run.data.tags
+    assert run.data.metrics["init_accuracy"] == pytest.approx(pre[0].data.metrics["accuracy"])  # really loaded
+    # fractune train: the same run by id; the store is --tracking-uri
+    cfg = tmp_path / "from_run.yaml"
+    cfg.write_text(yaml.safe_dump({**retrain, "name": "from_run", "schedule": {"kind": "fp32"},
+                                   "init": {"run_id": pre[0].info.run_id}}))
+    code, out, res = run_main("train", str(cfg), "--tracking-uri", sqlite_uri, "--json")
+    assert code == 0 and res["init_accuracy"] == pytest.approx(pre[0].data.metrics["accuracy"]), out
+    # an unknown run, and a run that failed before any checkpoint: one line each, exit 2, nothing run
+    plain["base"]["init"]["run_id"] = "0123456789abcdef"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(plain))
+    capsys.readouterr()
+    code, out, _ = run_main("validate", str(bad), "--tracking-uri", sqlite_uri)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "init.run_id: got '0123456789abcdef'; allowed: a run in the " \
+        "tracking store" in err[0], err
+    cfg.write_text(yaml.safe_dump({**retrain, "name": "x", "init": {"run_id": pre[1].info.run_id}}))
+    code, out, _ = run_main("train", str(cfg), "--tracking-uri", sqlite_uri)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "this run is FAILED and records none" in err[0], err
 
 
 def test_a_killed_driver_resumes_the_retrain_stage_without_repeating_the_pretrain(tmp_path):
