@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.precision import FULL_BITS, MIN_BITS
@@ -23,6 +23,27 @@ class Strict(BaseModel):
     """Frozen, unknown keys forbidden, no infinite or NaN numbers: every config section derives from this."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        """No text anywhere in a config may hold a NUL byte: no file, folder, name or tag can (the OS refuses
+        such paths with ValueError rather than OSError)."""
+        if _has_nul(v):
+            raise PydanticCustomError("nul", "allowed: text without NUL bytes")
+        return v
+
+
+def _has_nul(v: Any, depth: int = 0) -> bool:
+    if isinstance(v, str):
+        return "\x00" in v
+    if depth > 64:  # deeper trees are refused by the YAML reader first
+        return False
+    if isinstance(v, dict):
+        return any(_has_nul(k, depth + 1) or _has_nul(x, depth + 1) for k, x in v.items())
+    if isinstance(v, list | tuple):
+        return any(_has_nul(x, depth + 1) for x in v)
+    return False
 
 
 def increasing_fractions(v: list[float] | None, what: str) -> list[float] | None:

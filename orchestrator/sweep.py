@@ -142,7 +142,15 @@ def init_ray(address: str | None, dashboard: bool = False) -> None:
         else:
             # The dashboard (HTTP, Jobs API) binds 127.0.0.1; Ray's gRPC ports are guarded by its token auth.
             # Metrics collection is off: its Prometheus endpoint would listen on every interface, unauthenticated.
-            ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1",
+            # The node's address is loopback: Ray's autoscaler and dashboard metrics servers (fixed ports 44217
+            # and 44227, plain HTTP, no auth) bind every interface unless the node itself is on localhost, and
+            # Ray turns a 127.0.0.1 node address into the machine's address unless "clusters" are disabled (its
+            # macOS/Windows mode: this process's constant, and the environment its processes start with).
+            from ray._private import ray_constants
+
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+            ray_constants.ENABLE_RAY_CLUSTER = False
+            ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
                      _system_config={"enable_metrics_collection": False}, **kwargs)
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError from Ray: one line, the cause
         from orchestrator.store import one_line_error
