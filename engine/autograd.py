@@ -200,6 +200,37 @@ class _QMatmul(torch.autograd.Function):
         return ga, gb, None, None, None, None
 
 
+class _QMatmulMixed(torch.autograd.Function):
+    """``_QMatmul`` with per-sample precision (``MixedPrecision`` groups of rows along dim 0, the sequences of
+    a batch): each group's rows of both operands at its FW bits, each operand over one range for the whole
+    batch; each group's rows of dL/dY at its BW bits over their own range (as ``_QLinearMixed``)."""
+
+    @staticmethod
+    def forward(ctx, a, b, groups, a_range, b_range):
+        lo_a, hi_a = (None, None) if a_range is None else a_range
+        lo_b, hi_b = (None, None) if b_range is None else b_range
+        aq = _q_rows(a.detach(), groups, lambda p: p.act, lo_a, hi_a, False, torch.empty_like(a))
+        bq = _q_rows(b.detach(), groups, lambda p: p.act, lo_b, hi_b, False, torch.empty_like(b))
+        ctx.save_for_backward(aq, bq)
+        ctx.groups = groups
+        return torch.matmul(aq, bq)
+
+    @staticmethod
+    def backward(ctx, g):
+        aq, bq = ctx.saved_tensors
+        g = g.contiguous()
+        gq = _q_rows(g, ctx.groups, lambda p: p.grad, None, None, True, torch.empty_like(g))
+        ga = torch.matmul(gq, bq.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+        gb = torch.matmul(aq.transpose(-1, -2), gq) if ctx.needs_input_grad[1] else None
+        return ga, gb, None, None, None
+
+
+def qmatmul_mixed(a: torch.Tensor, b: torch.Tensor, groups, a_range, b_range) -> torch.Tensor:
+    """Quantized batched matmul at per-sample precision (rows = dim 0); ``a_range`` / ``b_range`` the (lo, hi)
+    of each operand over the whole batch (None only when every group's FW is 32 bits)."""
+    return _QMatmulMixed.apply(a, b, groups, a_range, b_range)
+
+
 def qmatmul(a: torch.Tensor, b: torch.Tensor, act_bits: int, a_range, b_range, grad_bits: int) -> torch.Tensor:
     """Quantized batched matmul ``a @ b`` (same leading dims): operands at ``act_bits`` over ``a_range`` /
     ``b_range`` ((lo, hi) or None: the tensor's own min/max), dL/dY at ``grad_bits``; 32 bits is the exact fp32

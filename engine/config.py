@@ -326,10 +326,6 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
                          + ("a transformer_* language model" if is_text
                             else "an image classifier, not a transformer_*")))
         return problems
-    if is_lm and cfg.gated:
-        problems.append(("schedule.kind", sched.kind, "allowed with a language model: fp32, static, pfq, cpt "
-                         "(DFQ/FracTrain gating per sequence and block is not built yet)"))
-        return problems
     if is_lm and cfg.quant.quantize_stem:
         problems.append(("quant.quantize_stem", True, "allowed: null/false with a language model (no stem; "
                          "see quant.quantize_embedding)"))
@@ -343,7 +339,11 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
         problems.append(("schedule.num_cycles", sched.num_cycles,
                          f"allowed: <= the run's {total} iterations (a cycle needs at least one iteration)"))
     if cfg.gated:
-        if cfg.quant.quantize_stem or cfg.quant.quantize_fc:
+        if is_lm:  # methods.md §11.1: the gate sets the blocks' precision only
+            problems += [(f"quant.{key}", True, f"allowed: false with schedule.kind {sched.kind} (the embedding and "
+                          "the output layer stay fp32)")
+                         for key in ("quantize_fc", "quantize_embedding") if getattr(cfg.quant, key)]
+        elif cfg.quant.quantize_stem or cfg.quant.quantize_fc:
             problems.append(("quant.quantize_stem" if cfg.quant.quantize_stem else "quant.quantize_fc", True,
                              f"allowed: null/false with schedule.kind {sched.kind} (the stem and FC stay fp32)"))
         problems += _target_problems(cfg)

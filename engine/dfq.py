@@ -7,6 +7,10 @@ same for every sample; the gate's own cost is kept apart (``gate``). ``batch_cos
 under every cost model of the counter (a model's per-iteration part, the weights, once per block and option
 chosen by at least one sample of the batch: routed execution reads each option's weights once).
 
+A language model's "sample" of the counter is a token while the gate decides per sequence (methods.md
+§11.1): one row of choices stands for ``tokens`` samples (the sequence length; 1 for images), every token of
+a sequence costing its sequence's options; the gate runs once per sequence.
+
 ``GatedRunner.step`` is one iteration: forward through the gated model (its decisions priced by the
 controller, §6.5), ``loss = CE + weight * mean_i c_i`` with the weight from the controller, SGD on backbone
 and gate together, and the exact BitOPs of the choices made. The cp target comes from a ``FixedTarget`` (DFQ)
@@ -70,30 +74,32 @@ class BlockCosts:
                     cell[0] += s
                     cell[1] += i
 
-    def batch_costs(self, choices: torch.Tensor) -> dict[str, float]:
-        """One iteration's cost under every model (``bitops`` equals ``batch_bitops``)."""
+    def batch_costs(self, choices: torch.Tensor, tokens: int = 1) -> dict[str, float]:
+        """One iteration's cost under every model (``bitops`` equals ``batch_bitops``); each row of ``choices``
+        stands for ``tokens`` samples (a language model's sequence)."""
         b, num_blocks = choices.shape
         counts = [torch.bincount(choices[:, blk].cpu(), minlength=len(self.table[blk])).tolist()
                   for blk in range(num_blocks)]
         out = {}
         for name in self.models:
             fs, fi = self.m_fixed[name]
-            total = b * fs + fi
+            total = b * tokens * fs + fi
             for blk in range(num_blocks):
                 for c, (s, i) in zip(counts[blk], self.m_table[name][blk]):
                     if c:
-                        total += c * s + i
+                        total += c * tokens * s + i
             out[name] = total
         return out
 
-    def batch_bitops(self, choices: torch.Tensor) -> int:
-        """Exact BitOPs of one iteration: fixed layers for every sample + each sample's chosen options."""
+    def batch_bitops(self, choices: torch.Tensor, tokens: int = 1) -> int:
+        """Exact BitOPs of one iteration: fixed layers for every sample + each sample's chosen options (each row
+        of ``choices`` standing for ``tokens`` samples: a language model's sequence)."""
         b, num_blocks = choices.shape
         total = b * self.fixed
         for blk in range(num_blocks):
             counts = torch.bincount(choices[:, blk].cpu(), minlength=len(self.table[blk])).tolist()
             total += sum(c * cost for c, cost in zip(counts, self.table[blk]))
-        return total
+        return total * tokens
 
 
 class FixedTarget:
@@ -205,19 +211,20 @@ class GatedRunner:
         self.controller.update(cp, target, lambda: price_for_target(
             trace.logits, self.model.option_cost, self.kappa, self.omega, target, PRICE_LIMIT))
         self.last_cp = cp
-        self._account(trace.choices, cp, target)
+        # samples of the counter per decision: 1 for an image, the T tokens of a language model's sequence
+        self._account(trace.choices, cp, target, len(y) // len(trace.choices))
         self.goal.observe(iteration, value, float(loss.detach()), cp)
         return value, int((logits.argmax(1) == y).sum())
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)[0]
 
-    def _account(self, choices: torch.Tensor, cp: float, target: float) -> None:
+    def _account(self, choices: torch.Tensor, cp: float, target: float, tokens: int = 1) -> None:
         b = choices.shape[0]
         picked = choices.cpu()
-        self.last_bitops = self.costs.batch_bitops(picked)
-        self.last_costs = self.costs.batch_costs(picked)
-        self.gate_bitops += b * self.costs.gate
+        self.last_bitops = self.costs.batch_bitops(picked, tokens)
+        self.last_costs = self.costs.batch_costs(picked, tokens)
+        self.gate_bitops += b * self.costs.gate  # once per decision row: per sequence for a language model
         self.ep_counts += F.one_hot(picked, len(self.options)).sum(0).to(torch.float64)
         self.ep_cp_sum += cp
         self.ep_err_sum += abs(cp / target - 1.0)

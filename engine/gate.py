@@ -1,7 +1,8 @@
 """DFQ's gate, cost term and gated cp (FracTrain 3.2; docs/methods.md §6.1, §6.4).
 
-Gate (SkipNet-style recurrent gate): for block ``l`` the embedding of its input ``h_{l-1}`` (global average
-pool -> 1x1 conv C->gate_dim -> ReLU -> 1x1 conv gate_dim->embed_dim; the 1x1 convs on a pooled vector are
+Gate (SkipNet-style recurrent gate): for block ``l`` the embedding of its input ``h_{l-1}`` (a (B, C) summary
+of it: the global average pool of an image, the first position of a language model's sequence, methods.md
+§11.1; -> 1x1 conv C->gate_dim -> ReLU -> 1x1 conv gate_dim->embed_dim; the 1x1 convs on a pooled vector are
 linear layers) is one time step of a single LSTM shared over depth (state zeroed per forward, carried block
 to block); a linear layer gives the logits ``z_l`` over the K precision options, per sample. The gated model
 prices them (``z - price * c``, the dual controller of methods.md §6.5) and takes ``p_l = softmax``; the
@@ -35,8 +36,12 @@ class Embedding(nn.Module):
         for fc in (self.fc1, self.fc2):  # He-normal, fan-out, as the reference's 1x1 gate convs
             nn.init.normal_(fc.weight, 0.0, (2.0 / fc.out_features) ** 0.5)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, embed_dim)
-        return self.fc2(F.relu(self.fc1(h.mean(dim=(2, 3)))))
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, C) summary of the block input (``QModel.gate_summary``), or a (B, C, H, W) image pooled here
+        -> (B, embed_dim)."""
+        if h.dim() == 4:
+            h = h.mean(dim=(2, 3))
+        return self.fc2(F.relu(self.fc1(h)))
 
 
 class RecurrentGate(nn.Module):
@@ -51,8 +56,8 @@ class RecurrentGate(nn.Module):
         self.register_buffer("allowed", allowed.clone(), persistent=False)
 
     def step(self, block: int, h: torch.Tensor, state):
-        """The logits z_l for block ``block`` from its input ``h``: (logits (B, K), LSTM state); options the
-        block cannot take are at -inf."""
+        """The logits z_l for block ``block`` from its input's summary ``h`` ((B, C), or a (B, C, H, W) image):
+        (logits (B, K), LSTM state); options the block cannot take are at -inf."""
         out, state = self.lstm(self.embeds[block](h).unsqueeze(0), state)
         return self.proj(out[0]).masked_fill(~self.allowed[block], float("-inf")), state
 

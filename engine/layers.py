@@ -96,10 +96,10 @@ class _Quantized:
         lo = float(run_lo)
         return lo, lo + float(run_range)
 
-    def _mixed_range(self, x: torch.Tensor, prec: MixedPrecision) -> tuple[float, float] | None:
+    def _mixed_range(self, x: torch.Tensor, prec: MixedPrecision, suffix: str = "") -> tuple[float, float] | None:
         """One activation range for every group of a mixed-precision batch (as every option of masked
         execution sees the whole batch's range); the running range is updated once."""
-        return self._act_range(x, min(p.act for _, _, p in prec.groups))
+        return self._act_range(x, min(p.act for _, _, p in prec.groups), suffix)
 
     def _check(self, prec: Precision | MixedPrecision) -> None:
         if prec.skip:
@@ -144,7 +144,9 @@ class QLinear(_Quantized, nn.Linear):
 class QMatmul(_Quantized, nn.Module):
     """``a @ b`` of two activations (batched over leading dims) at ``prec``: each operand quantized at
     ``prec.act`` over its own range (batch range in train mode, running range in eval mode, so an eval forward
-    pass depends on no other position or sequence), dL/dY at ``prec.grad``; fp32 is the plain matmul."""
+    pass depends on no other position or sequence), dL/dY at ``prec.grad``; fp32 is the plain matmul. A
+    ``MixedPrecision`` runs each group of rows (dim 0: the samples, a language model's sequences) at its own
+    bits, each operand over one range for the whole batch (DFQ's routed execution, methods.md §6.3)."""
 
     def __init__(self, block: int | None = None, act_momentum: float = 0.9):
         nn.Module.__init__(self)
@@ -152,10 +154,13 @@ class QMatmul(_Quantized, nn.Module):
         self.register_buffer("run_lo_b", torch.zeros(()))
         self.register_buffer("run_range_b", torch.zeros(()))
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor, prec: Precision = FP32) -> torch.Tensor:
+    def forward(self, a: torch.Tensor, b: torch.Tensor, prec: Precision | MixedPrecision = FP32) -> torch.Tensor:
         self._check(prec)
         if prec.is_fp32:
             return torch.matmul(a, b)
+        if isinstance(prec, MixedPrecision):  # DFQ's routed execution: rows (dim 0) grouped by option
+            return autograd.qmatmul_mixed(a, b, prec.groups, self._mixed_range(a, prec),
+                                          self._mixed_range(b, prec, "_b"))
         return autograd.qmatmul(a, b, prec.act, self._act_range(a, prec.act), self._act_range(b, prec.act, "_b"),
                                 prec.grad)
 

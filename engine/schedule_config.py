@@ -222,9 +222,13 @@ class GatedSettings(Strict):
         return [parse_option(o, self.weight_bits) for o in self.option_names(model_name)]
 
     def omega_kind(self, model_name: str) -> str:
+        """omega_l: the config's ``block_cost``, else uniform for ResNets (the reference) and the blocks' MACs
+        for MobileNetV2 and the language models (per token: equal blocks, so the same weights; methods.md §11.1)."""
+        from engine.models import is_language_model  # lazy: the model zoo is not needed to parse a schedule
+
         if self.block_cost is not None:
             return self.block_cost
-        return "macs" if model_name == "mobilenetv2" else "uniform"
+        return "macs" if model_name == "mobilenetv2" or is_language_model(model_name) else "uniform"
 
 
 class DFQSchedule(GatedSettings):

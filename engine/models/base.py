@@ -104,6 +104,10 @@ class QModel(nn.Module):
         """Global average pooling and the FC."""
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1), self.p("fc", prec))
 
+    def gate_summary(self, h: torch.Tensor) -> torch.Tensor:
+        """What DFQ's gate reads of a block input (methods.md §6.1): the global average pool, (B, C)."""
+        return h.mean(dim=(2, 3))
+
     def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
         x = self.features(x, prec)
         for blk in self.blocks:

@@ -1,5 +1,8 @@
 """DFQ's gated networks: any fractune backbone with residual ``blocks`` plus a recurrent gate that picks each
-block's precision option per input (docs/methods.md §6.1, §6.3).
+block's precision option per input (docs/methods.md §6.1, §6.3): an image of a CNN, a sequence of a Transformer
+language model (methods.md §11.1). Block inputs may have any rank, rows (dim 0) being the inputs: ``(B, C, H,
+W)`` images, ``(B, T, d)`` sequences; the gate reads the backbone's ``gate_summary`` of each block input (the
+global average pool of an image; a sequence's first position, which keeps a language model strictly causal).
 
 Two executions give the same forward values for the same choices in eval mode:
 
@@ -10,10 +13,10 @@ Two executions give the same forward values for the same choices in eval mode:
   and the activation ranges see the whole computed batch as in masked execution; skipped samples take the
   skip path (the identity, or the block's 1x1 projection in fp32). Gradient estimator (``routed_estimator``):
 
-  - ``skip`` (default): every unchosen non-skip option is taken to produce the chosen output,
+  - ``skip``: every unchosen non-skip option is taken to produce the chosen output,
     ``h = m_nonskip * y_c + m_skip * y_skip``, so the gate's CE gradient compares computing the block with
     skipping it (a sample that skipped gets none); no compute beyond the chosen options.
-  - ``sampled``: for every sample one alternative non-skip option ``a`` is drawn uniformly from those it did
+  - ``sampled`` (default): for every sample one alternative non-skip option ``a`` is drawn uniformly from those it did
     not choose and run forward only (no gradient, no change to running statistics). With ``Y_comp`` = the
     chosen output (or ``y_a`` for a sample that skipped), the block's output is
     ``h = (m_nonskip - m_a) * Y_comp + m_a * sg(y_a) + m_skip * y_skip`` with ``m_a``'s gradient weighted by
@@ -32,6 +35,11 @@ from engine.gate import GateTrace, RecurrentGate, straight_through
 from engine.layers import frozen_state
 from engine.models.base import QModel
 from engine.precision import FP32, MixedPrecision, Precision
+
+
+def rows(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-input (B,) weight shaped to broadcast over ``like``'s rows, whatever its rank."""
+    return m.view(-1, *[1] * (like.dim() - 1))
 
 
 class GatedModel(nn.Module):
@@ -71,7 +79,8 @@ class GatedModel(nn.Module):
         for k, opt in enumerate(self.options):
             if not bool(self.gate.allowed[i, k]):
                 continue
-            y = (block.skip(h) if opt.skip else block(h, opt)) * mask[:, k].view(-1, 1, 1, 1)
+            y = block.skip(h) if opt.skip else block(h, opt)
+            y = y * rows(mask[:, k], y)
             out = y if out is None else out + y
         return out
 
@@ -110,11 +119,11 @@ class GatedModel(nn.Module):
         everyone = torch.arange(len(choice), device=choice.device)
         if not can_skip:  # every sample computes; the value is the chosen output
             y = self._run_mixed(block, h, choice, everyone)
-            return y * mask.gather(1, choice.unsqueeze(1)).view(-1, 1, 1, 1)
+            return y * rows(mask.gather(1, choice.unsqueeze(1)), y)
         computed = (choice != skip_k).nonzero().squeeze(1)
         y_skip = block.skip(h)
-        m_skip = mask[:, skip_k].view(-1, 1, 1, 1)
-        m_nonskip = (mask.sum(1) - mask[:, skip_k]).view(-1, 1, 1, 1)
+        m_skip = rows(mask[:, skip_k], y_skip)
+        m_nonskip = rows(mask.sum(1) - mask[:, skip_k], y_skip)
         sampled = self.routed_estimator == "sampled" and self.training
         if not sampled:
             y_comp = y_skip if len(computed) == 0 else y_skip.index_copy(0, computed, self._run_mixed(
@@ -128,7 +137,7 @@ class GatedModel(nn.Module):
         # the sampled alternative stands for every unchosen non-skip option: its contrast with the chosen output
         # is weighted by their number (value unchanged), so the estimate of masked's gradient is unbiased
         m_a = mask.gather(1, alt.unsqueeze(1)).squeeze(1)
-        m_alt = ((candidates > 0) * (m_a.detach() + candidates * (m_a - m_a.detach()))).view(-1, 1, 1, 1)
+        m_alt = rows((candidates > 0) * (m_a.detach() + candidates * (m_a - m_a.detach())), y_skip)
         return (m_nonskip - m_alt) * y_comp + m_alt * y_alt + m_skip * y_skip
 
     # -- forward ----------------------------------------------------------------------------------------
@@ -140,7 +149,7 @@ class GatedModel(nn.Module):
         masks, choices, probs, raw = [], [], [], []
         priced = bool(self.price != 0)
         for i, block in enumerate(bb.blocks):
-            z, state = self.gate.step(i, h, state)
+            z, state = self.gate.step(i, bb.gate_summary(h), state)
             raw.append(z.detach())
             if priced:  # the decision argmax_k (z_lk - price * c_lk) (methods.md §6.5)
                 z = z - self.price * self.option_cost[i]
@@ -158,7 +167,8 @@ class GatedModel(nn.Module):
                                  torch.stack(raw, 1))
 
     def gate_macs(self) -> int:
-        """Forward MACs of the gate for one sample (embeddings, LSTM steps, projection); kept apart."""
+        """Forward MACs of the gate for one input (embeddings, LSTM steps, projection); kept apart. A language
+        model's gate runs once per sequence, so per token it is this divided by the sequence length."""
         g = self.gate
         lstm = 4 * g.lstm.hidden_size * (g.lstm.input_size + g.lstm.hidden_size)
         emb = sum(e.fc1.in_features * e.fc1.out_features + e.fc2.in_features * e.fc2.out_features for e in g.embeds)

@@ -11,8 +11,10 @@ config.
 
 ``forward(tokens, prec)`` takes ``(B, T)`` token ids and returns ``(B * T, V)`` logits, one row per
 predicted token, so the training loop's cross entropy, token accuracy and "BitOPs per sample" (here per
-token) need no special case. A block (attention + feed-forward) is the unit DFQ would gate (skip = the
-residual path); DFQ/FracTrain for language models are not built yet.
+token) need no special case. A block (attention + feed-forward) is the unit DFQ and FracTrain gate, per
+sequence (``engine.models.gated.GatedModel``; skip = the residual path, the block's identity): the gate reads
+each block input at the first position only (``gate_summary``), whose representation depends on token 0
+alone under causal attention, so the gated model stays strictly causal (methods.md §11.1).
 """
 
 from __future__ import annotations
@@ -123,6 +125,12 @@ class TransformerLM(QModel):
             x = autograd.quantize_grad(x, p.grad)
         x = x + sinusoids(tokens.shape[1], self.d, tokens.device)
         return F.dropout(x, self.dropout, self.training)
+
+    def gate_summary(self, h: torch.Tensor) -> torch.Tensor:
+        """What DFQ's gate reads of a block input ``(B, T, d)``: the first position, ``(B, d)``. Under causal
+        attention it depends on token 0 alone, so a per-sequence choice made from it changes no logit through
+        a later token (a mean over the T positions would: methods.md §11.1)."""
+        return h[:, 0]
 
     def head(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
         x = self.ln_f(x)

@@ -243,9 +243,9 @@ def test_configs_that_do_not_fit_a_language_model_are_refused(tmp_path):
         parse_config({"model": {"name": "resnet20"}, "data": {"dataset": "wikitext103"}})
     with pytest.raises(ConfigError, match="model.name"):
         parse_config({"model": {"name": "transformer_tiny"}, "data": {"dataset": "digits"}})
-    with pytest.raises(ConfigError, match="schedule.kind"):
+    with pytest.raises(ConfigError, match="quant.quantize_embedding"):  # gated: the embedding stays fp32
         parse_config({"model": {"name": "transformer_tiny"}, "data": {"dataset": "fortunes"},
-                      "schedule": {"kind": "dfq", "target_cp": 5.0}})
+                      "quant": {"quantize_embedding": True}, "schedule": {"kind": "dfq", "target_cp": 3.0}})
 
 
 def test_static_lm_beats_the_unigram_and_counts_bitops_per_token(tmp_path):
