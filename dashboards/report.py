@@ -49,23 +49,10 @@ def cost_models_of(rows: list[dict]) -> list[str]:
     return [n for n in names if all(math.isfinite(r.get("costs", {}).get(n, math.nan)) for r in rows)]
 
 
-def task_importances(rows: list[dict], factors: list[str], costs: dict, evaluator: str) -> dict:
-    """``importances_by_objective`` on the sweep's task objective: accuracy, or for language models test
-    perplexity (studied as -perplexity maximised, which has the same importances; reported as ``perplexity``)."""
-    from orchestrator.ablation_analysis import importances_by_objective
-    from orchestrator.runs import task_objective
-
-    if task_objective(rows)[0] != "perplexity":
-        return importances_by_objective(rows, factors, costs, evaluator)
-    imp = importances_by_objective([{**r, "accuracy": -r["perplexity"]} for r in rows], factors, costs, evaluator)
-    meta = {k: imp[k] for k in ("evaluator", "trials") if k in imp}
-    return {**meta, "perplexity": imp.pop("accuracy", {}), **{k: v for k, v in imp.items() if k not in meta}}
-
-
 def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | Path | None = None,
                  runs: list[str] | None = None, log: bool = True, data: SweepData | None = None,
                  objective: str | None = None) -> dict:
-    from orchestrator.ablation_analysis import analyse
+    from orchestrator.ablation_analysis import analyse, importances_by_objective
     from orchestrator.runs import check_objective, cost_of, front_quality
     from orchestrator.runs import front as pareto_front
 
@@ -79,7 +66,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     models = cost_models_of(done) or [objective]
     analysis = analyse(done, data.meta) if data.meta else None
     evaluator = "ped_anova" if len(done) > PED_ANOVA_FROM else "fanova"
-    importance = analysis["importance"] if analysis else task_importances(
+    importance = analysis["importance"] if analysis else importances_by_objective(
         done, data.factors, {m: (lambda r, m=m: cost_of(r, m)) for m in models}, evaluator)
     chosen = choose_runs(data, front, runs)
     hist = {r["run_id"]: histories(c, r["run_id"], figures.PRECISION_KEYS) for r in chosen}
@@ -106,10 +93,12 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
                                   "categorical parameters as numbered levels; drag along an axis to filter.")))
     if analysis:
         sections.append(("Sensitivity", _sensitivity_html(analysis)))
-        made.append(pngs.sensitivity_png(analysis["levels"], analysis["verdicts"], folder / "sensitivity.png"))
-    if importance.get("accuracy") or importance.get("perplexity"):
+        made.append(pngs.sensitivity_png(analysis["levels"], analysis["verdicts"], folder / "sensitivity.png",
+                                         analysis["objective"]))
+    if importance.get(importance["objective"]):
         what = "BitOPs" if analysis else "the training cost under each cost model in turn"
-        task = "test perplexity minimize" if importance.get("perplexity") else "accuracy maximize"
+        task = ("test perplexity" if importance["objective"] == "perplexity" else "accuracy") + " " + \
+            importance["direction"]
         sections.append(("Parameter importance", H.figure(figures.importance_figure(importance)) + H.note(
             f"Optuna get_param_importances, {importance['evaluator']} evaluator, over {importance['trials']} "
             f"finished trials of in-memory two-objective studies ({task}, {what} minimize), one "
@@ -185,15 +174,17 @@ def _trials_table(data: SweepData) -> str:
 
 
 def _sensitivity_html(a: dict) -> str:
+    task = a["objective"]  # accuracy, or a language model's test perplexity
     levels = [{"factor": f, "level": lv, **{k: v for k, v in s.items()}}
               for f, by_level in a["levels"].items() for lv, s in by_level.items()]
-    verdicts = [{"factor": f, "accuracy verdict": v["verdict"], "accuracy range": v["range"], "ratio": v["ratio"],
+    verdicts = [{"factor": f, f"{task} verdict": v["verdict"], f"{task} range": v["range"], "ratio": v["ratio"],
                  "BitOPs verdict": v["train_bitops_verdict"], "BitOPs ratio": v["train_bitops_ratio"]}
                 for f, v in a["verdicts"].items()]
     how = ("one factor at a time around the baseline (the baseline point is in every curve)" if a["mode"] == "ofat"
            else "marginal over every combination of the other factors")
-    return (H.figure(figures.sensitivity_figure(a["levels"], a["verdicts"])) + H.note(f"Levels: {how}; "
-            f"std over seeds (ddof 1). Pooled seed std: accuracy {H.fmt(a['pooled_seed_std']['accuracy'])}, "
+    what = " (test perplexity, lower is better)" if task == "perplexity" else ""
+    return (H.figure(figures.sensitivity_figure(a["levels"], a["verdicts"], task)) + H.note(f"Levels{what}: {how}; "
+            f"std over seeds (ddof 1). Pooled seed std: {task} {H.fmt(a['pooled_seed_std'][task])}, "
             f"BitOPs {H.fmt(a['pooled_seed_std']['train_bitops'])}.") + H.table(levels) + H.table(verdicts)
             + H.note("Verdict rule: " + a["verdict_rule"] + "."))
 

@@ -85,3 +85,18 @@ def test_report_figure_plots_perplexity_for_language_models():
     assert sorted(fig.data[0].y) == [50.0, 80.0]
     classic = pareto_figure([_row("c", 1.0, 0.9)], [])
     assert classic.layout.yaxis.title.text == "test accuracy"
+
+
+def test_sensitivity_figure_of_a_language_model_plots_perplexity():
+    from dashboards.figures import importance_objectives, sensitivity_figure
+
+    levels = {"f": {"1": {"perplexity_mean": 50.0, "perplexity_std": 1.0, "train_bitops_mean": 1e9,
+                          "train_bitops_std": 0.0, "n": 2},
+                    "2": {"perplexity_mean": 60.0, "perplexity_std": 1.0, "train_bitops_mean": 2e9,
+                          "train_bitops_std": 0.0, "n": 2}}}
+    fig = sensitivity_figure(levels, {"f": {"verdict": "sensitive", "train_bitops_verdict": "sensitive"}}, "perplexity")
+    assert list(fig.data[0].y) == [50.0, 60.0] and fig.layout.yaxis.title.text == "test perplexity"
+    assert "f: perplexity (sensitive)" in [a.text for a in fig.layout.annotations]
+    imp = {"evaluator": "fanova", "objective": "perplexity", "direction": "minimize", "trials": 4,
+           "perplexity": {"f": 1.0}, "train_bitops": {"f": 1.0}}
+    assert importance_objectives(imp) == ["perplexity", "train_bitops"]
