@@ -87,6 +87,26 @@ def test_report_figure_plots_perplexity_for_language_models():
     assert classic.layout.yaxis.title.text == "test accuracy"
 
 
+def test_mlflow_view_of_a_language_model_sorts_and_charts_perplexity():
+    from dashboards import mlflow_view
+
+    rows = [_row("a", 100.0, 0.30, 50.0), _row("b", 50.0, 0.31, 80.0), _row("d", 200.0, 0.20, 49.0)]
+    view = mlflow_view.view_state("lm-1", rows, [])
+    assert view["orderByKey"] == "metrics.`perplexity`" and view["orderByAsc"] is True  # lowest first
+    assert "metrics.`perplexity`" in view["selectedColumns"] and "metrics.`accuracy`" not in view["selectedColumns"]
+    charts = {c["uuid"]: c for c in view["compareRunCharts"]}
+    assert charts["fractune-chart-1"]["yaxis"]["key"] == "perplexity"
+    assert charts["fractune-chart-1"]["displayName"] == "test perplexity vs training BitOPs (every trial)"
+    assert charts["fractune-chart-3"]["selectedMetrics"] == ["perplexity", "train_bitops", "cum_cp"]
+    assert charts["fractune-chart-4"]["metricKey"] == "perplexity"
+    metrics = mlflow_view.summary_metrics(rows)
+    assert metrics["sweep/best_perplexity"] == 49.0 and "sweep/best_accuracy" not in metrics
+    text = mlflow_view.note("1", "lm-1", rows, metrics, None)
+    assert "sorted by test perplexity" in text and "(perplexity min, training BitOPs min)" in text
+    classic = mlflow_view.view_state("c-1", [_row("x", 1.0, 0.5)], [])
+    assert classic["orderByKey"] == "metrics.`accuracy`" and classic["orderByAsc"] is False
+
+
 def test_sensitivity_figure_of_a_language_model_plots_perplexity():
     from dashboards.figures import importance_objectives, sensitivity_figure
 
