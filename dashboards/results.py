@@ -210,7 +210,8 @@ def trends(groups: list[dict]) -> list[dict]:
                     "why_not": None if ok_acc and ok_cost else
                     (worse if not ok_acc else "") +
                     (" and " if not ok_acc and not ok_cost else "") +
-                    ("no BitOPs saving" if not ok_cost else "")})
+                    (("no BitOPs saving" if saved <= 0 else f"BitOPs saving {100 * saved:.1f}% not above the "
+                      f"{100 * min_savings:g}% this claim asks") if not ok_cost else "")})
 
     if fp32 and sbm:
         check(f"8-bit training (FW8/BW8, SBM) matches FP32 {word}", "SBM (Banner et al. 2018), FracTrain's baseline",
