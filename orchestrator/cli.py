@@ -86,7 +86,8 @@ def _add_cost(sub) -> None:
 def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="run a sweep on Ray Tune, tracked in MLflow",
                        description="Run a sweep spec on Ray Tune (local Ray, or a running cluster with --address), "
-                       "log every trial to MLflow and print the Pareto front of accuracy vs training BitOPs. "
+                       "log every trial to MLflow and print the Pareto front of accuracy (a language model: test "
+                       "perplexity) vs training BitOPs. "
                        "A spec with stages (e.g. pretrain -> retrain) runs them in order under one parent run, "
                        "each retrain trial from its seed's pretrain run; --resume skips finished stages. "
                        "Exit code 1 if any trial errored.")
