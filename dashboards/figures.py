@@ -98,25 +98,26 @@ def parallel_figure(rows: list[dict], factors: list[str], objectives: list[str])
     return fig
 
 
-def sensitivity_figure(levels: dict, verdicts: dict) -> go.Figure:
-    """Per factor: mean accuracy and mean GBitOPs per level, error bars one std over seeds."""
+def sensitivity_figure(levels: dict, verdicts: dict, task: str = "accuracy") -> go.Figure:
+    """Per factor: the mean task objective (accuracy, or a language model's test ``perplexity``) and mean
+    GBitOPs per level, error bars one std over seeds."""
     factors = list(levels)
     titles = []
     for f in factors:
-        titles += [f"{f}: accuracy ({verdicts[f]['verdict']})", f"{f}: GBitOPs ({verdicts[f]['train_bitops_verdict']})"]
+        titles += [f"{f}: {task} ({verdicts[f]['verdict']})", f"{f}: GBitOPs ({verdicts[f]['train_bitops_verdict']})"]
     height = 340 * len(factors) + 80
     fig = make_subplots(rows=len(factors), cols=2, subplot_titles=titles, vertical_spacing=_gap(len(factors), height))
     for i, f in enumerate(factors, start=1):
         labels = list(levels[f])
         stats = [levels[f][k] for k in labels]
-        for col, key, scale in ((1, "accuracy", 1.0), (2, "train_bitops", 1e9)):
+        for col, key, scale in ((1, task, 1.0), (2, "train_bitops", 1e9)):
             fig.add_trace(go.Scatter(
                 x=labels, y=[s[f"{key}_mean"] / scale for s in stats], mode="lines+markers", showlegend=False,
                 name=f, error_y={"type": "data", "array": [_zero(s[f"{key}_std"]) / scale for s in stats],
                                  "visible": True},
                 text=[f"n={s['n']}" for s in stats]), row=i, col=col)
             fig.update_xaxes(title_text=f, type="category", row=i, col=col)
-        fig.update_yaxes(title_text="accuracy", row=i, col=1)
+        fig.update_yaxes(title_text="test perplexity" if task == "perplexity" else "accuracy", row=i, col=1)
         fig.update_yaxes(title_text="GBitOPs", row=i, col=2)
     fig.update_layout(title="Sensitivity: mean ± std over seeds per level", height=height)
     return fig
@@ -132,7 +133,7 @@ def _zero(v) -> float:
     return 0.0 if v is None or not math.isfinite(v) else float(v)
 
 
-IMPORTANCE_META = ("evaluator", "trials", "note", "constant")
+IMPORTANCE_META = ("evaluator", "trials", "note", "constant", "objective", "direction")
 
 
 def importance_objectives(importance: dict) -> list[str]:

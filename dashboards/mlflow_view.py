@@ -6,11 +6,12 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
 ``publish`` writes, for one sweep:
 
 - the view ``fractune-<sweep id>``: the sweep's trials only (``tags.fractune.sweep_id`` and kind ``trial``),
-  sorted by the primary objective (accuracy, best first; a sort by a metric also lists the nested trials flat,
-  no parent row to expand), with the swept parameters, accuracy, training BitOPs, cp and the ``pareto`` tag as
-  columns, every trial in the charts, and a first chart section "sweep" with accuracy against training BitOPs,
-  accuracy against cp, the swept parameters and objectives in parallel coordinates, and the per-epoch accuracy
-  of every trial;
+  sorted by the task objective (``orchestrator.runs.task_objective``: accuracy, highest first, or a language
+  model's test perplexity, lowest first; a sort by a metric also lists the nested trials flat, no parent row to
+  expand), with the swept parameters, that objective, training BitOPs, cp and the ``pareto`` tag as columns,
+  every trial in the charts, and a first chart section "sweep" with the objective against training BitOPs and
+  against cp, the swept parameters and objectives in parallel coordinates, and the objective per epoch of
+  every trial;
 - the parent run's summary metrics (``sweep/trials``, ``sweep/finished``, ``sweep/errored``,
   ``sweep/best_accuracy``, or a language model's ``sweep/best_perplexity``, ``sweep/front_size``);
 - the parent run's description (``mlflow.note.content``, markdown): the front as a table, each row linking to its
@@ -31,8 +32,7 @@ from orchestrator import runs, store
 
 VIEW_TAG = "mlflow.sharedViewState."
 NOTE_TAG = "mlflow.note.content"
-OBJECTIVE = "accuracy"  # the primary objective: the view's sort, the best value on the parent run
-OBJECTIVE_COLUMNS = ("accuracy", "train_bitops", "cum_cp")
+COST_COLUMNS = ("train_bitops", "cum_cp")  # after the task objective (runs.task_objective), in this order
 NAME_WIDTH = 330  # pixels: the run name column shows names like "pfq auto fw3-4-6-8/bw6-6-8-8 eps0.1 a0.5 s0"
 MAX_RUNS = 1000  # runs each chart draws (the UI's default is 10 for lines, 100 for scatters)
 REPORT = "report/report.html"
@@ -82,14 +82,22 @@ def _holds(row: dict, param: str) -> bool:
                for path, v in point.items() if param.startswith(path + "."))
 
 
+def objective_columns(rows: list[dict]) -> list[str]:
+    """The three objectives' metrics: the task objective (accuracy, or a language model's ``perplexity``), the
+    training BitOPs and cp."""
+    return [runs.task_objective(rows)[0], *COST_COLUMNS]
+
+
 def metric_columns(rows: list[dict]) -> list[str]:
     gated = any(math.isfinite(r.get("cp_gated", math.nan)) for r in rows)
-    return [*OBJECTIVE_COLUMNS, *(["cp_gated"] if gated else [])]  # in this order in the table
+    return [*objective_columns(rows), *(["cp_gated"] if gated else [])]  # in this order in the table
 
 
 def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
     """The page's state as the UI reads it from a shared-view tag (its search facets and UI state keys)."""
     params, metrics = param_columns(rows, factors), metric_columns(rows)
+    key, mode = runs.task_objective(rows)  # accuracy (max), or a language model's test perplexity (min)
+    word = "test perplexity" if key == "perplexity" else key
     section = "fractune-sweep"
 
     def chart(n: int, **config) -> dict:
@@ -100,22 +108,22 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
         return {"key": key, "type": "METRIC"}
 
     charts = [
-        chart(1, type="SCATTER", displayName="accuracy vs training BitOPs (every trial)",
-              xaxis=axis("train_bitops"), yaxis=axis("accuracy")),
-        chart(2, type="SCATTER", displayName="accuracy vs cp (% of FP32 BitOPs)", xaxis=axis("cum_cp"),
-              yaxis=axis("accuracy")),
+        chart(1, type="SCATTER", displayName=f"{word} vs training BitOPs (every trial)",
+              xaxis=axis("train_bitops"), yaxis=axis(key)),
+        chart(2, type="SCATTER", displayName=f"{word} vs cp (% of FP32 BitOPs)", xaxis=axis("cum_cp"),
+              yaxis=axis(key)),
         # the parallel plot draws only the runs that hold every selected param: the swept ones all trials have
-        chart(3, type="PARALLEL", displayName="swept parameters and objectives", selectedMetrics=list(OBJECTIVE_COLUMNS),
+        chart(3, type="PARALLEL", displayName="swept parameters and objectives", selectedMetrics=objective_columns(rows),
               selectedParams=[p for p in params if all(_holds(r, p) for r in rows)], showAllRuns=True),
-        chart(4, type="LINE", displayName="accuracy per epoch", metricKey="accuracy",
-              selectedMetricKeys=["accuracy"], xAxisKey="step", scaleType="linear", xAxisScaleType="linear",
+        chart(4, type="LINE", displayName=f"{word} per epoch", metricKey=key,
+              selectedMetricKeys=[key], xAxisKey="step", scaleType="linear", xAxisScaleType="linear",
               lineSmoothness=0, useGlobalXaxisKey=False, useGlobalLineSmoothing=False, ignoreOutliers=False,
               range={}, yAxisKey="metric", yAxisExpressions=[], selectedXAxisMetricKey=""),
     ]
     return {
         # search facets
         "searchFilter": f"tags.`{store.SWEEP_TAG}` = '{sweep_id}' and tags.`fractune.kind` = 'trial'",
-        "orderByKey": _col("metrics", OBJECTIVE), "orderByAsc": False,
+        "orderByKey": _col("metrics", key), "orderByAsc": mode == "min",
         # UI state
         "selectedColumns": ([_col("metrics", m) for m in metrics] + [_col("params", p) for p in params]
                             + [_col("tags", "pareto")]),
@@ -151,7 +159,8 @@ def note(experiment_id: str, sweep_id: str, rows: list[dict], metrics: dict[str,
     lines = [f"**Sweep `{sweep_id}`**: {len(rows)} trials, {int(metrics['sweep/finished'])} finished, "
              f"{int(metrics['sweep/errored'])} errored, {len(front)} on the Pareto front "
              f"({key} {mode}, training BitOPs min).", "",
-             f"[All trials, sorted by accuracy]({view_url('', experiment_id, sweep_id)}) · "
+             f"[All trials, sorted by {'test perplexity' if key == 'perplexity' else 'accuracy'}]"
+             f"({view_url('', experiment_id, sweep_id)}) · "
              f"[Charts of every trial]({view_url('', experiment_id, sweep_id, charts=True)})"
              + (f" · [HTML report]({base}/runs/{report_run}/artifacts/{REPORT})" if report_run else ""), ""]
     hv = {k: v for k, v in metrics.items() if "hypervolume" in k}

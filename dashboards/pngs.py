@@ -54,18 +54,19 @@ def pareto_png(rows: list[dict], front: list[dict], path: Path, objective: str =
     return _save(fig, path)
 
 
-def sensitivity_png(levels: dict, verdicts: dict, path: Path) -> Path:
+def sensitivity_png(levels: dict, verdicts: dict, path: Path, task: str = "accuracy") -> Path:
     factors = list(levels)
     fig, axes = plt.subplots(len(factors), 2, figsize=(10, 3.2 * len(factors)), squeeze=False)
     for i, f in enumerate(factors):
         labels = list(levels[f])
         stats = [levels[f][k] for k in labels]
-        for j, (key, scale, unit) in enumerate((("accuracy", 1.0, "accuracy"), ("train_bitops", 1e9, "GBitOPs"))):
+        quality = "test perplexity" if task == "perplexity" else "accuracy"
+        for j, (key, scale, unit) in enumerate(((task, 1.0, quality), ("train_bitops", 1e9, "GBitOPs"))):
             ax = axes[i][j]
             ax.errorbar(range(len(labels)), [s[f"{key}_mean"] / scale for s in stats],
                         yerr=[_zero(s[f"{key}_std"]) / scale for s in stats], marker="o", capsize=4)
             ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8)
-            word = verdicts[f]["verdict"] if key == "accuracy" else verdicts[f]["train_bitops_verdict"]
+            word = verdicts[f]["verdict"] if key == task else verdicts[f]["train_bitops_verdict"]
             ax.set_title(f"{f}: {unit} ({word})", fontsize=10)
             ax.set_ylabel(unit)
     return _save(fig, path)

@@ -52,24 +52,11 @@ def cost_models_of(rows: list[dict]) -> list[str]:
     return [n for n in names if all(math.isfinite(r.get("costs", {}).get(n, math.nan)) for r in rows)]
 
 
-def task_importances(rows: list[dict], factors: list[str], costs: dict, evaluator: str) -> dict:
-    """``importances_by_objective`` on the sweep's task objective: accuracy, or for language models test
-    perplexity (studied as -perplexity maximised, which has the same importances; reported as ``perplexity``)."""
-    from orchestrator.ablation_analysis import importances_by_objective
-    from orchestrator.runs import task_objective
-
-    if task_objective(rows)[0] != "perplexity":
-        return importances_by_objective(rows, factors, costs, evaluator)
-    imp = importances_by_objective([{**r, "accuracy": -r["perplexity"]} for r in rows], factors, costs, evaluator)
-    meta = {k: imp[k] for k in ("evaluator", "trials") if k in imp}
-    return {**meta, "perplexity": imp.pop("accuracy", {}), **{k: v for k, v in imp.items() if k not in meta}}
-
-
 def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | Path | None = None,
                  runs: list[str] | None = None, log: bool = True, data: SweepData | None = None,
                  objective: str | None = None) -> dict:
     from dashboards.results import last_stage
-    from orchestrator.ablation_analysis import analyse
+    from orchestrator.ablation_analysis import analyse, importances_by_objective
     from orchestrator.runs import check_objective, cost_of, front_quality
     from orchestrator.runs import front as pareto_front
 
@@ -84,7 +71,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     models = cost_models_of(done) or [objective]
     analysis = analyse(done, data.meta) if data.meta else None
     evaluator = "ped_anova" if len(done) > PED_ANOVA_FROM else "fanova"
-    importance = analysis["importance"] if analysis else task_importances(
+    importance = analysis["importance"] if analysis else importances_by_objective(
         done, data.factors, {m: (lambda r, m=m: cost_of(r, m)) for m in models}, evaluator)
     chosen = choose_runs(whole, front, runs)
     hist = {r["run_id"]: histories(c, r["run_id"], figures.PRECISION_KEYS) for r in chosen}
@@ -113,10 +100,12 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
                                   "categorical parameters as numbered levels; drag along an axis to filter.")))
     if analysis:
         sections.append(("Sensitivity", _sensitivity_html(analysis)))
-        made.append(pngs.sensitivity_png(analysis["levels"], analysis["verdicts"], folder / "sensitivity.png"))
-    if importance.get("accuracy") or importance.get("perplexity"):
+        made.append(pngs.sensitivity_png(analysis["levels"], analysis["verdicts"], folder / "sensitivity.png",
+                                         analysis["objective"]))
+    if importance.get(importance["objective"]):
         what = "BitOPs" if analysis else "the training cost under each cost model in turn"
-        task = "test perplexity minimize" if importance.get("perplexity") else "accuracy maximize"
+        task = ("test perplexity" if importance["objective"] == "perplexity" else "accuracy") + " " + \
+            importance["direction"]
         sections.append(("Parameter importance", H.figure(figures.importance_figure(importance)) + H.note(
             f"Optuna get_param_importances, {importance['evaluator']} evaluator, over {importance['trials']} "
             f"finished trials of in-memory two-objective studies ({task}, {what} minimize), one "
@@ -198,17 +187,23 @@ def _trials_table(data: SweepData) -> str:
 
 
 def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
-    """A staged sweep: the earlier stages' accuracy for reference, and the last stage's methods (the rows every
-    figure below compares) with their savings against that stage's own FP32 and FW8/BW8 rows."""
+    """A staged sweep: the earlier stages' task objective (accuracy, or a language model's perplexity) for
+    reference, and the last stage's methods (the rows every figure below compares) with their savings against
+    that stage's own FP32 and FW8/BW8 rows."""
     from dashboards.results import summarise, with_configs
+    from orchestrator.runs import task_objective
 
+    task = task_objective(last.rows)[0]
+    scale, unit = (100, " %") if task == "accuracy" else (1, "")
+    delta = ("accuracy_delta_vs_fw8bw8_pp", "acc. vs FW8/BW8 (pp)") if task == "accuracy" else (
+        "perplexity_delta_vs_fw8bw8_pct", "perplexity vs FW8/BW8 (%)")
     stage = next((r.get("stage") for r in last.rows if r.get("stage")), "last")
-    ref_rows = [{"stage": r["stage"], "runs": r["n"], "accuracy %": 100 * r["accuracy_mean"],
-                 "std": 100 * r["accuracy_std"]} for r in refs]
-    methods = [{"method": g["method"], "seeds": g["n"], "accuracy %": 100 * g["accuracy_mean"],
-                "std": 100 * g["accuracy_std"], "train_gbitops": g["train_bitops_mean"] / 1e9,
+    ref_rows = [{"stage": r["stage"], "runs": r["n"], f"{task}{unit}": scale * r[f"{task}_mean"],
+                 "std": scale * r[f"{task}_std"]} for r in refs]
+    methods = [{"method": g["method"], "seeds": g["n"], f"{task}{unit}": scale * g[f"{task}_mean"],
+                "std": scale * g[f"{task}_std"], "train_gbitops": g["train_bitops_mean"] / 1e9,
                 "savings vs FP32 %": 100 * g["savings_vs_fp32"], "savings vs FW8/BW8 %": 100 * g["savings_vs_fw8bw8"],
-                "acc. vs FW8/BW8 (pp)": g["accuracy_delta_vs_fw8bw8_pp"]} for g in summarise(with_configs(last))]
+                delta[1]: g.get(delta[0])} for g in summarise(with_configs(last))]
     return (H.note(f"A staged sweep: {len(whole.rows)} trials over its stages. The front, the parallel coordinates "
                    f"and the importance below are over the last stage ({stage}); each of its runs started from "
                    "the earlier stage's run of the same seed (column \"from\" in the trials table).")
@@ -218,15 +213,17 @@ def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
 
 
 def _sensitivity_html(a: dict) -> str:
+    task = a["objective"]  # accuracy, or a language model's test perplexity
     levels = [{"factor": f, "level": lv, **{k: v for k, v in s.items()}}
               for f, by_level in a["levels"].items() for lv, s in by_level.items()]
-    verdicts = [{"factor": f, "accuracy verdict": v["verdict"], "accuracy range": v["range"], "ratio": v["ratio"],
+    verdicts = [{"factor": f, f"{task} verdict": v["verdict"], f"{task} range": v["range"], "ratio": v["ratio"],
                  "BitOPs verdict": v["train_bitops_verdict"], "BitOPs ratio": v["train_bitops_ratio"]}
                 for f, v in a["verdicts"].items()]
     how = ("one factor at a time around the baseline (the baseline point is in every curve)" if a["mode"] == "ofat"
            else "marginal over every combination of the other factors")
-    return (H.figure(figures.sensitivity_figure(a["levels"], a["verdicts"])) + H.note(f"Levels: {how}; "
-            f"std over seeds (ddof 1). Pooled seed std: accuracy {H.fmt(a['pooled_seed_std']['accuracy'])}, "
+    what = " (test perplexity, lower is better)" if task == "perplexity" else ""
+    return (H.figure(figures.sensitivity_figure(a["levels"], a["verdicts"], task)) + H.note(f"Levels{what}: {how}; "
+            f"std over seeds (ddof 1). Pooled seed std: {task} {H.fmt(a['pooled_seed_std'][task])}, "
             f"BitOPs {H.fmt(a['pooled_seed_std']['train_bitops'])}.") + H.table(levels) + H.table(verdicts)
             + H.note("Verdict rule: " + a["verdict_rule"] + "."))
 

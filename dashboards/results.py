@@ -1,9 +1,11 @@
 """``fractune results``: a sweep's results as a markdown page, generated from its MLflow runs.
 
-One row per method (the trial's swept point without the seed): accuracy mean and std over seeds, training
-BitOPs, savings against the FP32 and FW8/BW8 rows of the same sweep, and the computation percentage; the
-papers' trends checked one by one with the rule stated; a plot of every method's mean (error bars: std over
-seeds) with the Pareto front of the means. Every cost model the runs logged (engine/cost_models.py) gets the
+One row per method (the trial's swept point without the seed): the task objective's mean and std over seeds
+(final test accuracy; for a language model test perplexity, lower is better: ``orchestrator.runs.task_objective``),
+training BitOPs, savings against the FP32 and FW8/BW8 rows of the same sweep, and the computation percentage; the
+papers' trends checked one by one with the rule stated (accuracy within TOLERANCE_PP points, perplexity within
+TOLERANCE_PCT percent, or two seed stds); a plot of every method's mean (error bars: std over seeds) with the
+Pareto front of the means. Every cost model the runs logged (engine/cost_models.py) gets the
 same savings side by side, with the methods' cost ranking under each (where it differs from BitOPs' is where
 the BitOPs story does not hold on that hardware); ``--objective`` picks the model of the plot and the front.
 The page and its plot are logged under ``results/`` on the sweep's parent run. A notes file (the analysis a person writes: why a trend holds or not) is appended verbatim, so
@@ -26,6 +28,8 @@ from engine.schedule_config import GatedSettings
 from orchestrator import runs
 
 TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
+TOLERANCE_PCT = 2.0  # a language model's test perplexity "comparable": mean within this many percent (relative)
+# above the reference's, or within 2 std of the seeds
 
 
 def schedule_label(cfg: ExperimentConfig) -> str:
@@ -65,7 +69,13 @@ def _std(values: list[float]) -> float:
 
 def summarise(rows: list[dict]) -> list[dict]:
     """Finished trials grouped by method (the swept point); savings against the sweep's own FP32 and FW8/BW8
-    groups. Each row carries ``config``: its resolved ``ExperimentConfig`` (None when it could not be read)."""
+    groups. Each row carries ``config``: its resolved ``ExperimentConfig`` (None when it could not be read).
+
+    The quality columns follow the task objective (``orchestrator.runs.task_objective``): ``accuracy_mean``,
+    ``accuracy_std`` and ``accuracy_delta_vs_<ref>_pp`` (percentage points), or for language models
+    ``perplexity_mean``, ``perplexity_std`` and ``perplexity_delta_vs_<ref>_pct`` (the relative change of the mean
+    test perplexity, 100 (ppl / ppl_ref - 1): negative is better)."""
+    task = runs.task_objective(rows)[0]
     groups: dict[str, dict] = {}
     for r in rows:
         key = json.dumps(r["point"], sort_keys=True, default=str)
@@ -74,7 +84,7 @@ def summarise(rows: list[dict]) -> list[dict]:
         g["runs"].append(r)
     out = []
     for g in groups.values():
-        acc = [r["accuracy"] for r in g["runs"]]
+        acc = [r[task] for r in g["runs"]]
         ops = [r["train_bitops"] for r in g["runs"]]
         cps = [r["cp"] for r in g["runs"] if math.isfinite(r.get("cp", math.nan))]
         gated = [r["cp_gated"] for r in g["runs"] if math.isfinite(r.get("cp_gated", math.nan))]
@@ -82,7 +92,7 @@ def summarise(rows: list[dict]) -> list[dict]:
         cfg = g["config"]
         out.append({"method": g["method"], "kind": cfg.schedule.kind if cfg is not None else None,
                     "point": g["point"], "config": cfg, "n": len(acc), "seeds": sorted(r["seed"] for r in g["runs"]),
-                    "accuracy_mean": statistics.fmean(acc), "accuracy_std": _std(acc),
+                    f"{task}_mean": statistics.fmean(acc), f"{task}_std": _std(acc),
                     "train_bitops_mean": statistics.fmean(ops), "train_bitops_std": _std(ops),
                     "cp_mean": statistics.fmean(cps) if cps else math.nan,
                     "cp_gated_mean": statistics.fmean(gated) if gated else math.nan,
@@ -95,7 +105,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     for g in out:
         for ref, name in ((fp32, "fp32"), (sbm, "fw8bw8")):
             g[f"savings_vs_{name}"] = (1 - g["train_bitops_mean"] / ref["train_bitops_mean"]) if ref else math.nan
-            g[f"accuracy_delta_vs_{name}_pp"] = (100 * (g["accuracy_mean"] - ref["accuracy_mean"])) if ref else math.nan
+            g.update(quality_delta(g, ref, name, task))
         g["savings_by_model"] = {m: {name: (1 - g["costs_mean"][m] / ref["costs_mean"][m]) if ref and
                                         ref["costs_mean"][m] else math.nan for ref, name in ((fp32, "fp32"), (sbm, "fw8bw8"))}
                                  for m in models}
@@ -106,6 +116,20 @@ def summarise(rows: list[dict]) -> list[dict]:
 def _mean(values: list[float]) -> float:
     """The mean of a model's cost over seeds; NaN when any seed did not log it."""
     return statistics.fmean(values) if values and all(math.isfinite(v) for v in values) else math.nan
+
+
+def task_of(groups: list[dict]) -> tuple[str, str]:
+    """The task objective ``summarise`` keyed the groups by (``orchestrator.runs.task_objective`` of their
+    rows): ("accuracy", "max"), or ("perplexity", "min") for language models."""
+    return ("perplexity", "min") if any("perplexity_mean" in g for g in groups) else ("accuracy", "max")
+
+
+def quality_delta(g: dict, ref: dict | None, name: str, task: str) -> dict:
+    """The task objective of ``g`` against the reference group: accuracy in points, perplexity in percent."""
+    if task == "perplexity":
+        pct = 100 * (g["perplexity_mean"] / ref["perplexity_mean"] - 1) if ref and ref["perplexity_mean"] else math.nan
+        return {f"perplexity_delta_vs_{name}_pct": pct}
+    return {f"accuracy_delta_vs_{name}_pp": (100 * (g["accuracy_mean"] - ref["accuracy_mean"])) if ref else math.nan}
 
 
 def cost_mean(g: dict, objective: str) -> float:
@@ -128,15 +152,28 @@ def _static(groups: list[dict]) -> dict[tuple[int, int], dict]:
 def front_of(groups: list[dict], objective: str = "bitops") -> list[dict]:
     from orchestrator.pareto import pareto_rows
 
-    rows = [{"accuracy": g["accuracy_mean"], "train_bitops": g["train_bitops_mean"], "cost": cost_mean(g, objective),
+    key, mode = task_of(groups)  # accuracy max, or a language model's test perplexity min
+    rows = [{key: g[f"{key}_mean"], "train_bitops": g["train_bitops_mean"], "cost": cost_mean(g, objective),
              "method": g["method"]} for g in groups]
-    return pareto_rows(rows, cost_key="cost")
+    return pareto_rows(rows, acc_key=key, cost_key="cost", maximize=mode == "max")
 
 
 def comparable(g: dict, ref: dict) -> bool:
-    """Accuracy no worse than the reference beyond TOLERANCE_PP points or two seed stds (the larger)."""
+    """Accuracy no worse than the reference beyond TOLERANCE_PP points or two seed stds (the larger); a language
+    model's test perplexity no higher than the reference's plus TOLERANCE_PCT percent of it or two seed stds."""
+    if "perplexity_mean" in g:
+        margin = max(TOLERANCE_PCT / 100 * ref["perplexity_mean"], 2 * max(g["perplexity_std"], ref["perplexity_std"]))
+        return g["perplexity_mean"] <= ref["perplexity_mean"] + margin
     margin = max(TOLERANCE_PP / 100, 2 * max(g["accuracy_std"], ref["accuracy_std"]))
     return g["accuracy_mean"] >= ref["accuracy_mean"] - margin
+
+
+def comparable_rule(task: str) -> str:
+    """``comparable`` in words, as the page states it."""
+    if task == "perplexity":
+        return (f"its mean test perplexity is no more than max({TOLERANCE_PCT:g}% of the reference's mean, 2 seed "
+                "stds) above the reference's (lower is better)")
+    return f"its mean accuracy is no more than max({TOLERANCE_PP:g} point, 2 seed stds) below the reference's"
 
 
 def gate_key(cfg: ExperimentConfig) -> dict:
@@ -158,38 +195,45 @@ def trends(groups: list[dict]) -> list[dict]:
     statics = _static(groups)
     sbm = statics.get((8, 8))
     out = []
+    word = task_of(groups)[0]  # the claims are about accuracy, or a language model's test perplexity
 
     def check(claim: str, source: str, g: dict, ref: dict, min_savings: float = 0.0) -> None:
         saved = 1 - g["train_bitops_mean"] / ref["train_bitops_mean"]
-        delta = 100 * (g["accuracy_mean"] - ref["accuracy_mean"])
+        if word == "perplexity":
+            delta = {"perplexity_delta_pct": quality_delta(g, ref, "ref", word)["perplexity_delta_vs_ref_pct"]}
+        else:
+            delta = {"accuracy_delta_pp": 100 * (g["accuracy_mean"] - ref["accuracy_mean"])}
         ok_acc, ok_cost = comparable(g, ref), saved > min_savings
+        worse = "perplexity above the reference" if word == "perplexity" else "accuracy below the reference"
         out.append({"claim": claim, "source": source, "method": g["method"], "reference": ref["method"],
-                    "accuracy_delta_pp": delta, "savings": saved, "holds": ok_acc and ok_cost,
+                    **delta, "savings": saved, "holds": ok_acc and ok_cost,
                     "why_not": None if ok_acc and ok_cost else
-                    ("accuracy below the reference" if not ok_acc else "") +
+                    (worse if not ok_acc else "") +
                     (" and " if not ok_acc and not ok_cost else "") +
-                    ("no BitOPs saving" if not ok_cost else "")})
+                    (("no BitOPs saving" if saved <= 0 else f"BitOPs saving {100 * saved:.1f}% not above the "
+                      f"{100 * min_savings:g}% this claim asks") if not ok_cost else "")})
 
     if fp32 and sbm:
-        check("8-bit training (FW8/BW8, SBM) matches FP32 accuracy", "SBM (Banner et al. 2018), FracTrain's baseline",
+        check(f"8-bit training (FW8/BW8, SBM) matches FP32 {word}", "SBM (Banner et al. 2018), FracTrain's baseline",
               sbm, fp32, 0.5)
     if sbm:
         for g in by_kind.get("pfq", []):  # against the static run at PFQ's final precision (FW8/BW16: SBM-16)
             s = g["config"].schedule
             ref = statics.get((s.fw[-1], s.bw[-1]), sbm)
-            check(f"PFQ saves BitOPs over static {ref['method']} at comparable accuracy",
+            check(f"PFQ saves BitOPs over static {ref['method']} at comparable {word}",
                   "FracTrain supplement sec. 1", g, ref)
         for g in by_kind.get("cpt", []):
-            check("CPT saves BitOPs over static 8-bit at comparable or better accuracy", "CPT (ICLR 2021) abstract", g, sbm)
+            check(f"CPT saves BitOPs over static 8-bit at comparable or better {word}", "CPT (ICLR 2021) abstract",
+                  g, sbm)
         for g in by_kind.get("dfq", []):
-            check("DFQ saves most of FW8/BW8's BitOPs at comparable accuracy", "FracTrain supplement sec. 6", g, sbm)
+            check(f"DFQ saves most of FW8/BW8's BitOPs at comparable {word}", "FracTrain supplement sec. 6", g, sbm)
         for g in by_kind.get("fractrain", []):
-            check("FracTrain saves BitOPs over FW8/BW8 at comparable accuracy", "FracTrain abstract", g, sbm)
+            check(f"FracTrain saves BitOPs over FW8/BW8 at comparable {word}", "FracTrain abstract", g, sbm)
     for f in by_kind.get("fractrain", []):  # FracTrain vs DFQ at FracTrain's final cp target, the same gate
         final, key = f["config"].schedule.targets()[-1], gate_key(f["config"])
         for d in by_kind.get("dfq", []):
             if math.isclose(d["config"].schedule.target_cp, final, abs_tol=1e-9) and gate_key(d["config"]) == key:
-                check("FracTrain costs less than DFQ at its final cp, at comparable accuracy",
+                check(f"FracTrain costs less than DFQ at its final cp, at comparable {word}",
                       "FracTrain: PFQ schedules DFQ's cp", f, d)
     return out
 
@@ -208,20 +252,27 @@ def results_png(groups: list[dict], front: list[dict], path: Path, objective: st
 
     bitops = objective == "bitops"
     scale, unit = (1e12, "TBitOPs") if bitops else (1.0, UNITS.get(objective, "cost"))
+    key = task_of(groups)[0]  # accuracy in %, or a language model's test perplexity as it is
+    y = 1.0 if key == "perplexity" else 100.0
     fig, ax = plt.subplots(figsize=(8, 5.5))
     markers = {"fp32": "o", "static": "s", "pfq": "^", "cpt": "D", "dfq": "v", "fractrain": "P"}
     for i, g in enumerate(groups):  # one colour per method, one marker per kind
-        ax.errorbar(cost_mean(g, objective) / scale, 100 * g["accuracy_mean"], yerr=100 * g["accuracy_std"],
+        ax.errorbar(cost_mean(g, objective) / scale, y * g[f"{key}_mean"], yerr=y * g[f"{key}_std"],
                     xerr=g["train_bitops_std"] / scale if bitops else None, fmt=markers.get(g["kind"], "o"), capsize=3,
                     color=plt.cm.tab20(i % 20), label=g["method"])
     if front:
-        ax.step([r["cost"] / scale for r in front], [100 * r["accuracy"] for r in front], where="post",
+        ax.step([r["cost"] / scale for r in front], [y * r[key] for r in front], where="post",
                 color="k", lw=1, label="Pareto front (means)")
     log_x_if_wide(ax, [cost_mean(g, objective) for g in groups])
     ax.set_xlabel(f"training cost under {objective}, {unit} (mean over seeds)")
-    ax.set_ylabel("test accuracy, % (mean +/- std over seeds)")
-    ax.set_title(f"Accuracy vs training cost ({objective}) per method")
-    ax.legend(fontsize=7, loc="lower right")
+    if key == "perplexity":
+        ax.set_ylabel("test perplexity (mean +/- std over seeds; lower is better)")
+        ax.set_title(f"Test perplexity vs training cost ({objective}) per method")
+        ax.legend(fontsize=7, loc="upper right")
+    else:
+        ax.set_ylabel("test accuracy, % (mean +/- std over seeds)")
+        ax.set_title(f"Accuracy vs training cost ({objective}) per method")
+        ax.legend(fontsize=7, loc="lower right")
     return _save(fig, path)
 
 
@@ -235,7 +286,26 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
              ""]
     if setup:
         lines += ["## Setting", ""] + [f"- {k}: {v}" for k, v in setup.items()] + [""]
-    lines += ["## Accuracy and training BitOPs", "",
+    if task_of(groups)[0] == "perplexity":
+        lines += perplexity_table(groups, on_front)
+    else:
+        lines += accuracy_table(groups, on_front)
+    lines += cost_model_section(groups)
+    lines += trends_section(groups, checks, plot)
+    errored = [r for r in data.rows if not r["complete"]]
+    if errored:
+        lines += ["", f"{len(errored)} trial(s) did not finish and are left out: "
+                  + ", ".join(f"{r['name']} ({r['status']})" for r in errored)]
+    if notes:
+        lines += ["", notes.strip()]
+    return "\n".join(lines) + "\n"
+
+
+SECTION = {"accuracy": "## Accuracy and training BitOPs", "perplexity": "## Test perplexity and training BitOPs"}
+
+
+def accuracy_table(groups: list[dict], on_front: set[str]) -> list[str]:
+    lines = [SECTION["accuracy"], "",
               "Mean +/- std over seeds of the final test accuracy; training BitOPs of the whole run (forward, "
               "error and weight-gradient passes, exact counts); savings against this sweep's FP32 and FW8/BW8 "
               "rows (positive: cheaper); cp: the run's cost as a percentage of FP32, every layer counted; gated "
@@ -253,24 +323,49 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
                      f"{_fmt(g['accuracy_delta_vs_fw8bw8_pp'], '+.2f')} | {_fmt(g['cp_mean'], '.2f')} | "
                      f"{_fmt(g['cp_gated_mean'], '.2f').replace('n/a', '-')} | "
                      f"{_fmt(g['wall_seconds_mean'] / 60, '.1f')} |")
-    lines += cost_model_section(groups)
-    lines += ["", f"![accuracy vs training cost]({plot})", "",
-              "## The papers' trends, checked", "",
-              f"Rule: a method holds a claim when it saves BitOPs against the reference and its mean accuracy is "
-              f"no more than max({TOLERANCE_PP:g} point, 2 seed stds) below the reference's.", "",
-              "| claim | source | method | reference | acc. delta (pp) | BitOPs saving | holds |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    return lines
+
+
+def perplexity_table(groups: list[dict], on_front: set[str]) -> list[str]:
+    """A language model's table: test perplexity (lower is better) and its relative change against FP32 and
+    FW8/BW8, where a classifier's has accuracy and its difference in points."""
+    lines = [SECTION["perplexity"], "",
+             "Mean +/- std over seeds of the final test perplexity (exp of the mean next-token cross-entropy on the "
+             "test split; lower is better); training BitOPs of the whole run (forward, error and weight-gradient "
+             "passes over every token, exact counts); savings against this sweep's FP32 and FW8/BW8 rows "
+             "(positive: cheaper); ppl. vs FP32 and ppl. vs FW8/BW8: the relative change of the mean test "
+             "perplexity against that row, 100 x (ppl / ppl_ref - 1) % (negative: better); cp: the run's cost as a "
+             "percentage of FP32, every layer counted; gated cp: DFQ's and FracTrain's cp as the papers define it "
+             "(the mean of the per-epoch `cp_gated`); minutes: wall time per trial (one CPU thread). * marks the "
+             "Pareto front of the method means (test perplexity min, training cost min).", "",
+             "| method | seeds | test perplexity | TBitOPs | vs FP32 | vs FW8/BW8 | ppl. vs FP32 (%) "
+             "| ppl. vs FW8/BW8 (%) | cp % | gated cp % | minutes |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for g in groups:
+        star = " *" if g["method"] in on_front else ""
+        lines.append(f"| {g['method']}{star} | {g['n']} | {g['perplexity_mean']:.2f} +/- {g['perplexity_std']:.2f} | "
+                     f"{g['train_bitops_mean'] / 1e12:.3f} | {_pct(g['savings_vs_fp32'])} | "
+                     f"{_pct(g['savings_vs_fw8bw8'])} | {_fmt(g['perplexity_delta_vs_fp32_pct'], '+.1f')} | "
+                     f"{_fmt(g['perplexity_delta_vs_fw8bw8_pct'], '+.1f')} | {_fmt(g['cp_mean'], '.2f')} | "
+                     f"{_fmt(g['cp_gated_mean'], '.2f').replace('n/a', '-')} | "
+                     f"{_fmt(g['wall_seconds_mean'] / 60, '.1f')} |")
+    return lines
+
+
+def trends_section(groups: list[dict], checks: list[dict], plot: str) -> list[str]:
+    key = task_of(groups)[0]
+    word, delta, column = (("perplexity", "perplexity_delta_pct", "ppl. change (%)") if key == "perplexity" else
+                           ("accuracy", "accuracy_delta_pp", "acc. delta (pp)"))
+    lines = ["", f"![{word} vs training cost]({plot})", "",
+             "## The papers' trends, checked", "",
+             f"Rule: a method holds a claim when it saves BitOPs against the reference and {comparable_rule(key)}.",
+             "", f"| claim | source | method | reference | {column} | BitOPs saving | holds |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in checks:
         verdict = "yes" if c["holds"] else f"no ({c['why_not']})"
         lines.append(f"| {c['claim']} | {c['source']} | {c['method']} | {c['reference']} | "
-                     f"{c['accuracy_delta_pp']:+.2f} | {100 * c['savings']:.1f}% | {verdict} |")
-    errored = [r for r in data.rows if not r["complete"]]
-    if errored:
-        lines += ["", f"{len(errored)} trial(s) did not finish and are left out: "
-                  + ", ".join(f"{r['name']} ({r['status']})" for r in errored)]
-    if notes:
-        lines += ["", notes.strip()]
-    return "\n".join(lines) + "\n"
+                     f"{c[delta]:+.{1 if key == 'perplexity' else 2}f} | {100 * c['savings']:.1f}% | {verdict} |")
+    return lines
 
 
 def cost_model_section(groups: list[dict]) -> list[str]:
@@ -339,19 +434,21 @@ def with_configs(data: SweepData) -> list[dict]:
 
 def last_stage(data: SweepData) -> tuple[SweepData, list[dict]]:
     """A staged sweep: its last stage's rows (the methods compared) and a reference row per earlier stage
-    (accuracy mean/std over its finished runs); any other sweep as it is."""
+    (the task objective's mean/std over its finished runs: ``accuracy_mean``, or a language model's
+    ``perplexity_mean``); any other sweep as it is."""
     if not any(r.get("stage") for r in data.rows):
         return data, []
     order = [s for s in data.client.get_run(data.parent_run_id).data.tags.get("fractune.stages", "").split(",") if s]
     order = order or list(dict.fromkeys(r["stage"] for r in data.rows if r.get("stage")))
+    task = runs.task_objective(data.rows)[0]
     refs = []
     for stage in order[:-1]:
-        acc = [r["accuracy"] for r in runs.finished([r for r in data.rows if r.get("stage") == stage])]
-        refs.append({"stage": stage, "n": len(acc), "accuracy_mean": sum(acc) / len(acc) if acc else math.nan,
-                     "accuracy_std": _std(acc)})
+        acc = [r[task] for r in runs.finished([r for r in data.rows if r.get("stage") == stage])]
+        refs.append({"stage": stage, "n": len(acc), f"{task}_mean": sum(acc) / len(acc) if acc else math.nan,
+                     f"{task}_std": _std(acc)})
     last = [r for r in data.rows if r.get("stage") == order[-1]]
     init = [r["init_accuracy"] for r in runs.finished(last) if math.isfinite(r.get("init_accuracy", math.nan))]
-    if init:
+    if init and task == "accuracy":  # the engine measures a loaded model's accuracy only (no perplexity)
         refs.append({"stage": f"{order[-1]} before any step (init_accuracy)", "n": len(init),
                      "accuracy_mean": sum(init) / len(init), "accuracy_std": _std(init)})
     return dataclasses.replace(data, rows=last), refs
@@ -373,13 +470,15 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
     notes_text = read_text(notes, "--notes", "markdown file") if notes else None
     cmd = command or f"fractune results {sweep} --out {out}"
     text = markdown(data, groups, checks, front, plot.name, cmd, notes_text, setup_of(data))
+    task, mode = runs.task_objective(done)
     if stage_refs:  # a staged sweep: the table is its last stage; the earlier stages for reference
-        text = text.replace("## Accuracy and training BitOPs", "\n".join(
+        y, column = (1, "test perplexity") if task == "perplexity" else (100, "accuracy %")
+        text = text.replace(SECTION[task], "\n".join(
             ["## Earlier stages (reference)", "", "The tables below compare the last stage's methods; each of its runs "
-             "started from the earlier stage's run of the same seed.", "", "| stage | runs | accuracy % |",
-             "| --- | --- | --- |"] + [f"| {r['stage']} | {r['n']} | {100 * r['accuracy_mean']:.2f} +/- "
-                                       f"{100 * r['accuracy_std']:.2f} |" for r in stage_refs]
-            + ["", "## Accuracy and training BitOPs"]), 1)
+             "started from the earlier stage's run of the same seed.", "", f"| stage | runs | {column} |",
+             "| --- | --- | --- |"] + [f"| {r['stage']} | {r['n']} | {y * r[f'{task}_mean']:.2f} +/- "
+                                       f"{y * r[f'{task}_std']:.2f} |" for r in stage_refs]
+            + ["", SECTION[task]]), 1)
     page.write_text(text)
     artifact = None
     if log:
@@ -391,6 +490,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
                for g in groups]
     return {"sweep": data.name, "sweep_id": data.sweep_id, "parent_run_id": data.parent_run_id,
             "trials": len(data.rows), "finished": len(done), "methods": methods, "objective": objective,
+            "task_objective": task, "direction": runs.DIRECTIONS[mode], "comparable_rule": comparable_rule(task),
             "pareto": [r["method"] for r in front], "rankings": rankings(groups), "trends": checks, "markdown": str(page), "plot": str(plot),
             "stages": stage_refs,
             "artifact": artifact}

@@ -2,9 +2,10 @@
 
 For a sqlite store it starts ``mlflow server --backend-store-uri URI --host 127.0.0.1 --port N --workers 1``
 (one worker: the default four compete for two cores), waits for ``/health`` and prints the URL. With
-``--sweep`` that is the sweep's view (``dashboards.mlflow_view``: its trials sorted by accuracy with the swept
-values, objectives, cp and the Pareto tag as columns), and the charts view under it; the view, the parent run's
-summary and note are (re)written first, so sweeps logged before they existed get them too. Experiments of
+``--sweep`` that is the sweep's view (``dashboards.mlflow_view``: its trials sorted by accuracy, or a language
+model's test perplexity, with the swept values, objectives, cp and the Pareto tag as columns), and the charts
+view under it; the view, the parent run's summary and note are (re)written first, so sweeps logged before they
+existed get them too. Experiments of
 fractune sweeps get MLflow's model-training kind (the UI otherwise opens them in its GenAI mode).
 
 The server's own log (deprecation warnings, one access line per request) goes to ``mlflow-ui.log`` beside the

@@ -1,9 +1,14 @@
 """Ablation analysis over finished trials: per-level mean/std, Optuna parameter importance, verdicts.
 
-Pure functions of a list of rows (one per finished trial: its point ``{path: value}``, ``seed``,
-``accuracy``, ``train_bitops``) and the design (``meta``: mode, factors' level labels, baseline, evaluator,
+Pure functions of a list of rows (one per finished trial: its point ``{path: value}``, ``seed``, the task
+objective and ``train_bitops``) and the design (``meta``: mode, factors' level labels, baseline, evaluator,
 verdict thresholds; ``search_spaces.ablation.LoadedAblation.meta``). Reports and ``fractune ablate`` call
 ``analyse``; tests call the pieces on hand-built tables.
+
+The task objective is the sweep's, as ``orchestrator.runs.task_objective`` picks it from the rows: final test
+``accuracy`` (maximize) for classifiers, test ``perplexity`` (minimize) for language models. Every statistic,
+verdict and importance is keyed by its name (``accuracy_mean`` or ``perplexity_mean``, ``importance["accuracy"]``
+or ``importance["perplexity"]``); the cost objective is ``train_bitops`` (minimize).
 """
 
 from __future__ import annotations
@@ -14,33 +19,50 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.runs import DIRECTIONS, task_objective
 from search_spaces.ablation import level_label
 
-OBJECTIVES = (("accuracy", "maximize"), ("train_bitops", "minimize"))
+COST = ("train_bitops", "minimize")  # the cost objective (a cost model's cost is put in this column)
 
 
-def frame(rows: list[dict], factors: list[str]) -> pd.DataFrame:
-    """One row per trial with a finite accuracy and BitOPs; factor columns hold the level labels."""
+def objectives(rows: list[dict]) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The two objectives of the rows' study, Optuna's way: the task objective (``task_objective``: accuracy
+    maximize, or a language model's test perplexity minimize) and the cost (``train_bitops`` minimize)."""
+    key, mode = task_objective(rows)
+    return (key, DIRECTIONS[mode]), COST
+
+
+def frame(rows: list[dict], factors: list[str], task: str | None = None) -> pd.DataFrame:
+    """One row per trial with a finite task objective (``task``: the rows' own by default) and BitOPs; factor
+    columns hold the level labels."""
+    task = task or task_objective(rows)[0]
     records = []
     for r in rows:
-        acc, cost = r.get("accuracy"), r.get("train_bitops")
-        if acc is None or cost is None or not (math.isfinite(acc) and math.isfinite(cost)):
+        quality, cost = r.get(task), r.get("train_bitops")
+        if quality is None or cost is None or not (math.isfinite(quality) and math.isfinite(cost)):
             continue
         point = r.get("point") or {}
         if any(f not in point for f in factors):
             continue  # a trial of another design (e.g. a sweep of this name with other parameters)
         records.append({**{f: level_label(point[f]) for f in factors}, "seed": r.get("seed"),
-                        "accuracy": float(acc), "train_bitops": float(cost), "run_id": r.get("run_id")})
-    return pd.DataFrame.from_records(records, columns=[*factors, "seed", "accuracy", "train_bitops", "run_id"])
+                        task: float(quality), "train_bitops": float(cost), "run_id": r.get("run_id")})
+    return pd.DataFrame.from_records(records, columns=[*factors, "seed", task, "train_bitops", "run_id"])
+
+
+def frame_task(df: pd.DataFrame) -> str:
+    """The task objective column of a ``frame``."""
+    return "perplexity" if "perplexity" in df.columns else "accuracy"
 
 
 def level_stats(df: pd.DataFrame, meta: dict) -> dict[str, dict[str, dict]]:
-    """Per factor and level: mean and std (over seeds; ddof 1) of accuracy and BitOPs, and n.
+    """Per factor and level: mean and std (over seeds; ddof 1) of the task objective (``accuracy_mean``, or a
+    language model's ``perplexity_mean``...) and BitOPs, and n.
 
     ofat: a factor's curve uses the trials with every other factor at its baseline level (the baseline
     point belongs to every curve). grid: marginal means over all trials at that level.
     """
     out: dict[str, dict[str, dict]] = {}
+    task = frame_task(df)
     factors = list(meta["labels"])
     for f in factors:
         sub = df
@@ -48,15 +70,15 @@ def level_stats(df: pd.DataFrame, meta: dict) -> dict[str, dict[str, dict]]:
             for other in factors:
                 if other != f:
                     sub = sub[sub[other] == meta["baseline"][other]]
-        groups = sub.groupby(f, sort=False)[["accuracy", "train_bitops"]].agg(["mean", "std", "count"])
+        groups = sub.groupby(f, sort=False)[[task, "train_bitops"]].agg(["mean", "std", "count"])
         levels = {}
         for label in meta["labels"][f]:  # the spec's order, not pandas' (levels are labels, not numbers)
             if label not in groups.index:
                 continue
             g = groups.loc[label]
-            levels[label] = {"accuracy_mean": g[("accuracy", "mean")], "accuracy_std": g[("accuracy", "std")],
+            levels[label] = {f"{task}_mean": g[(task, "mean")], f"{task}_std": g[(task, "std")],
                              "train_bitops_mean": g[("train_bitops", "mean")],
-                             "train_bitops_std": g[("train_bitops", "std")], "n": int(g[("accuracy", "count")])}
+                             "train_bitops_std": g[("train_bitops", "std")], "n": int(g[(task, "count")])}
         out[f] = levels
     return out
 
@@ -102,28 +124,34 @@ def _distribution(values: list[Any]):
 
 
 def importances(rows: list[dict], factors: list[str], evaluator: str = "fanova") -> dict:
-    """Optuna's importance of each factor, for accuracy and for BitOPs separately, from an in-memory
-    two-objective study (accuracy maximize, BitOPs minimize) holding one trial per finished run."""
+    """Optuna's importance of each factor, for the task objective and for BitOPs separately, from an in-memory
+    two-objective study (``objectives``: accuracy maximize, or a language model's test perplexity minimize;
+    BitOPs minimize) holding one trial per finished run. Keyed by the objectives' names (``accuracy`` or
+    ``perplexity``, ``train_bitops``), with ``objective`` and ``direction`` naming the task objective."""
     import optuna
 
+    (task, direction), _ = study_objectives = objectives(rows)
     usable = [r for r in rows if all(f in (r.get("point") or {}) for f in factors)
-              and math.isfinite(r.get("accuracy", math.nan)) and math.isfinite(r.get("train_bitops", math.nan))]
+              and math.isfinite(r.get(task, math.nan)) and math.isfinite(r.get("train_bitops", math.nan))]
     varied = [f for f in factors if len({level_label(r["point"][f]) for r in usable}) > 1]
-    out = {"evaluator": evaluator, "accuracy": {}, "train_bitops": {}, "trials": len(usable)}
+    out = {"evaluator": evaluator, "objective": task, "direction": direction, task: {}, "train_bitops": {},
+           "trials": len(usable)}
     if len(usable) < 3 or not varied:
         out["note"] = "needs three or more finished trials and a factor with two or more levels"
         return out
     dists = {f: _distribution([r["point"][f] for r in usable]) for f in varied}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(directions=[d for _, d in OBJECTIVES])
+    study = optuna.create_study(directions=[d for _, d in study_objectives])
     for r in usable:
         params = {f: level_label(r["point"][f]) if cat else r["point"][f] for f, (_, cat) in dists.items()}
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions={f: d for f, (d, _) in dists.items()},
-            values=[r["accuracy"], r["train_bitops"]], user_attrs={"run_id": r.get("run_id")}))
+            values=[r[task], r["train_bitops"]], user_attrs={"run_id": r.get("run_id")}))
     # Each evaluator gets one objective through `target`. PED-ANOVA ranks low targets as good (it warns when
-    # given a target), so accuracy goes in negated; fANOVA and MDI are variance-based and sign-blind.
-    targets = {"accuracy": lambda t: -t.values[0], "train_bitops": lambda t: t.values[1]}
+    # given a target), so an objective to maximize (accuracy) goes in negated, one to minimize (perplexity,
+    # BitOPs) as it is; fANOVA and MDI are variance-based and sign-blind.
+    sign = -1.0 if direction == "maximize" else 1.0
+    targets = {task: lambda t: sign * t.values[0], "train_bitops": lambda t: t.values[1]}
     for name, target in targets.items():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -133,10 +161,12 @@ def importances(rows: list[dict], factors: list[str], evaluator: str = "fanova")
 
 
 def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, evaluator: str = "fanova") -> dict:
-    """Each factor's importance for accuracy and for the training cost under each cost model: ``costs`` maps a
-    model name to a function of a row giving its cost (``orchestrator.runs.cost_of``). One two-objective study
-    per model (accuracy, that cost), so each model's importance is computed from the trials that logged it."""
-    out: dict = {"evaluator": evaluator, "trials": 0, "accuracy": {}}
+    """Each factor's importance for the task objective (accuracy, or a language model's test perplexity:
+    ``objectives``) and for the training cost under each cost model: ``costs`` maps a model name to a function
+    of a row giving its cost (``orchestrator.runs.cost_of``). One two-objective study per model (the task
+    objective, that cost), so each model's importance is computed from the trials that logged it."""
+    (task, direction), _ = objectives(rows)
+    out: dict = {"evaluator": evaluator, "objective": task, "direction": direction, "trials": 0, task: {}}
     for name, cost in costs.items():
         priced = [{**r, "train_bitops": cost(r)} for r in rows]
         values = {p["train_bitops"] for p in priced if math.isfinite(p["train_bitops"])}
@@ -150,7 +180,7 @@ def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, 
             out[name] = {}
             out["note"] = f"{name}: {exc}"
             continue
-        out["accuracy"] = out["accuracy"] or imp["accuracy"]
+        out[task] = out[task] or imp[task]
         out["trials"] = max(out["trials"], imp["trials"])
         out[name] = imp["train_bitops"]
         if "note" in imp:
@@ -169,16 +199,21 @@ def _evaluator(name: str):
 
 
 def analyse(rows: list[dict], meta: dict) -> dict:
-    """Levels, pooled seed std, verdicts and importance of an ablation's finished trials."""
+    """Levels, pooled seed std, verdicts and importance of an ablation's finished trials, on the task objective
+    (``objectives``: accuracy, or a language model's test perplexity; named in ``objective`` and ``direction``)
+    and BitOPs. A verdict measures the spread of the level means, so it reads the same either way."""
     factors = list(meta["labels"])
-    df = frame(rows, factors)
+    study = objectives(rows)
+    (task, direction), _ = study
+    df = frame(rows, factors, task)
     levels = level_stats(df, meta)
-    pooled = {c: pooled_seed_std(df, factors, c) for c, _ in OBJECTIVES}
+    pooled = {c: pooled_seed_std(df, factors, c) for c, _ in study}
     verdicts = {}
     for f, lv in levels.items():
-        acc = verdict([s["accuracy_mean"] for s in lv.values()], pooled["accuracy"], meta["verdict"])
+        quality = verdict([s[f"{task}_mean"] for s in lv.values()], pooled[task], meta["verdict"])
         cost = verdict([s["train_bitops_mean"] for s in lv.values()], pooled["train_bitops"], meta["verdict"])
-        verdicts[f] = {**acc, "train_bitops_verdict": cost["verdict"], "train_bitops_ratio": cost["ratio"]}
-    return {"mode": meta["mode"], "trials": int(len(df)), "levels": levels, "pooled_seed_std": pooled,
+        verdicts[f] = {**quality, "train_bitops_verdict": cost["verdict"], "train_bitops_ratio": cost["ratio"]}
+    return {"mode": meta["mode"], "objective": task, "direction": direction, "trials": int(len(df)),
+            "levels": levels, "pooled_seed_std": pooled,
             "verdicts": verdicts, "verdict_rule": verdict_rule(meta["verdict"]),
             "importance": importances(rows, factors, meta.get("importance", "fanova"))}

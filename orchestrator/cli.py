@@ -88,7 +88,8 @@ def _add_cost(sub) -> None:
 def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="run a sweep on Ray Tune, tracked in MLflow",
                        description="Run a sweep spec on Ray Tune (local Ray, or a running cluster with --address), "
-                       "log every trial to MLflow and print the Pareto front of accuracy vs training BitOPs. "
+                       "log every trial to MLflow and print the Pareto front of accuracy (a language model: test "
+                       "perplexity) vs training BitOPs. "
                        "A spec with stages (e.g. pretrain -> retrain) runs them in order under one parent run, "
                        "each retrain trial from its seed's pretrain run; --resume skips finished stages. "
                        "Exit code 1 if any trial errored.")
@@ -109,8 +110,9 @@ def _add_ablate(sub) -> None:
     p = sub.add_parser("ablate", help="run an ablation: levels x seeds, mean/std, importance, verdicts, report",
                        description="Run an ablation spec (a sweep spec with an ablation section: one factor at a "
                        "time around a baseline, or a full grid; every point repeated over the seeds) on Ray Tune, "
-                       "then print per factor and level the mean and std over seeds of accuracy and training "
-                       "BitOPs, Optuna's parameter importance for each objective and a sensitivity verdict per "
+                       "then print per factor and level the mean and std over seeds of accuracy (a language "
+                       "model's: test perplexity) and training BitOPs, Optuna's parameter importance for each "
+                       "objective and a sensitivity verdict per "
                        "factor, and write the HTML report. See docs/ablations.md. Exit code 1 if any trial errored.")
     p.add_argument("spec", help="ablation spec YAML (e.g. search_spaces/pfq_sensitivity.yaml)")
     _shared(p, "ray_address", "tracking_uri", "storage")
@@ -124,7 +126,8 @@ def _add_ablate(sub) -> None:
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="write a sweep's self-contained HTML report (+ PNGs) from MLflow",
                        description="Write the HTML report of the latest sweep of this name (or --sweep-id) from its "
-                       "MLflow runs: accuracy vs training cost with the Pareto front and its hypervolume, parallel "
+                       "MLflow runs: accuracy (a language model: test perplexity) vs training cost with the Pareto "
+                       "front and its hypervolume, parallel "
                        "coordinates of parameters and objectives, sensitivity curves (ablations), "
                        "parameter importance per objective, precision over training of chosen runs, DFQ bit allocation heatmaps; "
                        "matplotlib PNGs of the key plots. Logged under report/ on the sweep's parent run.")
@@ -151,7 +154,8 @@ def _add_ui(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others expose the "
                    "unauthenticated UI to the network)")
     p.add_argument("--sweep", help="print the URL of this sweep's view: its latest sweep's trials sorted by "
-                   "accuracy, with the swept values, objectives, cp and the Pareto tag as columns (and of its charts)")
+                   "accuracy (a language model's: test perplexity, lowest first), with the swept values, objectives, "
+                   "cp and the Pareto tag as columns (and of its charts)")
     p.add_argument("--verbose", action="store_true", help="the MLflow server's own log on stderr (default: in "
                    "mlflow-ui.log beside the database)")
     _shared(p, "json", json="once the server is up, a JSON line with the url")
@@ -206,7 +210,8 @@ def _add_prt(sub) -> None:
 def _add_results(sub) -> None:
     p = sub.add_parser("results", help="write a sweep's results page (markdown + plot) from its MLflow runs",
                        description="Write a markdown page of a sweep's results from its MLflow runs alone: per "
-                       "method (swept point without the seed) accuracy mean +/- std over seeds, training BitOPs, "
+                       "method (swept point without the seed) accuracy mean +/- std over seeds (a language model: "
+                       "test perplexity, lower is better, and its relative change in %), training BitOPs, "
                        "savings vs the sweep's FP32 and FW8/BW8 rows, cp; the papers' trends checked with the rule "
                        "stated; a plot of the method means with the Pareto front. The page and plot are logged "
                        "under results/ on the sweep's parent run. docs/results.md is made this way.")

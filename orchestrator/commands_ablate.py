@@ -41,30 +41,37 @@ def cmd_ablate(args) -> int:
         emit_json({k: out[k] for k in ("sweep", "sweep_id", "experiment_id", "parent_run_id", "trials", "errored",
                                        "errors", "pareto", "tracking_uri", "storage", "wall_seconds")}
                   | {"mode": meta["mode"], "factors": meta["labels"], "baseline": meta["baseline"],
-                     "importance": imp["accuracy"], "importance_train_bitops": imp["train_bitops"],
+                     "objective": a["objective"], "direction": a["direction"],
+                     "importance": imp[a["objective"]], "importance_train_bitops": imp["train_bitops"],
                      "importance_evaluator": imp["evaluator"], "levels": a["levels"], "verdicts": a["verdicts"],
                      "verdict_rule": a["verdict_rule"], "pooled_seed_std": a["pooled_seed_std"], **report})
     return 1 if out["errored"] else 0
 
 
 def print_analysis(a: dict) -> None:
-    rows = [{"factor": f, "level": lv, "n": s["n"], "accuracy_mean": s["accuracy_mean"], "accuracy_std": s["accuracy_std"],
+    task = a.get("objective", "accuracy")  # accuracy, or a language model's test perplexity (lower is better)
+    rows = [{"factor": f, "level": lv, "n": s["n"], f"{task}_mean": s[f"{task}_mean"], f"{task}_std": s[f"{task}_std"],
              "gbitops_mean": s["train_bitops_mean"] / 1e9, "gbitops_std": _nan(s["train_bitops_std"]) / 1e9}
             for f, levels in a["levels"].items() for lv, s in levels.items()]
-    print("\nper level (mean and std over seeds):")
+    print("\nper level (mean and std over seeds" + ("; test perplexity, lower is better):" if task == "perplexity"
+                                                   else "):"))
     table(rows)
     imp = a["importance"]
-    print(f"\nparameter importance (Optuna, {imp['evaluator']} evaluator; accuracy and BitOPs separately):")
-    if imp["accuracy"]:
-        table([{"factor": f, "for_accuracy": imp["accuracy"].get(f), "for_bitops": imp["train_bitops"].get(f)}
-               for f in imp["accuracy"]])
+    print(f"\nparameter importance (Optuna, {imp['evaluator']} evaluator; {_what(a)} and BitOPs separately):")
+    if imp[task]:
+        table([{"factor": f, f"for_{task}": imp[task].get(f), "for_bitops": imp["train_bitops"].get(f)}
+               for f in imp[task]])
     else:
         print(f"(none: {imp.get('note', '')})")
     print("\nsensitivity verdicts:")
-    table([{"factor": f, "accuracy": v["verdict"], "range": v["range"], "ratio": fmt(v["ratio"], 3),
+    table([{"factor": f, task: v["verdict"], "range": v["range"], "ratio": fmt(v["ratio"], 3),
             "bitops": v["train_bitops_verdict"], "bitops_ratio": fmt(v["train_bitops_ratio"], 3)}
            for f, v in a["verdicts"].items()])
     print(f"rule: {a['verdict_rule']}")
+
+
+def _what(a: dict) -> str:
+    return "accuracy" if a.get("objective", "accuracy") == "accuracy" else "test perplexity (minimize)"
 
 
 def _nan(v) -> float:

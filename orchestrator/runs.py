@@ -118,6 +118,9 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
                          and epochs >= planned_epochs)}
 
 
+DIRECTIONS = {"max": "maximize", "min": "minimize"}  # a mode of task_objective as Optuna and the JSON name it
+
+
 def task_objective(rows: list[dict]) -> tuple[str, str]:
     """The task objective of a sweep's trials: test ``perplexity`` (min) when they are language models (they
     report it), else ``accuracy`` (max). The cost objective (the cost model of the cost axis) is separate:

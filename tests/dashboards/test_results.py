@@ -217,3 +217,110 @@ def test_pfq_is_checked_against_the_static_run_at_its_final_precision():
     refs = {c["method"]: c["reference"] for c in trends(summarise(rows))}
     assert refs["PFQ auto FW3-4-6-8/BW6-8-12-16"] == "FW8/BW16"
     assert refs["PFQ manual FW4-8/BW8-8"] == "FW8/BW8"
+
+
+# A language-model sweep, logged by hand into a sqlite store in this process (no Ray, no server): per method
+# (test perplexity of seeds 0 and 1, next-token accuracy, training BitOPs). The next-token accuracies rank the
+# methods differently on purpose: a page that followed accuracy would put FW8/BW8 on the front and FP32 off it.
+LM_BASE = {"model": {"name": "transformer_tiny"}, "data": {"dataset": "fortunes", "seq_len": 32, "vocab_size": 2048},
+           "optim": {"optimizer": "adam", "lr": 0.003, "epochs": 1}}
+LM_METHODS = {
+    "fp32": ({"kind": "fp32"}, (100.0, 102.0), 0.30, 1000e9),
+    "static": ({"kind": "static", "fw": 8, "bw": 8}, (102.0, 103.0), 0.35, 100e9),
+    "pfq": ({"kind": "pfq", "mode": "auto", "fw": [3, 4, 6, 8], "bw": [6, 6, 8, 8]}, (101.5, 102.5), 0.25, 60e9),
+    "cpt": ({"kind": "cpt", "fw_min": 3, "fw_max": 8, "num_cycles": 4}, (110.0, 112.0), 0.20, 50e9),
+}
+
+
+def _lm_sweep(uri: str, name: str = "lm_mini") -> None:
+    from mlflow.entities import Metric
+
+    c = store.client(uri)
+    exp = c.create_experiment(name)
+    parent = c.create_run(exp, run_name=name, tags={"fractune.kind": "sweep", store.SWEEP_TAG: f"{name}-1"})
+    c.log_dict(parent.info.run_id, {"name": name, "description": "language models, two seeds", "base": LM_BASE,
+                                    "seeds": [0, 1]}, "sweep_spec.yaml")
+    for kind, (schedule, ppls, acc, ops) in LM_METHODS.items():
+        for seed, ppl in enumerate(ppls):
+            run = c.create_run(exp, run_name=f"{kind} s{seed}", tags={
+                store.PARENT_TAG: parent.info.run_id, "fractune.kind": "trial", store.SWEEP_TAG: f"{name}-1",
+                store.TRIAL_TAG: f"{kind}_{seed}", store.PLANNED_TAG: "1", "fractune.swept": "schedule",
+                store.POINT_TAG: json.dumps({"schedule": schedule}), "fractune.schedule": kind})
+            rid = run.info.run_id
+            c.log_param(rid, "seed", seed)
+            c.log_batch(rid, metrics=[Metric(k, v, 0, 1) for k, v in (
+                ("perplexity", ppl), ("accuracy", acc + 0.01 * seed), ("train_bitops", ops), ("cum_cp", ops / 1e10),
+                ("epoch", 1), ("wall_seconds", 30.0))])
+            c.log_dict(rid, {**LM_BASE, "name": name, "seed": seed, "schedule": schedule}, "config.yaml")
+            c.set_terminated(rid)
+    c.set_terminated(parent.info.run_id)
+
+
+def _lm_rows() -> list[dict]:
+    return [{"point": {"schedule": schedule}, "seed": seed, "perplexity": ppl, "accuracy": acc, "train_bitops": ops,
+             "cp": ops / 1e10, "costs": {"bitops": ops}}
+            for schedule, ppls, acc, ops in LM_METHODS.values() for seed, ppl in enumerate(ppls)]
+
+
+def test_language_model_results_page_ranks_on_perplexity(tmp_path, monkeypatch):
+    from dashboards import pngs
+    from tests.conftest import run_main
+
+    uri = f"sqlite:///{tmp_path / 'lm.db'}"
+    _lm_sweep(uri)
+    labels = {}
+    save = pngs._save
+    monkeypatch.setattr(pngs, "_save", lambda fig, path: labels.update(
+        y=fig.axes[0].get_ylabel(), title=fig.axes[0].get_title()) or save(fig, path))
+    code, _, out = run_main("results", "lm_mini", "--tracking-uri", uri, "--out", str(tmp_path / "lm.md"), "--json")
+    assert code == 0, out
+    page = (tmp_path / "lm.md").read_text()
+
+    # the JSON names the task objective and its direction (the cost objective stays `objective`)
+    assert out["task_objective"] == "perplexity" and out["direction"] == "minimize" and out["objective"] == "bitops"
+    assert "2% of the reference's mean" in out["comparable_rule"]
+    # the front of the method means on (perplexity min, BitOPs min): FW8/BW8 is dominated by PFQ (cheaper and
+    # lower perplexity); FP32 has the lowest perplexity, so it stays (on accuracy it would be the other way)
+    assert out["pareto"] == ["CPT FW3->8/BW8", "PFQ auto FW3-4-6-8/BW6-6-8-8", "FP32"]
+    sbm = next(m for m in out["methods"] if m["method"] == "FW8/BW8")
+    assert sbm["perplexity_mean"] == pytest.approx(102.5) and sbm["perplexity_std"] == pytest.approx(0.5 ** 0.5)
+    assert sbm["perplexity_delta_vs_fp32_pct"] == pytest.approx(100 * (102.5 / 101 - 1))
+    assert "accuracy_mean" not in sbm and "accuracy_delta_vs_fw8bw8_pp" not in sbm
+
+    # the trends: lower perplexity is better. CPT's +8.3% against FW8/BW8 fails, PFQ's -0.5% holds, FW8/BW8's
+    # +1.5% against FP32 holds (within two seed stds: 2.83 > 2% of 101)
+    checks = {t["method"]: t for t in out["trends"]}
+    assert checks["CPT FW3->8/BW8"]["holds"] is False
+    assert checks["CPT FW3->8/BW8"]["why_not"] == "perplexity above the reference"
+    assert checks["CPT FW3->8/BW8"]["perplexity_delta_pct"] == pytest.approx(100 * (111 / 102.5 - 1))
+    assert checks["PFQ auto FW3-4-6-8/BW6-6-8-8"]["holds"] is True and checks["FW8/BW8"]["holds"] is True
+    assert checks["FW8/BW8"]["claim"] == "8-bit training (FW8/BW8, SBM) matches FP32 perplexity"
+    # that claim asks for more than half of FP32's BitOPs saved (an LM's fp32 output layer can keep it from that)
+    few = trends([{**g, "train_bitops_mean": 800e9} if g["method"] == "FW8/BW8" else g for g in
+                  summarise([{**r, "config": _config(r["point"])} for r in _lm_rows()])])
+    assert next(c for c in few if c["method"] == "FW8/BW8")["why_not"] == \
+        "BitOPs saving 20.0% not above the 50% this claim asks"
+
+    # the page: perplexity with its direction and rule stated, never accuracy
+    assert "accuracy" not in page.lower()
+    assert "## Test perplexity and training BitOPs" in page and "lower is better" in page
+    assert "(test perplexity min, training cost min)" in page
+    row = next(line for line in page.splitlines() if line.startswith("| FW8/BW8"))
+    cells = [x.strip() for x in row.strip("|").split("|")]
+    assert cells[:3] == ["FW8/BW8", "2", "102.50 +/- 0.71"] and cells[6:8] == ["+1.5", "+0.0"]
+    assert [line.split("|")[1].strip() for line in page.splitlines() if line.startswith("| ") and "+/-" in line] == \
+        ["FP32 *", "FW8/BW8", "PFQ auto FW3-4-6-8/BW6-6-8-8 *", "CPT FW3->8/BW8 *"]
+    assert ("Rule: a method holds a claim when it saves BitOPs against the reference and its mean test perplexity is "
+            "no more than max(2% of the reference's mean, 2 seed stds) above the reference's (lower is better).") in page
+    assert "| ppl. change (%) |" in page and "| +8.3 | 50.0% | no (perplexity above the reference) |" in page
+    assert labels == {"y": "test perplexity (mean +/- std over seeds; lower is better)",
+                      "title": "Test perplexity vs training cost (bitops) per method"}
+
+
+def test_perplexity_comparable_rule_is_relative_or_two_stds():
+    ref = {"perplexity_mean": 100.0, "perplexity_std": 0.1}
+    assert comparable({"perplexity_mean": 101.9, "perplexity_std": 0.1}, ref)  # within 2% of 100
+    assert not comparable({"perplexity_mean": 102.1, "perplexity_std": 0.1}, ref)
+    assert comparable({"perplexity_mean": 80.0, "perplexity_std": 0.1}, ref)  # lower is better
+    assert comparable({"perplexity_mean": 102.9, "perplexity_std": 1.5}, ref)  # within 2 seed stds (3.0)
+    assert not comparable({"perplexity_mean": 103.1, "perplexity_std": 1.5}, ref)

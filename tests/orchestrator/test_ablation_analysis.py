@@ -173,3 +173,56 @@ def test_importance_per_cost_model():
     assert max(imp["bitops"], key=imp["bitops"].get) == "c" and max(imp["energy"], key=imp["energy"].get) == "d"
     assert imp["macs"] == {} and imp["constant"] == ["macs"] and imp["trials"] == 60
     assert max(imp["accuracy"], key=imp["accuracy"].get) == "c"
+
+
+def test_language_model_importance_follows_perplexity_minimized():
+    """LM rows (they report test perplexity): the task objective is perplexity, minimized. The lowest perplexity
+    is decided by `a` (a > 0.85), the highest by `b`; next-token accuracy only by `d`, BitOPs only by `c`. Studied as
+    accuracy, importance would name `d`; with perplexity's sign wrong, PED-ANOVA (which studies the lowest
+    targets) would name `b`."""
+    from orchestrator.ablation_analysis import importances_by_objective
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(120):
+        p = {k: float(rng.uniform()) for k in "abcd"}
+        ppl = 20.0 if p["a"] > 0.85 else 60.0 + 40.0 * p["b"]
+        rows.append({"point": p, "perplexity": ppl, "accuracy": 0.2 + 0.2 * p["d"], "run_id": str(i),
+                     "train_bitops": 1e9 * (1 + 5 * p["c"]), "costs": {"bitops": 1e9 * (1 + 5 * p["c"])}})
+    ped = importances(rows, list("abcd"), "ped_anova")
+    assert ped["objective"] == "perplexity" and ped["direction"] == "minimize" and "accuracy" not in ped
+    assert max(ped["perplexity"], key=ped["perplexity"].get) == "a", ped
+    assert max(ped["train_bitops"], key=ped["train_bitops"].get) == "c", ped
+    fanova = importances(rows, list("abcd"), "fanova")
+    assert max(fanova["perplexity"], key=fanova["perplexity"].get) in {"a", "b"}
+    assert fanova["perplexity"]["d"] < 0.05  # next-token accuracy's factor explains none of the perplexity
+    # the report's importance (one study per cost model) names the objective the same way: no workaround there
+    by_model = importances_by_objective(rows, list("abcd"), {"bitops": lambda r: r["costs"]["bitops"]}, "ped_anova")
+    assert by_model["objective"] == "perplexity" and by_model["direction"] == "minimize" and "accuracy" not in by_model
+    assert max(by_model["perplexity"], key=by_model["perplexity"].get) == "a"
+    # a classifier's rows keep accuracy, maximized
+    classic = importances(_rows([{"a": 1}, {"a": 2}, {"a": 3}], [0], lambda p, s: 0.1 * p["a"], lambda p, s: p["a"]), ["a"])
+    assert classic["objective"] == "accuracy" and classic["direction"] == "maximize" and classic["accuracy"]
+
+
+def test_language_model_ablation_levels_verdicts_and_printout(capsys):
+    """An ablation of a language model: levels, pooled std and verdicts on test perplexity (lower is better)."""
+    from orchestrator.commands_ablate import print_analysis
+
+    la = parse_ablation(OFAT)
+    rng = np.random.default_rng(1)
+    rows = [{**r, "perplexity": 100.0 + 200 * r["point"]["schedule.epsilon"] + rng.normal(0, 0.05)}
+            for r in _rows(la.points, [0, 1], lambda p, s: 0.3 + 0.01 * s, lambda p, s: 1e10 * (1 + p["schedule.alpha"]))]
+    a = analyse(rows, la.meta())
+    assert a["objective"] == "perplexity" and a["direction"] == "minimize"
+    level = a["levels"]["schedule.epsilon"]["0.15"]
+    assert level["perplexity_mean"] == pytest.approx(130.0, abs=0.2) and "accuracy_mean" not in level
+    assert set(a["pooled_seed_std"]) == {"perplexity", "train_bitops"}
+    assert a["verdicts"]["schedule.epsilon"]["verdict"] == "sensitive"
+    assert a["verdicts"]["schedule.epsilon"]["range"] == pytest.approx(26.0, abs=0.3)
+    assert a["verdicts"]["schedule.alpha"]["verdict"] == "insensitive"  # the accuracies differ by seed only
+    assert set(a["importance"]["perplexity"]) == {"schedule.epsilon", "schedule.alpha"}
+    print_analysis(a)
+    out = capsys.readouterr().out
+    assert "perplexity_mean" in out and "for_perplexity" in out and "test perplexity (minimize)" in out
+    assert "accuracy" not in out

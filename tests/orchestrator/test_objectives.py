@@ -85,3 +85,38 @@ def test_report_figure_plots_perplexity_for_language_models():
     assert sorted(fig.data[0].y) == [50.0, 80.0]
     classic = pareto_figure([_row("c", 1.0, 0.9)], [])
     assert classic.layout.yaxis.title.text == "test accuracy"
+
+
+def test_mlflow_view_of_a_language_model_sorts_and_charts_perplexity():
+    from dashboards import mlflow_view
+
+    rows = [_row("a", 100.0, 0.30, 50.0), _row("b", 50.0, 0.31, 80.0), _row("d", 200.0, 0.20, 49.0)]
+    view = mlflow_view.view_state("lm-1", rows, [])
+    assert view["orderByKey"] == "metrics.`perplexity`" and view["orderByAsc"] is True  # lowest first
+    assert "metrics.`perplexity`" in view["selectedColumns"] and "metrics.`accuracy`" not in view["selectedColumns"]
+    charts = {c["uuid"]: c for c in view["compareRunCharts"]}
+    assert charts["fractune-chart-1"]["yaxis"]["key"] == "perplexity"
+    assert charts["fractune-chart-1"]["displayName"] == "test perplexity vs training BitOPs (every trial)"
+    assert charts["fractune-chart-3"]["selectedMetrics"] == ["perplexity", "train_bitops", "cum_cp"]
+    assert charts["fractune-chart-4"]["metricKey"] == "perplexity"
+    metrics = mlflow_view.summary_metrics(rows)
+    assert metrics["sweep/best_perplexity"] == 49.0 and "sweep/best_accuracy" not in metrics
+    text = mlflow_view.note("1", "lm-1", rows, metrics, None)
+    assert "sorted by test perplexity" in text and "(perplexity min, training BitOPs min)" in text
+    classic = mlflow_view.view_state("c-1", [_row("x", 1.0, 0.5)], [])
+    assert classic["orderByKey"] == "metrics.`accuracy`" and classic["orderByAsc"] is False
+
+
+def test_sensitivity_figure_of_a_language_model_plots_perplexity():
+    from dashboards.figures import importance_objectives, sensitivity_figure
+
+    levels = {"f": {"1": {"perplexity_mean": 50.0, "perplexity_std": 1.0, "train_bitops_mean": 1e9,
+                          "train_bitops_std": 0.0, "n": 2},
+                    "2": {"perplexity_mean": 60.0, "perplexity_std": 1.0, "train_bitops_mean": 2e9,
+                          "train_bitops_std": 0.0, "n": 2}}}
+    fig = sensitivity_figure(levels, {"f": {"verdict": "sensitive", "train_bitops_verdict": "sensitive"}}, "perplexity")
+    assert list(fig.data[0].y) == [50.0, 60.0] and fig.layout.yaxis.title.text == "test perplexity"
+    assert "f: perplexity (sensitive)" in [a.text for a in fig.layout.annotations]
+    imp = {"evaluator": "fanova", "objective": "perplexity", "direction": "minimize", "trials": 4,
+           "perplexity": {"f": 1.0}, "train_bitops": {"f": 1.0}}
+    assert importance_objectives(imp) == ["perplexity", "train_bitops"]
