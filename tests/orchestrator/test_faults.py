@@ -97,14 +97,16 @@ def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, t
     assert any("fractune.retried" in r["tags"] for r in runs.values())
 
 
-def test_a_killed_driver_resumes_every_trial_exactly_once(tmp_path):
+def test_a_killed_driver_resumes_every_trial_exactly_once(ray_local, tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"name": "kill_driver", "base": {**SLOW, "optim": {"epochs": 4}},
                                     "parameters": {"schedule": {"grid": FOUR}},
                                     "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     store.preflight(uri)  # create the tables first: this test polls the store while the sweep writes it
-    args = ("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--quiet")
+    # both drivers attach to the session's Ray (a driver's death ends its trials' actors, as a local Ray's would)
+    args = ("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--quiet", "--no-report",
+            "--address", ray_local.get_runtime_context().gcs_address)
     env = {"RAY_ADDRESS": ""}
     proc = start_cli(*args, cwd=tmp_path, env=env)
     try:

@@ -170,14 +170,15 @@ def check_starting_from_a_run_id(tmp_path, sqlite_uri, pre, capsys):
     assert code == 2 and len(err) == 1 and "this run is FAILED and records none" in err[0], err
 
 
-def test_a_killed_driver_resumes_the_retrain_stage_without_repeating_the_pretrain(tmp_path):
+def test_a_killed_driver_resumes_the_retrain_stage_without_repeating_the_pretrain(ray_local, tmp_path):
     spec = staged("kill_staged", retrain_set={"optim.epochs": 3, "debug.sleep_per_iteration": 0.03})
     spec["seeds"] = [0]
     spec["stages"][1]["parameters"]["schedule"]["grid"] = METHODS + [{"kind": "static", "fw": 4, "bw": 8}]
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     store.preflight(uri)
+    # both drivers attach to the session's Ray (a driver's death ends its trials' actors, as a local Ray's would)
     args = ("sweep", str(write(tmp_path, spec)), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri,
-            "--quiet", "--no-report")
+            "--quiet", "--no-report", "--address", ray_local.get_runtime_context().gcs_address)
     env = {"RAY_ADDRESS": ""}
     proc = start_cli(*args, cwd=tmp_path, env=env)
     try:
