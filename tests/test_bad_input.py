@@ -119,9 +119,9 @@ def test_bad_input_exits_2_with_one_line_per_problem_and_changes_nothing(path, c
 
 
 def test_real_process_exit_codes(run_cli, tmp_path):
-    for name in ("04_bits_too_high.yaml", "23_malformed_yaml.yaml", "42_spec_invalid_grid_point.yaml"):
-        r = run_cli("validate", str(BAD_DIR / name))
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # (every bad file also runs in-process in test_bad_input_exits_2_with_one_line_per_problem_and_changes_nothing)
+    r = run_cli("validate", str(BAD_DIR / "42_spec_invalid_grid_point.yaml"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     # the special files and the credentials as a user would give them, in a real process and folder
     os.mkfifo(tmp_path / "FIFO")
     for args in (["validate", "/dev/zero"], ["train", "FIFO"], ["validate", str(BAD_DIR / "support" / "bomb.yaml")],

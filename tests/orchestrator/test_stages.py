@@ -171,7 +171,8 @@ def check_starting_from_a_run_id(tmp_path, sqlite_uri, pre, capsys):
 
 
 def test_a_killed_driver_resumes_the_retrain_stage_without_repeating_the_pretrain(ray_local, tmp_path):
-    spec = staged("kill_staged", retrain_set={"optim.epochs": 3, "debug.sleep_per_iteration": 0.03})
+    spec = staged("kill_staged", pretrain_set={"optim.epochs": 1},
+                  retrain_set={"optim.epochs": 3, "debug.sleep_per_iteration": 0.03})
     spec["seeds"] = [0]
     spec["stages"][1]["parameters"]["schedule"]["grid"] = METHODS + [{"kind": "static", "fw": 4, "bw": 8}]
     uri = f"sqlite:///{tmp_path}/mlflow.db"
