@@ -68,7 +68,7 @@ def _trial_workers() -> list[int]:
 
 
 def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, tmp_path, sqlite_uri):
-    spec = {"name": "kill_trial", "base": SLOW, "parameters": {"schedule": {"grid": FOUR[:2]}},
+    spec = {"name": "kill_trial", "base": {**SLOW, "optim": {"epochs": 4}}, "parameters": {"schedule": {"grid": FOUR[:2]}},
             "budget": {"max_concurrent_trials": 2, "max_failures": 2}, "resources": {"cpu": 1}}
     killed: list[int] = []
 
@@ -93,7 +93,7 @@ def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, t
     runs = histories(sqlite_uri, "kill_trial")
     assert all(r["status"] == "FINISHED" for r in runs.values())
     for r in runs.values():
-        assert r["steps"] == [1, 2, 3, 4, 5, 6]  # no gap, no repeated epoch
+        assert r["steps"] == [1, 2, 3, 4]  # no gap, no repeated epoch
     assert any("fractune.retried" in r["tags"] for r in runs.values())
 
 
