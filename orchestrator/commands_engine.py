@@ -19,28 +19,16 @@ EPOCH_KEYS = ("epoch", "loss", "train_accuracy", "val_accuracy", "accuracy", "va
               "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
 
 
-def resolve_init(cfg, tracking_uri: str | None):
-    """``cfg`` with ``init.checkpoint`` resolved from ``init.run_id`` through the tracking store, when only the
-    run is named (``orchestrator.lineage``); unchanged otherwise (no store is opened)."""
-    if cfg.init is None or cfg.init.checkpoint is not None:
-        return cfg
-    from orchestrator import lineage, store
-
-    uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
-    store.preflight(uri, mode="read")
-    init = cfg.init.model_copy(update={"checkpoint": lineage.run_checkpoint(uri, cfg.init.run_id)})
-    return cfg.model_copy(update={"init": init})
-
-
 def cmd_train(args) -> int:
     from engine.config import load_config
     from engine.data import check_available
     from engine.train import train_and_evaluate
+    from orchestrator import lineage
 
     overrides = list(args.overrides)
     if args.data_dir:
         overrides.append(f"data.data_dir={args.data_dir}")
-    cfg = resolve_init(load_config(args.config, overrides), args.tracking_uri)
+    cfg = lineage.resolve_config(load_config(args.config, overrides), args.tracking_uri)
     check_available(cfg.data)
     # every output path and the checkpoint to resume from are checked before any work; files are opened only
     # once the first epoch is done (a refused resume leaves --history as it was); history is appended to

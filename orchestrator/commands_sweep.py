@@ -24,16 +24,11 @@ def _load_any(path: str):
 
 
 def cmd_validate(args) -> int:
-    from orchestrator import lineage, store
-    from orchestrator.commands_engine import resolve_init
+    from orchestrator import lineage
 
     kind, obj = _load_any(args.file)
     if kind in ("spec", "ablation"):
-        run_ids = lineage.spec_run_ids(obj)  # init.run_id: each run must exist with a readable checkpoint
-        if run_ids:
-            uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-            store.preflight(uri, mode="read")
-            lineage.resolve_runs(uri, run_ids)
+        lineage.resolve_runs(args.tracking_uri, lineage.spec_run_ids(obj))  # each init.run_id: a readable checkpoint
         out = {"file": args.file, "kind": "sweep" if kind == "spec" else "ablation", "name": obj.name,
                "trials": obj.num_trials(), "valid": True}
         if getattr(obj, "stages", None):  # a staged sweep: its stages in order, their trials and references
@@ -49,7 +44,7 @@ def cmd_validate(args) -> int:
         if obj.init is not None:  # the pretrained checkpoint (or init.run_id's) must exist, of this run's model
             from engine.checkpoint import load_init
 
-            load_init(resolve_init(obj, args.tracking_uri).init, obj.model.name)
+            load_init(lineage.resolve_config(obj, args.tracking_uri).init, obj.model.name)
         out = {"file": args.file, "kind": "experiment", "name": obj.name, "valid": True}
     print(f"{args.file}: valid {out['kind']} {out['name']!r}" + (f", {out['trials']} trials" if "trials" in out else "")
           + ("; stages " + " -> ".join(f"{s['name']} ({s['trials']})" for s in out["stages"]) if "stages" in out else ""))

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.errors import ConfigError
+from search_spaces import trial
 
 CHECKPOINT_TAG = "fractune.checkpoint"
 RUN_ID_PATH = "init.run_id"
@@ -45,29 +46,13 @@ def run_checkpoint(uri: str, run_id: str, client=None) -> str:
     return str(folder)
 
 
-def unresolved(tree: dict) -> str | None:
-    """The run id an experiment tree starts from that still needs its checkpoint, else None."""
-    init = tree.get("init")
-    if isinstance(init, dict) and init.get("run_id") and not init.get("checkpoint"):
-        return str(init["run_id"])
-    return None
-
-
-def resolve_tree(tree: dict, uri: str) -> dict:
-    """``tree`` with ``init.checkpoint`` set from ``init.run_id`` where only the run is named (a copy)."""
-    run_id = unresolved(tree)
-    if run_id is None:
-        return tree
-    return {**tree, "init": {**tree["init"], "checkpoint": run_checkpoint(uri, run_id)}}
-
-
 def spec_run_ids(loaded) -> list[str]:
     """Every run id a sweep's trials may start from without a checkpoint: the base's ``init.run_id`` and each
     value of a swept ``init.run_id`` (grid, choice), over every stage."""
     ids: list[str] = []
     specs = [loaded] + [s for s in (getattr(loaded, "stages", None) or [])]
     for sub in specs:
-        run_id = unresolved(sub.base_tree)
+        run_id = trial.unresolved_run(sub.base_tree)
         if run_id:
             ids.append(run_id)
         param = sub.spec.parameters.get(RUN_ID_PATH)
@@ -79,12 +64,15 @@ def spec_run_ids(loaded) -> list[str]:
     return sorted(set(ids))
 
 
-def resolve_runs(uri: str, run_ids: list[str]) -> dict[str, str]:
-    """``{run id: checkpoint folder}``; every unresolvable run reported together (one line each)."""
+def resolve_runs(tracking_uri: str | None, run_ids: list[str]) -> dict[str, str]:
+    """``{run id: checkpoint folder}`` from the tracking store ``tracking_uri`` (default: the project's), which is
+    opened only when there is a run to look up; every unresolvable run reported together (one line each)."""
     from orchestrator import store
 
     if not run_ids:
         return {}
+    uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
+    store.preflight(uri, mode="read")
     c = store.client(uri)
     found, problems = {}, []
     for run_id in run_ids:
@@ -95,3 +83,12 @@ def resolve_runs(uri: str, run_ids: list[str]) -> dict[str, str]:
     if problems:
         raise ConfigError(problems)
     return found
+
+
+def resolve_config(cfg, tracking_uri: str | None):
+    """An ``ExperimentConfig`` with ``init.checkpoint`` resolved from ``init.run_id`` when only the run is named;
+    unchanged otherwise (no store is opened)."""
+    if cfg.init is None or cfg.init.checkpoint is not None:
+        return cfg
+    checkpoint = resolve_runs(tracking_uri, [cfg.init.run_id])[cfg.init.run_id]
+    return cfg.model_copy(update={"init": cfg.init.model_copy(update={"checkpoint": checkpoint})})

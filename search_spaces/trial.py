@@ -46,12 +46,20 @@ def resolved_tree(trial: dict) -> dict:
     if source and source.get("checkpoint"):  # a staged sweep: the weights of this seed's earlier run
         set_path(tree, "init.checkpoint", source["checkpoint"])
         set_path(tree, "init.run_id", source.get("run_id"))
-    init = tree.get("init")
-    if isinstance(init, dict) and init.get("run_id") and not init.get("checkpoint"):  # init.run_id alone
-        checkpoint = (trial.get(INIT_RUNS) or {}).get(str(init["run_id"]))
+    run_id = unresolved_run(tree)
+    if run_id is not None:  # init.run_id alone: the checkpoint the orchestrator resolved for it
+        checkpoint = (trial.get(INIT_RUNS) or {}).get(run_id)
         if checkpoint:
             set_path(tree, "init.checkpoint", checkpoint)
     return tree
+
+
+def unresolved_run(tree: dict) -> str | None:
+    """The run id an experiment tree starts from (``init.run_id``) that still needs its checkpoint, else None."""
+    init = tree.get("init")
+    if isinstance(init, dict) and init.get("run_id") and not init.get("checkpoint"):
+        return str(init["run_id"])
+    return None
 
 
 def with_init_runs(trial: dict, init_runs: dict[str, str] | None) -> dict:
