@@ -347,6 +347,12 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
             problems.append(("quant.quantize_stem" if cfg.quant.quantize_stem else "quant.quantize_fc", True,
                              f"allowed: null/false with schedule.kind {sched.kind} (the stem and FC stay fp32)"))
         problems += _target_problems(cfg)
+        if sched.routed_warmup and sched.execution != "routed":
+            problems.append(("schedule.routed_warmup", sched.routed_warmup,
+                             "allowed: 0 unless schedule.execution is routed (the warm-up runs masked first)"))
+        if sched.routed_sample_fraction < 1 and (sched.execution != "routed" or sched.routed_estimator != "sampled"):
+            problems.append(("schedule.routed_sample_fraction", sched.routed_sample_fraction,
+                             "allowed: 1 unless schedule.execution is routed with routed_estimator sampled"))
     return problems
 
 

@@ -191,6 +191,9 @@ class GatedRunner:
         self.fw = torch.tensor([0 if o.skip else o.act for o in self.options], dtype=torch.float64)
         self.bw = torch.tensor([0 if o.skip else o.grad for o in self.options], dtype=torch.float64)
         self.gate_bitops = 0  # the gate's own training cost (fp32), kept apart from the backbone's
+        # routed execution after a masked warm-up of routed_warmup of the run (methods.md §6.3)
+        self.warmup_iterations = (int(sched.routed_warmup * run.total_iterations)
+                                  if sched.execution == "routed" else 0)
         self.reset_epoch()
 
     @property
@@ -201,6 +204,8 @@ class GatedRunner:
     def step(self, x: torch.Tensor, y: torch.Tensor, iteration: int) -> tuple[float, int]:
         self.goal.before(iteration)
         target = self.goal.target()
+        if self.warmup_iterations:
+            self.model.execution = "masked" if iteration < self.warmup_iterations else "routed"
         self.model.set_price(self.controller.price)
         logits, trace = self.model(x)
         ce = F.cross_entropy(logits, y)

@@ -189,6 +189,11 @@ class GatedSettings(Strict):
     # routed's gate gradient (methods.md §6.3): skip = computing against skipping; sampled = also the chosen
     # option against one sampled alternative per sample (one forward-only pass more)
     routed_estimator: Literal["skip", "sampled"] = "sampled"  # methods.md §6.3: sampled matches masked (study)
+    # sampled: the fraction of each batch that runs the alternative (its contrast weighted by 1/fraction)
+    routed_sample_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    # routed: this fraction of the run's first iterations runs masked (every option for every sample), so the
+    # gate starts from exact gradients (methods.md §6.3); 0 = routed from the start
+    routed_warmup: float = Field(0.0, ge=0.0, lt=1.0)
     gate_dim: int = Field(32, ge=1, le=4096)
     embed_dim: int = Field(16, ge=1, le=4096)
     hidden_dim: int = Field(16, ge=1, le=4096)

@@ -42,10 +42,73 @@ def rows(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return m.view(-1, *[1] * (like.dim() - 1))
 
 
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-row inner products of two (N, ...) tensors: (N,), without an (N, ...) temporary."""
+    n = a.shape[0]
+    if n == 0:
+        return a.new_zeros(0)
+    return torch.linalg.vecdot(a.reshape(n, -1), b.reshape(n, -1))
+
+
+class RoutedOutput(torch.autograd.Function):
+    """A routed block's output and the gate's CE gradient in one step (methods.md §6.3).
+
+    Forward: ``h`` = ``y_skip`` with the computed samples' rows replaced by their chosen outputs ``y_run`` (the
+    mask is one-hot in value). Backward, with ``g = dL/dh`` and per-row inner products ``<.,.>``, the gradient
+    on the mask is what ``h = sum_k m_k G_k`` gives for per-option stand-ins ``G_k``: the skip option reads
+    ``y_skip``; every non-skip option reads the sample's own output (the chosen one, or ``y_skip`` for a sample
+    that skipped: the ``skip`` estimator); with ``sampled`` and a sample in the subset S drawn with probability
+    ``p``, a computed sample's alternative ``a`` adds ``(n_unchosen / p) <g, y_a - y_c>`` and a skipped
+    sample's non-skip options add ``<g, y_a - y_skip> / p``: unbiased for masked's ``<g, y_k>`` (tested).
+    Written as one function instead of mask products so each block costs one copy forward and three row
+    reductions backward instead of a dozen passes over its output."""
+
+    @staticmethod
+    def forward(ctx, y_run, y_skip, mask, computed, choice, skip_k, sampled):
+        h = y_skip.index_copy(0, computed, y_run)
+        ctx.skip_k, ctx.k = skip_k, mask.shape[1]
+        ctx.sampled = sampled is not None
+        if ctx.sampled:
+            y_alt, subset, alt, candidates, inv_p = sampled
+            ctx.inv_p = inv_p
+            ctx.save_for_backward(y_run, y_skip, computed, choice, y_alt, subset, alt, candidates)
+        else:
+            ctx.save_for_backward(y_run, y_skip, computed, choice)
+        return h
+
+    @staticmethod
+    def backward(ctx, g):
+        y_run, y_skip, computed, choice = ctx.saved_tensors[:4]
+        g_run = g.index_select(0, computed)
+        d_skip = _row_dot(g, y_skip)
+        d_own = d_skip.index_copy(0, computed, _row_dot(g_run, y_run))  # <g, the sample's own output>
+        g_mask = d_own.unsqueeze(1).repeat(1, ctx.k)
+        g_mask[:, ctx.skip_k] = d_skip
+        if ctx.sampled:
+            y_alt, subset, alt, candidates = ctx.saved_tensors[4:]
+            d_alt = _row_dot(g.index_select(0, subset), y_alt)
+            skipped = choice.index_select(0, subset) == ctx.skip_k
+            contrast = d_alt - d_own.index_select(0, subset)  # <g, y_a - y_own>
+            on_alt = torch.where(skipped, torch.zeros_like(contrast), contrast * candidates.index_select(0, subset))
+            g_mask.index_put_((subset, alt.index_select(0, subset)), on_alt * ctx.inv_p, accumulate=True)
+            nonskip = torch.ones(ctx.k, dtype=g.dtype, device=g.device)
+            nonskip[ctx.skip_k] = 0
+            on_all = torch.where(skipped, contrast, torch.zeros_like(contrast)) * ctx.inv_p
+            g_mask.index_add_(0, subset, on_all.unsqueeze(1) * nonskip)
+        g_skip = None
+        if ctx.needs_input_grad[1]:
+            g_skip = g.index_fill(0, computed, 0.0)
+        return g_run, g_skip, g_mask, None, None, None, None
+
+
 class GatedModel(nn.Module):
     def __init__(self, backbone: QModel, options: list[Precision], execution: str = "masked",
-                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "sampled"):
+                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "sampled",
+                 sample_fraction: float = 1.0):
         super().__init__()
+        if not 0.0 < sample_fraction <= 1.0:
+            raise ValueError(f"sample_fraction {sample_fraction}; allowed: 0 < fraction <= 1")
+        self.sample_fraction = sample_fraction
         self.backbone = backbone
         self.options = list(options)
         self.execution = execution
@@ -122,23 +185,19 @@ class GatedModel(nn.Module):
             return y * rows(mask.gather(1, choice.unsqueeze(1)), y)
         computed = (choice != skip_k).nonzero().squeeze(1)
         y_skip = block.skip(h)
-        m_skip = rows(mask[:, skip_k], y_skip)
-        m_nonskip = rows(mask.sum(1) - mask[:, skip_k], y_skip)
-        sampled = self.routed_estimator == "sampled" and self.training
-        if not sampled:
-            y_comp = y_skip if len(computed) == 0 else y_skip.index_copy(0, computed, self._run_mixed(
-                block, h, choice, computed))
-            return m_nonskip * y_comp + m_skip * y_skip
+        y_run = self._run_mixed(block, h, choice, computed) if len(computed) else y_skip[:0]
+        if not (self.routed_estimator == "sampled" and self.training and torch.is_grad_enabled()):
+            return RoutedOutput.apply(y_run, y_skip, mask, computed, choice, skip_k, None)
         alt, candidates = self._alternatives(i, choice)
+        # the alternative runs for a random subset S of the samples (``sample_fraction`` p of the batch), its
+        # contrast weighted by 1/p, so the estimate stays unbiased at p times the cost (methods.md §6.3)
+        n = len(choice)
+        size = n if self.sample_fraction >= 1.0 else max(1, round(self.sample_fraction * n))
+        subset = everyone if size == n else torch.randperm(n, device=choice.device)[:size].sort().values
         with torch.no_grad(), frozen_state(block):
-            y_alt = self._run_mixed(block, h, alt, everyone)
-        y_comp = y_alt if len(computed) == 0 else y_alt.index_copy(0, computed, self._run_mixed(
-            block, h, choice, computed))
-        # the sampled alternative stands for every unchosen non-skip option: its contrast with the chosen output
-        # is weighted by their number (value unchanged), so the estimate of masked's gradient is unbiased
-        m_a = mask.gather(1, alt.unsqueeze(1)).squeeze(1)
-        m_alt = rows((candidates > 0) * (m_a.detach() + candidates * (m_a - m_a.detach())), y_skip)
-        return (m_nonskip - m_alt) * y_comp + m_alt * y_alt + m_skip * y_skip
+            y_alt = self._run_mixed(block, h, alt, subset)
+        return RoutedOutput.apply(y_run, y_skip, mask, computed, choice, skip_k,
+                                  (y_alt, subset, alt, candidates, n / size))
 
     # -- forward ----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, GateTrace]:

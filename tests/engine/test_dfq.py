@@ -156,6 +156,100 @@ def test_routed_sampled_estimator_gives_skipped_samples_a_ce_signal():
     assert spread["sampled"] > 1e-5 and spread["skip"] < 1e-4 * spread["sampled"]  # skip: float error only
 
 
+def _gate_ce_grads(model, x, forced, draws: int) -> torch.Tensor:
+    """dL/dz of every block's gate logits under CE, summed over ``draws`` forward/backward passes: (B, L, K)."""
+    step, zs, total = model.gate.step, [], 0
+
+    def keep(i, h, state):
+        z, state = step(i, h, state)
+        z.retain_grad()
+        zs.append(z)
+        return z, state
+
+    model.gate.step = keep
+    for _ in range(draws):
+        zs.clear()
+        model.zero_grad()
+        logits, _ = model(x, forced)
+        torch.nn.functional.cross_entropy(logits, torch.arange(len(x)) % 10).backward()
+        total = total + torch.stack([z.grad for z in zs], 1)
+    return total
+
+
+X8 = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+FORCED8 = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 1], [0, 3], [1, 1], [2, 0], [3, 2]])
+
+
+def test_routed_sampled_gradient_matches_the_mask_algebra():
+    """The fused backward of ``RoutedOutput`` gives the gate the gradient of the written-out estimator
+    ``h = (m_nonskip - m_alt) Y + m_alt sg(y_a) + m_skip y_skip`` (m_alt's gradient times the number of
+    unchosen options) for the same draw of alternatives."""
+    model = toy("routed", FOUR).train()
+    torch.manual_seed(7)
+    fused = _gate_ce_grads(model, X8, FORCED8, 1)
+
+    from engine.layers import frozen_state
+    from engine.models import gated
+
+    def written_out(self, i, block, h, choice, mask):
+        skip_k, everyone = self.skip_index, torch.arange(len(choice))
+        computed = (choice != skip_k).nonzero().squeeze(1)
+        y_skip = block.skip(h)
+        m_skip = gated.rows(mask[:, skip_k], y_skip)
+        m_nonskip = gated.rows(mask.sum(1) - mask[:, skip_k], y_skip)
+        y_run = self._run_mixed(block, h, choice, computed) if len(computed) else None
+        alt, n = self._alternatives(i, choice)
+        with torch.no_grad(), frozen_state(block):
+            y_alt = self._run_mixed(block, h, alt, everyone)
+        y_comp = y_alt if y_run is None else y_alt.index_copy(0, computed, y_run)
+        m_a = mask.gather(1, alt.unsqueeze(1)).squeeze(1)
+        m_alt = gated.rows((n > 0) * (m_a.detach() + n * (m_a - m_a.detach())), y_skip)
+        return (m_nonskip - m_alt) * y_comp + m_alt * y_alt + m_skip * y_skip
+
+    reference = toy("routed", FOUR).train()
+    reference._routed = written_out.__get__(reference)
+    torch.manual_seed(7)
+    expected = _gate_ce_grads(reference, X8, FORCED8, 1)
+    assert expected.abs().max() > 1e-4
+    assert torch.allclose(fused, expected, atol=1e-6, rtol=1e-4)
+
+
+def test_routed_sample_fraction_keeps_the_gate_gradient_unbiased(monkeypatch):
+    """Running the alternative for half the batch, its contrast weighted by 2, has the same expected gate
+    gradient as running it for every sample. Each row is computed as part of the whole batch here, so that
+    the subset's own batch statistics (a real, separate effect) do not enter the comparison."""
+    run = GatedModel._run_mixed
+    monkeypatch.setattr(GatedModel, "_run_mixed", lambda self, block, h, option, rows: run(
+        self, block, h, option, torch.arange(len(option))).index_select(0, rows))
+    draws, means = 600, {}
+    for fraction in (1.0, 0.5):
+        model = toy("routed", FOUR).train()
+        model.sample_fraction = fraction
+        torch.manual_seed(11)
+        means[fraction] = _gate_ce_grads(model, X8, FORCED8, draws) / draws
+    scale = means[1.0].abs().max()
+    assert scale > 1e-4
+    assert (means[0.5] - means[1.0]).abs().max() < 0.15 * scale  # a weight of 1 instead of 2: about 0.5 * scale
+    with pytest.raises(ValueError, match="sample_fraction"):
+        GatedModel(build_model("tiny", 1, 10), FOUR, "routed", sample_fraction=0.0)
+
+
+def test_routed_warmup_runs_masked_first(monkeypatch):
+    cfg = parse_config({**DIGITS, "optim": {"iterations": 6}, "schedule": {
+        "kind": "dfq", "target_cp": 2.0, "execution": "routed", "routed_warmup": 0.5}})
+    seen = []
+    original = GatedModel.forward
+
+    def spy(self, x, forced=None):
+        if self.training:
+            seen.append(self.execution)
+        return original(self, x, forced)
+
+    monkeypatch.setattr(GatedModel, "forward", spy)
+    train_and_evaluate(cfg)
+    assert seen == ["masked"] * 3 + ["routed"] * 3
+
+
 def test_cost_gradient_is_the_same_in_both_modes():
     grads = []
     x = torch.randn(4, 1, 8, 8)
@@ -231,3 +325,18 @@ def test_block_costs_under_every_cost_model():
                   + 2 * sum(x.inputs * 8 + x.outputs * 16 for x in b1) + sum(x.inputs * 12 + x.outputs * 24 for x in b1))
     per_iter = wf * 96 + w[0] * 40 + 2 * w[1] * 40
     assert proj.weights > 0 and out["memory"] == (per_sample + per_iter) / 8
+
+
+@pytest.mark.parametrize("schedule, field", [
+    ({"routed_warmup": 0.2}, "schedule.routed_warmup"),  # masked execution: nothing to warm up
+    ({"execution": "routed", "routed_estimator": "skip", "routed_sample_fraction": 0.5},
+     "schedule.routed_sample_fraction"),
+    ({"routed_sample_fraction": 0.0}, "schedule.routed_sample_fraction"),
+    ({"execution": "routed", "routed_warmup": 1.0}, "schedule.routed_warmup"),
+])
+def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        parse_config({**DIGITS, "schedule": {"kind": "dfq", "target_cp": 3.0, **schedule}})
+    assert field in str(info.value) and "allowed" in str(info.value)
