@@ -221,7 +221,7 @@ def test_routed_sample_fraction_keeps_the_gate_gradient_unbiased(monkeypatch):
     run = GatedModel._run_mixed
     monkeypatch.setattr(GatedModel, "_run_mixed", lambda self, block, h, option, rows: run(
         self, block, h, option, torch.arange(len(option))).index_select(0, rows))
-    draws, means = 600, {}
+    draws, means = 300, {}
     for fraction in (1.0, 0.5):
         model = toy("routed", FOUR).train()
         model.sample_fraction = fraction
@@ -229,7 +229,7 @@ def test_routed_sample_fraction_keeps_the_gate_gradient_unbiased(monkeypatch):
         means[fraction] = _gate_ce_grads(model, X8, FORCED8, draws) / draws
     scale = means[1.0].abs().max()
     assert scale > 1e-4
-    assert (means[0.5] - means[1.0]).abs().max() < 0.15 * scale  # a weight of 1 instead of 2: about 0.5 * scale
+    assert (means[0.5] - means[1.0]).abs().max() < 0.25 * scale  # a weight of 1 instead of 2: 0.4 * scale
     with pytest.raises(ValueError, match="sample_fraction"):
         GatedModel(build_model("tiny", 1, 10), FOUR, "routed", sample_fraction=0.0)
 
