@@ -166,9 +166,29 @@ def stop_ui(proc: subprocess.Popen) -> int:
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
+def store_template(tmp_path_factory) -> Path:
+    """An empty MLflow sqlite store, created once per session. MLflow migrates a new database through its whole
+    schema history (about a second of CPU in every process that opens it first); tests that only need an empty
+    store copy this one. Creating a store from nothing stays covered by the CLI, bad-input and demo tests."""
+    from orchestrator import store
+
+    path = tmp_path_factory.mktemp("store_template") / "mlflow.db"
+    store.preflight(f"sqlite:///{path}")
+    return path
+
+
+def copy_store(template: Path, dest: Path) -> str:
+    """A copy of the empty session store at ``dest``; its sqlite URI."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, dest)
+    return f"sqlite:///{dest}"
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory, store_template):
     """`fractune ui` serving a sqlite store on 127.0.0.1; at the end, Ctrl-C must stop all of it."""
     folder = tmp_path_factory.mktemp("mlflow_server")
+    copy_store(store_template, folder / "mlflow.db")
     proc, info = start_ui(str(folder / "mlflow.db"))
     yield {"uri": info["tracking_uri"], "folder": folder, "info": info}
     code = stop_ui(proc)

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator import store
-from tests.conftest import ROOT
+from tests.conftest import ROOT, copy_store
 
 SOURCES = [p for d in ("engine", "trainables", "search_spaces", "orchestrator", "dashboards")
            for p in (ROOT / d).rglob("*.py")]
@@ -54,12 +54,12 @@ def test_uri_credentials_are_redacted():
     assert store.redact("sqlite:////tmp/m.db") == "sqlite:////tmp/m.db"
 
 
-def test_secrets_never_reach_output_mlflow_or_storage(run_cli, tmp_path):
+def test_secrets_never_reach_output_mlflow_or_storage(run_cli, tmp_path, store_template):
     secret = "tok_" + "9f3c" * 8
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "secrets", "base": {"model": {"name": "tiny"}, "optim": {"epochs": 1},
                                                                  "data": {"dataset": "digits"}}}))
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = copy_store(store_template, tmp_path / "m.db")
     r = run_cli("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--json",
                 env={"RAY_AUTH_TOKEN": secret, "MLFLOW_TRACKING_TOKEN": secret, "RAY_ADDRESS": ""})
     assert r.returncode == 0, r.stderr[-2000:]

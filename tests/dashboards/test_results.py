@@ -14,6 +14,7 @@ import yaml
 from dashboards.results import comparable, method_label, summarise, trends
 from engine.config import parse_config, set_path
 from orchestrator import store
+from tests.conftest import copy_store
 
 STUDY = {
     "name": "mini_study",
@@ -126,13 +127,13 @@ def test_savings_and_ranking_under_each_cost_model():
 
 
 @pytest.fixture(scope="module")
-def mini_study(ray_local, tmp_path_factory):
+def mini_study(ray_local, tmp_path_factory, store_template):
     from orchestrator.cli import main
 
     folder = tmp_path_factory.mktemp("mini_study")
     spec = folder / "spec.yaml"
     spec.write_text(yaml.safe_dump(STUDY, sort_keys=False))
-    uri = f"sqlite:///{folder / 'm.db'}"
+    uri = copy_store(store_template, folder / "m.db")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         code = main(["sweep", str(spec), "--tracking-uri", uri, "--storage", str(folder / "runs"), "--quiet",

@@ -19,7 +19,7 @@ import yaml
 from orchestrator import store
 from orchestrator.sweep import SweepOptions, run_sweep
 from search_spaces.spec import parse_spec
-from tests.conftest import needs_root, run_main
+from tests.conftest import copy_store, needs_root, run_main
 from tests.orchestrator.procs import descendants, kill_session, start_cli, wait_for
 
 SLOW = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 6},
@@ -97,13 +97,12 @@ def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, t
     assert any("fractune.retried" in r["tags"] for r in runs.values())
 
 
-def test_a_killed_driver_resumes_every_trial_exactly_once(ray_local, tmp_path):
+def test_a_killed_driver_resumes_every_trial_exactly_once(ray_local, tmp_path, sqlite_uri):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"name": "kill_driver", "base": {**SLOW, "optim": {"epochs": 3}},
                                     "parameters": {"schedule": {"grid": FOUR[:3]}},
                                     "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}))
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    store.preflight(uri)  # create the tables first: this test polls the store while the sweep writes it
+    uri = sqlite_uri  # the tables exist: this test polls the store while the sweep writes it
     # both drivers attach to the session's Ray (a driver's death ends its trials' actors, as a local Ray's would)
     args = ("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--quiet", "--no-report",
             "--address", ray_local.get_runtime_context().gcs_address)
@@ -174,8 +173,9 @@ def test_tracking_store_unreachable_at_start_fails_before_any_trial(run_cli, tmp
     assert not (tmp_path / "runs").exists()  # nothing started
 
 
-def test_tracking_store_down_mid_sweep_is_backfilled(ray_local, tmp_path):
+def test_tracking_store_down_mid_sweep_is_backfilled(ray_local, tmp_path, store_template):
     port, db = _free_port(), tmp_path / "server.db"
+    copy_store(store_template, db)
     server = _mlflow_server(port, db, tmp_path)
     uri = f"http://127.0.0.1:{port}"
     spec = {"name": "store_down", "base": {**SLOW, "optim": {"epochs": 8}},
@@ -261,15 +261,16 @@ def test_full_or_unwritable_storage_is_a_clear_error(tmp_path, tiny_mount, capsy
 
 
 @needs_root
-def test_storage_filling_up_mid_sweep_fails_trials_not_the_machine(ray_local, tmp_path, tiny_mount, capsys):
+def test_storage_filling_up_mid_sweep_fails_trials_not_the_machine(ray_local, tmp_path, tiny_mount, capsys,
+                                                                   sqlite_uri):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "fills", "base": {**SLOW, "debug": {}},
                                     "parameters": {"schedule": {"grid": FOUR[:2]}},
                                     "budget": {"max_concurrent_trials": 2, "max_failures": 0},
                                     "resources": {"cpu": 1}}))
     small = tiny_mount("300k")
-    code, _, _ = run_main("sweep", str(spec), "--storage", str(small), "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
-                          "--quiet", "--json")
+    code, _, _ = run_main("sweep", str(spec), "--storage", str(small), "--tracking-uri", sqlite_uri, "--quiet",
+                          "--json")
     err = capsys.readouterr().err
     assert code == 1, err[-2000:]
     errors = [x for x in err.splitlines() if x.startswith("fractune sweep: error:")]
