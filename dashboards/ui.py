@@ -1,7 +1,8 @@
 """``fractune ui``: the MLflow UI for a sweep store, on 127.0.0.1, in the foreground until Ctrl-C.
 
 For a sqlite store it starts ``mlflow server --backend-store-uri URI --host 127.0.0.1 --port N --workers 1``
-(one worker: the default four compete for two cores), waits for ``/health`` and prints the URL. With
+(one worker: the default four compete for two cores; MLflow's GenAI job runner off unless
+``MLFLOW_SERVER_ENABLE_JOB_EXECUTION`` says otherwise), waits for ``/health`` and prints the URL. With
 ``--sweep`` that is the sweep's view (``dashboards.mlflow_view``: its trials sorted by accuracy, or a language
 model's test perplexity, with the swept values, objectives, cp and the Pareto tag as columns), and the charts
 view under it; the view, the parent run's summary and note are (re)written first, so sweeps logged before they
@@ -122,6 +123,17 @@ def server_command(uri: str, host: str, port: int, quiet: bool = False) -> list[
     return cmd
 
 
+def server_env(verbose: bool = False) -> dict:
+    """The server's environment. MLflow 3's job execution (a job runner and seven huey consumers, each a Python
+    process importing MLflow, for its GenAI scorers and trace jobs) is off unless the user's environment turns it
+    on: fractune's runs never use it, and on two cores it costs about ten seconds of CPU at every start."""
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
+                                                                               "false")}
+    if not verbose:
+        env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
 def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 120.0, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -221,7 +233,7 @@ def cmd_ui(args) -> int:
     # stderr with --verbose
     log = None if args.verbose else db.parent / LOG_FILE
     sink = sys.stderr if log is None else open(log, "w")  # noqa: SIM115  closed below
-    env = os.environ if args.verbose else {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = server_env(verbose=args.verbose)
     try:
         proc = subprocess.Popen(server_command(uri, args.host, port, quiet=not args.verbose), stdout=sink,
                                 stderr=sink, start_new_session=True, env=env)

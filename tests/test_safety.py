@@ -3,6 +3,8 @@ left alone, secrets kept out of logs, MLflow and artifacts."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -34,18 +36,58 @@ def test_no_unsafe_loading_or_code_execution_in_sources():
         assert "RAY_AUTH_MODE" not in code or "disabled" not in code, rel  # token auth is never switched off
 
 
+# the local Ray fractune starts, probed from inside: every port it listens on, and what each answers over HTTP
+PROBE = r"""
+import json, sys, urllib.request
+import ray
+import psutil  # Ray's vendored copy, on sys.path once ray is imported
+from orchestrator.sweep import init_ray
+init_ray(None, dashboard=True)  # the default's services and the dashboard's
+me = psutil.Process()
+pids = {p.pid for p in me.children(recursive=True)} | {me.pid}
+found = []
+for c in psutil.net_connections(kind="inet"):
+    if c.status != psutil.CONN_LISTEN or c.pid not in pids:
+        continue
+    ip, port = c.laddr.ip, c.laddr.port
+    answer = None
+    if ip not in ("127.0.0.1", "::1"):
+        host = "127.0.0.1" if ip in ("0.0.0.0", "::") else ip
+        host = f"[{host}]" if ":" in host else host
+        for path in ("/", "/metrics", "/api/version"):
+            try:
+                with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=3) as r:
+                    answer = r.status
+                    break
+            except urllib.error.HTTPError as e:
+                answer = e.code
+            except Exception as e:
+                answer = type(e).__name__
+    found.append([ip, port, psutil.Process(c.pid).name(), answer])
+print(json.dumps({"ports": found, "webui": ray._private.worker.global_worker.node.address_info["webui_url"]}))
+ray.shutdown()
+"""
+
+
 def test_servers_default_to_loopback():
+    """No server in the sources binds every interface; the local Ray a sweep starts (with its dashboard on, a
+    superset of the default's services) serves its dashboard and Jobs API on 127.0.0.1, and off loopback only
+    Ray's token-guarded services listen: gRPC (no HTTP answer at all) and HTTP that says 401."""
     for path in SOURCES:
         code = _code(path)
         assert "0.0.0.0" not in code, path.relative_to(ROOT)
-    out = subprocess.run([sys.executable, "-c", (
-        "import ray; from orchestrator.sweep import init_ray; init_ray(None, dashboard=True); "
-        "print(ray._private.worker.global_worker.node.address_info['webui_url']); ray.shutdown()")],
-        capture_output=True, text=True, cwd=ROOT,
-        timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "",
-                          "RAY_USAGE_STATS_ENABLED": "0"})
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT, timeout=180,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "",
+                              "RAY_USAGE_STATS_ENABLED": "0", "HOME": os.environ.get("HOME", "/root")})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1].startswith("127.0.0.1:")  # the dashboard and Jobs API
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["webui"].startswith("127.0.0.1:")  # the dashboard and Jobs API
+    ports = found["ports"]
+    assert ports, "no listening port found: the probe is broken"
+    exposed = [p for p in ports if p[0] not in ("127.0.0.1", "::1")]
+    bad = [p for p in exposed if isinstance(p[3], int) and p[3] < 400]
+    assert not bad, bad
+    assert not any(p[3] == 200 for p in ports)
 
 
 def test_uri_credentials_are_redacted():

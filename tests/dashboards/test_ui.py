@@ -23,6 +23,11 @@ def test_ui_serves_a_loopback_server_with_one_worker(mlflow_server):
     db = mlflow_server["folder"] / "mlflow.db"
     assert argv[argv.index(b"--backend-store-uri") + 1] == f"sqlite:///{db}".encode()
     assert argv[argv.index(b"--artifacts-destination") + 1] == str(db.parent / "mlartifacts").encode()
+    # the server's whole session: the server and its uvicorn, no GenAI job runner or huey consumers
+    from tests.orchestrator.procs import session_pids
+
+    commands = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in session_pids(info["pid"])]
+    assert len(commands) == 2 and not [c for c in commands if b"huey" in c or b"job_runner" in c], commands
 
 
 def test_a_busy_port_is_refused(tmp_path, capsys):

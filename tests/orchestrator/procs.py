@@ -1,4 +1,5 @@
-"""Process helpers for the fault tests: start a CLI sweep in its own session, kill a whole session."""
+"""Helpers of the fault tests: start a CLI sweep in its own session, kill a whole session, cut a server off, read
+what a sweep logged."""
 
 from __future__ import annotations
 
@@ -9,7 +10,23 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator import store
 from tests.conftest import ROOT
+
+SLOW = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 6},
+        "debug": {"sleep_per_iteration": 0.04}}
+
+
+def histories(uri: str, name: str) -> dict[str, dict]:
+    c = store.client(uri)
+    parent = store.sweep_parent(c, name)
+    out = {}
+    for run in store.child_runs(c, parent):
+        hist = c.get_metric_history(run.info.run_id, "accuracy")
+        out[run.data.tags[store.TRIAL_TAG]] = {"status": run.info.status, "steps": [m.step for m in hist],
+                                                 "last_ts": max((m.timestamp for m in hist), default=0),
+                                                 "tags": run.data.tags, "parent": parent.info.run_id}
+    return out
 
 
 def start_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Popen:
@@ -73,3 +90,61 @@ def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "cond
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 in front of a server: ``cut()`` makes the server unreachable exactly as a dead
+    one is (the port refuses connections, open ones are reset), ``restore()`` listens again on the same port."""
+
+    def __init__(self, target_port: int):
+        import socket
+        import threading
+
+        self._socket, self._threading = socket, threading
+        self.target = target_port
+        self._conns: set = set()
+        self._lock = threading.Lock()
+        self._listener = None
+        self.port = 0
+        self.restore()
+
+    def restore(self) -> None:
+        s = self._socket.socket()
+        s.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self._listener, self.port = s, s.getsockname()[1]
+        self._threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def cut(self) -> None:
+        self._listener.shutdown(self._socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone would not
+        self._listener.close()
+        with self._lock:
+            conns, self._conns = self._conns, set()
+        for c in conns:
+            c.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            c.close()  # linger 0: the peer gets a reset, as from a killed process
+
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # cut
+                return
+            try:
+                upstream = self._socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                self._threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+            dst.shutdown(self._socket.SHUT_WR)
+        except OSError:
+            pass

@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,28 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import store
 from orchestrator.sweep import SweepOptions, run_sweep
 from search_spaces.spec import parse_spec
-from tests.conftest import copy_store, needs_root, run_main
-from tests.orchestrator.procs import descendants, kill_session, start_cli, wait_for
+from tests.conftest import needs_root, run_main
+from tests.orchestrator.procs import SLOW, descendants, histories, kill_session, start_cli, wait_for
 
-SLOW = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 6},
-        "debug": {"sleep_per_iteration": 0.04}}
 FOUR = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static", "fw": 4, "bw": 8},
         {"kind": "static", "fw": 2, "bw": 4}]
-
-
-def histories(uri: str, name: str) -> dict[str, dict]:
-    c = store.client(uri)
-    parent = store.sweep_parent(c, name)
-    out = {}
-    for run in store.child_runs(c, parent):
-        hist = c.get_metric_history(run.info.run_id, "accuracy")
-        out[run.data.tags[store.TRIAL_TAG]] = {"status": run.info.status, "steps": [m.step for m in hist],
-                                                 "last_ts": max((m.timestamp for m in hist), default=0),
-                                                 "tags": run.data.tags, "parent": parent.info.run_id}
-    return out
 
 
 def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, sqlite_uri):
@@ -144,23 +128,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _mlflow_server(port: int, db: Path, cwd: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], cwd=cwd,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    import urllib.request
-
-    def healthy():
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:  # noqa: S310
-                return r.status == 200
-        except OSError:
-            return False
-
-    wait_for(healthy, timeout=90, what="mlflow server")
-    return proc
-
-
 def test_tracking_store_unreachable_at_start_fails_before_any_trial(run_cli, tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "no_store", "base": SLOW}))
@@ -171,58 +138,6 @@ def test_tracking_store_unreachable_at_start_fails_before_any_trial(run_cli, tmp
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--tracking-uri" in lines[0] and "unreachable" in lines[0]
     assert not (tmp_path / "runs").exists()  # nothing started
-
-
-def test_tracking_store_down_mid_sweep_is_backfilled(ray_local, tmp_path, store_template):
-    port, db = _free_port(), tmp_path / "server.db"
-    copy_store(store_template, db)
-    server = _mlflow_server(port, db, tmp_path)
-    uri = f"http://127.0.0.1:{port}"
-    spec = {"name": "store_down", "base": {**SLOW, "optim": {"epochs": 8}},
-            "parameters": {"schedule": {"grid": FOUR[:2]}}, "budget": {"max_concurrent_trials": 2},
-            "resources": {"cpu": 1}}
-    state = {"server": server}
-
-    def outage():
-        wait_for(lambda: _any_metric(db), timeout=120, what="a first metric in the server's store")
-        kill_session(state["server"].pid)
-        before = _tune_results(tmp_path / "r")
-        # trials keep training and reporting while the store is down: two more epochs reported to Tune
-        wait_for(lambda: _tune_results(tmp_path / "r") >= before + 2, timeout=120, what="epochs reported to Tune")
-        state["server"] = _mlflow_server(port, db, tmp_path)
-
-    t = threading.Thread(target=outage, daemon=True)
-    t.start()
-    try:
-        out = run_sweep(parse_spec(spec), SweepOptions(tracking_uri=uri, storage=str(tmp_path / "r"), progress=False))
-        t.join(timeout=120)
-        assert out["errored"] == 0
-        report = out["tracking"]
-        print("tracking report:", json.dumps(report))  # figures for docs/reliability.md (pytest -s)
-        assert report["failed_calls"] >= 1 and report["backfilled"] >= 1 and report.get("pending", 0) == 0
-        assert report["gap"]["last"] >= report["gap"]["first"]
-        runs = histories(uri, "store_down")
-        assert len(runs) == 2 and all(r["steps"] == list(range(1, 9)) for r in runs.values())
-        assert all(r["status"] == "FINISHED" for r in runs.values())
-    finally:
-        kill_session(state["server"].pid)
-
-
-def _tune_results(storage: Path) -> int:
-    """Epoch results Tune has recorded so far (one line each in the trials' result.json)."""
-    return sum(len(p.read_text().splitlines()) for p in storage.glob("*/*/result.json"))
-
-
-def _any_metric(db: Path) -> bool:
-    import sqlite3
-
-    if not db.exists():
-        return False
-    try:
-        with sqlite3.connect(db) as con:
-            return con.execute("select count(*) from metrics where key = 'accuracy'").fetchone()[0] > 0
-    except sqlite3.Error:
-        return False
 
 
 @pytest.fixture

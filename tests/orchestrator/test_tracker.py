@@ -1,14 +1,20 @@
 """The tracker logs what the engine reports: every numeric metric of a trial's epochs reaches MLflow, and nothing
 of Tune's own bookkeeping does. Checked on the session's served sweep (a static, an auto-PFQ and a routed-DFQ
-trial on digits, logged over HTTP) against the engine's own per-epoch history in each trial's checkpoint."""
+trial on digits, logged over HTTP) against the engine's own per-epoch history in each trial's checkpoint; and a
+sweep whose tracking server becomes unreachable mid-sweep loses nothing."""
 
 from __future__ import annotations
 
+import json
+import threading
 from pathlib import Path
 
 from engine import checkpoint
 from orchestrator import store
+from orchestrator.sweep import SweepOptions, run_sweep
 from orchestrator.tracker import NOT_METRICS, is_metric
+from search_spaces.spec import parse_spec
+from tests.orchestrator.procs import SLOW, Relay, histories, wait_for
 
 
 def _engine_history(storage: Path, trial_id: str) -> list[dict]:
@@ -43,3 +49,48 @@ def test_tune_bookkeeping_and_placement_are_not_metrics():
               "torch_threads": 1, "node_id": "abc", "events": [], "flag": True}
     assert {k for k, v in result.items() if is_metric(k, v)} == {"accuracy", "epoch", "new_engine_metric", "stage"}
     assert {"training_iteration", "time_total_s", "iterations_since_restore", "torch_threads"} <= NOT_METRICS
+
+
+def test_tracking_store_unreachable_mid_sweep_is_backfilled(ray_local, mlflow_server, tmp_path):
+    """The session's MLflow server becomes unreachable after the sweep's first metric (its port refuses
+    connections, open ones are reset: what a killed server does to its clients) and comes back two epochs later.
+    Training goes on, the writes queue up and are backfilled in order: every history is complete."""
+    relay = Relay(int(mlflow_server["uri"].rsplit(":", 1)[1]))
+    uri = f"http://127.0.0.1:{relay.port}"
+    spec = {"name": "store_down", "base": {**SLOW, "optim": {"epochs": 6}},
+            "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}]}},
+            "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}
+    storage = tmp_path / "r"
+
+    def outage():
+        def a_first_metric():
+            try:
+                return any(h["steps"] for h in histories(mlflow_server["uri"], "store_down").values())
+            except Exception:  # noqa: BLE001  nothing logged yet
+                return False
+
+        wait_for(a_first_metric, timeout=120, what="a first metric in the store")
+        relay.cut()
+        before = _tune_results(storage)
+        # trials keep training and reporting while the store is unreachable: two more epochs of each trial
+        wait_for(lambda: _tune_results(storage) >= before + 4, timeout=120, what="epochs reported to Tune")
+        relay.restore()
+
+    t = threading.Thread(target=outage, daemon=True)
+    t.start()
+    out = run_sweep(parse_spec(spec), SweepOptions(tracking_uri=uri, storage=str(storage), progress=False))
+    t.join(timeout=120)
+    relay.cut()
+    assert out["errored"] == 0
+    report = out["tracking"]
+    print("tracking report:", json.dumps(report))  # figures for docs/reliability.md (pytest -s)
+    assert report["failed_calls"] >= 3 and report["backfilled"] >= 3  # retried at every callback of the outage and report.get("pending", 0) == 0
+    assert report["gap"]["last"] >= report["gap"]["first"]
+    runs = histories(mlflow_server["uri"], "store_down")
+    assert len(runs) == 2 and all(r["steps"] == list(range(1, 7)) for r in runs.values())
+    assert all(r["status"] == "FINISHED" for r in runs.values())
+
+
+def _tune_results(storage: Path) -> int:
+    """Epoch results Tune has recorded so far (one line each in the trials' result.json)."""
+    return sum(len(p.read_text().splitlines()) for p in storage.glob("*/*/result.json"))
