@@ -212,12 +212,29 @@ def _fashion_mnist(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return as_x(arr["xtr"]), as_y(arr["ytr"]), as_x(arr["xte"]), as_y(arr["yte"])
 
 
-def _digits(cfg: DataConfig):
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (1797 8x8 images, values 0..16) and labels. Read from the CSV that scikit-learn ships
+    (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label per row, what ``load_digits`` parses) without
+    importing scikit-learn, which costs about a second of CPU in every trial process; ``load_digits`` where that
+    file is not found."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            rows = np.loadtxt(path, delimiter=",")
+            return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    x = torch.from_numpy(np.round(d.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
-    y = torch.from_numpy(d.target.astype(np.int64))
+    return d.images, d.target
+
+
+def _digits(cfg: DataConfig):
+    images, target = _digits_arrays()
+    x = torch.from_numpy(np.round(images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
+    y = torch.from_numpy(target.astype(np.int64))
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))  # fixed 80/20 test split
     n_test = 360
     te, tr = perm[:n_test], perm[n_test:]

@@ -47,22 +47,36 @@ def _files_matching(pattern: str) -> set[str]:
     return {str(f.relative_to(ROOT)) for f in here.rglob("test_*.py") if re.search(pattern, f.read_text())}
 
 
+def _scope(nodeid: str) -> str:
+    """The unit of work `make test` (``pytest -n 2``) hands to one worker: every test of the files that use the
+    session's MLflow server (and so the sweep served from it and the browser) is one unit, so that server, its
+    sweep and the browser start once per run; the tests of a file with a module-scoped fixture of its own are one
+    unit too (built once); every other test is a unit of its own."""
+    path = nodeid.split("::", 1)[0]
+    return "mlflow_server" if path in _SHARED else path if path in _OWN_FIXTURE else nodeid
+
+
+_SHARED = _files_matching(r"\b(mlflow_server|served_sweep)\b")  # the session server, directly or not
+_OWN_FIXTURE = _files_matching(r"scope=\"(module|session)\"")  # a file's own shared fixture: built once
+
+
+def pytest_collection_modifyitems(config, items):
+    """The units holding a ``slow`` test first (stably, so a unit stays together and in order): the workers start
+    on the long tests and the quick ones fill in at the end, instead of one worker finishing a long test alone."""
+    slow = {_scope(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _scope(item.nodeid) not in slow)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs ``pytest -n 2``: every test of the files that use the session's MLflow server (and so
-    the sweep served from it and the browser) goes to one worker, so that server, its sweep and the browser start
-    once per run; the tests of a file with a module-scoped fixture of its own stay together too; every other test
-    is scheduled on its own over both workers (each worker has its own local Ray).
-    (A scheduler of our own: xdist 3.8's ``--dist loadgroup`` marks node ids in a way pytest 9 no longer reads.)"""
+    """Work units by ``_scope``; xdist hands them out largest first (``--loadscope-reorder``), then in collection
+    order. (A scheduler of our own: xdist 3.8's ``--dist loadgroup`` marks node ids in a way pytest 9 no longer
+    reads.)"""
     from xdist.scheduler import LoadScopeScheduling
-
-    shared = _files_matching(r"\b(mlflow_server|served_sweep)\b")  # the session server, directly or not
-    own_fixture = _files_matching(r"scope=\"(module|session)\"")  # a file's own shared fixture: built once
 
     class SharedServerScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "mlflow_server" if path in shared else path if path in own_fixture else nodeid
+            return _scope(nodeid)
 
     return SharedServerScheduling(config, log)
 

@@ -128,6 +128,7 @@ def _loaded_after(import_stmt: str, forbidden: tuple[str, ...]) -> list[str]:
     return [m for m in out.stdout.strip().split(",") if m]
 
 
+@pytest.mark.slow
 def test_light_entry_points_import_no_service_libraries():
     # the engine, and `fractune train`/`cost` (in-process, engine only); and the read side (`pareto`, `report`,
     # `ui`, `results`) pays no Ray import

@@ -118,6 +118,7 @@ def test_bad_input_exits_2_with_one_line_per_problem_and_changes_nothing(path, c
     assert wall < 30, f"refused after {wall:.0f} s"
 
 
+@pytest.mark.slow
 def test_real_process_exit_codes(run_cli, tmp_path):
     # (every bad file also runs in-process in test_bad_input_exits_2_with_one_line_per_problem_and_changes_nothing)
     r = run_cli("validate", str(BAD_DIR / "42_spec_invalid_grid_point.yaml"))

@@ -21,6 +21,7 @@ KEYS = {"accuracy", "val_accuracy", "epochs", "train_bitops", "fp32_bitops", "fw
         "savings_vs_fw8bw8", "cp", "wall_seconds"}
 
 
+@pytest.mark.slow
 def test_train_json_and_checkpoint_resume(run_cli, tmp_path):
     cfg = write_yaml(tmp_path / "tiny.yaml", TINY)
     r = run_cli("train", str(cfg), "--json", "--checkpoint-dir", str(tmp_path / "ck"), "--history", str(tmp_path / "h.jsonl"))

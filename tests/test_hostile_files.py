@@ -153,6 +153,7 @@ def test_fuzz_every_reader_refuses_in_one_line_within_bounds(doc, which, tmp_pat
         assert 1 <= len(err) <= 20 and not any("Traceback" in x for x in err), err  # one line per problem
 
 
+@pytest.mark.slow
 def test_fuzz_hostile_documents_in_real_processes_are_bounded(tmp_path):
     """The worst documents in a real process: exit 2, one line, seconds, and a peak memory within a small margin
     of the same command refusing a two-line document (the imports' own footprint differs between machines: torch's
@@ -218,6 +219,7 @@ def test_a_sweep_tune_gives_up_on_leaves_its_parent_run_failed_with_the_cause(tm
     assert "bad space" in run.data.tags["fractune.error"]
 
 
+@pytest.mark.slow
 def test_schedule_preview_of_a_huge_run_is_bounded_in_memory_and_time():
     import tracemalloc
 

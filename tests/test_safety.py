@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from orchestrator import store
@@ -69,6 +70,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.slow
 def test_servers_default_to_loopback():
     """No server in the sources binds every interface; the local Ray a sweep starts (with its dashboard on, a
     superset of the default's services) serves its dashboard and Jobs API on 127.0.0.1, and off loopback only
@@ -96,6 +98,7 @@ def test_uri_credentials_are_redacted():
     assert store.redact("sqlite:////tmp/m.db") == "sqlite:////tmp/m.db"
 
 
+@pytest.mark.slow
 def test_secrets_never_reach_output_mlflow_or_storage(run_cli, tmp_path, store_template):
     secret = "tok_" + "9f3c" * 8
     spec = tmp_path / "s.yaml"

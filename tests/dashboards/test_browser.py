@@ -46,6 +46,7 @@ def _run_names(driver) -> list[str]:
     return [names[i] for i in sorted(names)]
 
 
+@pytest.mark.slow
 def test_the_sweeps_view_shows_its_trials_and_charts(browser, served_sweep, mlflow_server):
     """The URL `fractune ui --sweep` prints: the model-training mode, one row per trial with its readable name,
     sorted by accuracy, the objectives and cp as columns; its chart view draws every trial."""

@@ -120,6 +120,7 @@ def test_report_reads_events_and_bit_allocation_back(served_sweep, mlflow_server
     assert all(0 <= v <= 8 for row in alloc["fw"] for v in row)
 
 
+@pytest.mark.slow
 def test_report_cli_rebuilds_from_mlflow(served_sweep, mlflow_server, run_cli, tmp_path):
     rows = load_sweep(mlflow_server["uri"], "served_sweep").rows
     pfq, dfq = (next(r for r in rows if r["schedule"] == k) for k in ("pfq", "dfq"))

@@ -142,6 +142,7 @@ def mini_study(ray_local, tmp_path_factory, store_template):
     return {"folder": folder, "uri": uri}
 
 
+@pytest.mark.slow
 def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
     folder, uri = mini_study["folder"], mini_study["uri"]
     notes = folder / "notes.md"

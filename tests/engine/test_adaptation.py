@@ -119,6 +119,7 @@ def test_a_gated_retrain_loads_the_fp32_backbone(pretrained):
     assert result.history[0]["init_accuracy"] == pytest.approx(pre.metrics["accuracy"])
 
 
+@pytest.mark.slow
 def test_another_architectures_checkpoint_is_refused(pretrained, run_cli, tmp_path):
     folder, _ = pretrained
     cfg = parse_config({**BASE, "model": {"name": "resnet8"}, "init": {"checkpoint": str(folder)}})

@@ -59,6 +59,29 @@ def test_digits_split_is_fixed_and_disjoint():
     assert len(sub.train) == 100 and len(sub.test) == 50
 
 
+def test_digits_read_from_the_shipped_csv_equal_load_digits(monkeypatch):
+    """The digits come from scikit-learn's CSV without importing scikit-learn; they are exactly what
+    ``load_digits`` returns, and where the file is not found ``load_digits`` itself is used."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from engine import data
+
+    images, target = data._digits_arrays()
+    ref = load_digits()
+    assert np.array_equal(images, ref.images) and np.array_equal(target, ref.target) and images.shape == (1797, 8, 8)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no file to read: the fallback
+    images, target = data._digits_arrays()
+    assert np.array_equal(images, ref.images) and np.array_equal(target, ref.target)
+    code = ("import sys; from engine.config import DataConfig; from engine.data import load_data; "
+            "load_data(DataConfig(dataset='digits')); print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
 def test_augmentation_crops_and_flips_per_sample():
     info = INFO["cifar10"]
     x = torch.arange(2 * 3 * 32 * 32, dtype=torch.float32).reshape(2, 3, 32, 32).to(torch.uint8)

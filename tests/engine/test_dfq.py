@@ -204,6 +204,7 @@ def test_routed_sampled_gradient_matches_the_mask_algebra():
     assert torch.allclose(fused, expected, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_routed_sample_fraction_keeps_the_gate_gradient_unbiased(monkeypatch):
     """Running the alternative for half the batch, its contrast weighted by 2, has the same expected gate
     gradient as running it for every sample. Each row is computed as part of the whole batch here, so that

@@ -24,6 +24,7 @@ SPEC = {
 }
 
 
+@pytest.mark.slow
 def test_ablate_runs_aggregates_and_reports(ray_local, tmp_path, capsys, monkeypatch):
     # run from another folder than the store's: the artifacts go beside the database, not to ./mlruns here
     (tmp_path / "store").mkdir()

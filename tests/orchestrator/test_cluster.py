@@ -131,6 +131,7 @@ def cluster(tmp_path_factory, mlflow_server):
         assert all(proc.poll() is not None for proc in procs), "a cluster process survived"
 
 
+@pytest.mark.slow
 @needs_root  # the second node runs in its own mount namespace
 def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(cluster):
     shared = cluster["folder"] / "shared"
@@ -165,6 +166,7 @@ def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(clust
     assert jobs[out["job_id"]]["status"] == "SUCCEEDED" and jobs[out["job_id"]]["sweep"] == "cluster_sweep"
 
 
+@pytest.mark.slow
 @needs_root  # the second node runs in its own mount namespace
 def test_stop_ends_a_running_job(cluster):
     slow = {**SPEC, "name": "cluster_slow", "base": {**SPEC["base"], "optim": {"epochs": 50},

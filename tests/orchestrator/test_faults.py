@@ -24,6 +24,7 @@ FOUR = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static
         {"kind": "static", "fw": 2, "bw": 4}]
 
 
+@pytest.mark.slow
 def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, sqlite_uri):
     spec = {"name": "nan_sweep", "base": {**SLOW, "optim": {"epochs": 2}, "debug": {}},
             "parameters": {"debug": {"grid": [{}, {"nan_loss_at_iteration": 3}]}},
@@ -51,6 +52,7 @@ def _trial_workers() -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, tmp_path, sqlite_uri):
     spec = {"name": "kill_trial", "base": {**SLOW, "optim": {"epochs": 4}}, "parameters": {"schedule": {"grid": FOUR[:2]}},
             "budget": {"max_concurrent_trials": 2, "max_failures": 2}, "resources": {"cpu": 1}}
@@ -81,6 +83,7 @@ def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, t
     assert any("fractune.retried" in r["tags"] for r in runs.values())
 
 
+@pytest.mark.slow
 def test_a_killed_driver_resumes_every_trial_exactly_once(ray_local, tmp_path, sqlite_uri):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"name": "kill_driver", "base": {**SLOW, "optim": {"epochs": 3}},
@@ -175,6 +178,7 @@ def test_full_or_unwritable_storage_is_a_clear_error(tmp_path, tiny_mount, capsy
         assert time.monotonic() - t < 60
 
 
+@pytest.mark.slow
 @needs_root
 def test_storage_filling_up_mid_sweep_fails_trials_not_the_machine(ray_local, tmp_path, tiny_mount, capsys,
                                                                    sqlite_uri):

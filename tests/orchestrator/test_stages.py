@@ -76,6 +76,7 @@ def test_a_bad_staged_sweep_starts_nothing(run_cli, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not any(storage.glob("bad-*"))  # one line, nothing started
 
 
+@pytest.mark.slow
 def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pretrain_fails_only_its_own(
         ray_local, tmp_path, sqlite_uri, capsys):
     # seed 1's pretrain run diverges at iteration 3: its two retrain trials fail naming it, seed 0's finish
@@ -170,6 +171,7 @@ def check_starting_from_a_run_id(tmp_path, sqlite_uri, pre, capsys):
     assert code == 2 and len(err) == 1 and "this run is FAILED and records none" in err[0], err
 
 
+@pytest.mark.slow
 def test_a_killed_driver_resumes_the_retrain_stage_without_repeating_the_pretrain(ray_local, tmp_path, sqlite_uri):
     spec = staged("kill_staged", pretrain_set={"optim.epochs": 1},
                   retrain_set={"optim.epochs": 3, "debug.sleep_per_iteration": 0.03})

@@ -22,6 +22,7 @@ DIGITS = {
 }
 
 
+@pytest.mark.slow
 def test_four_trial_sweep_tracks_every_trial(ray_local, tmp_path, sqlite_uri):
     out = run_sweep(parse_spec(DIGITS), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"),
                                                       progress=False))
@@ -70,6 +71,7 @@ ASHA = {
 }
 
 
+@pytest.mark.slow
 def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_local, tmp_path, sqlite_uri, run_cli):
     from orchestrator import runs
     from orchestrator.pareto import pareto_rows
@@ -97,6 +99,7 @@ def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_lo
     assert {t["run_id"] for t in summary["trials"] if not t["complete"]} == {r["run_id"] for r in stopped}
 
 
+@pytest.mark.slow
 def test_optuna_multi_objective_sweep(ray_local, tmp_path, sqlite_uri):
     spec = {**DIGITS, "name": "digits_optuna",
             "base": {**DIGITS["base"], "optim": {"epochs": 1}, "schedule": {"kind": "static", "fw": 8, "bw": 8}},
@@ -129,6 +132,7 @@ def test_resume_without_a_sweep_is_a_clear_error(tmp_path, sqlite_uri):
         run_sweep(parse_spec(DIGITS), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path), resume=True))
 
 
+@pytest.mark.slow
 def test_a_failing_trial_does_not_kill_the_sweep(ray_local, tmp_path, sqlite_uri):
     # the second trial points at a folder without Fashion-MNIST: it raises inside the trial
     spec = {**DIGITS, "name": "one_fails", "base": {**DIGITS["base"], "optim": {"epochs": 1}},
@@ -161,6 +165,7 @@ def test_cli_reports_spec_and_cluster_errors_together(ray_local, tmp_path, capsy
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("bad-*"))
 
 
+@pytest.mark.slow
 def test_sweep_front_on_a_cost_model(ray_local, tmp_path, sqlite_uri, capsys):
     """The spec's ``objective`` picks the cost axis: on 8-bit integer units FW6/BW8 costs what FW8/BW8 costs, so
     it cannot beat FW8/BW8 on cost alone; ``fractune pareto`` gives the same front, and any other model."""

@@ -9,6 +9,8 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+
 from engine import checkpoint
 from orchestrator import store
 from orchestrator.sweep import SweepOptions, run_sweep
@@ -51,6 +53,7 @@ def test_tune_bookkeeping_and_placement_are_not_metrics():
     assert {"training_iteration", "time_total_s", "iterations_since_restore", "torch_threads"} <= NOT_METRICS
 
 
+@pytest.mark.slow
 def test_tracking_store_unreachable_mid_sweep_is_backfilled(ray_local, mlflow_server, tmp_path):
     """The session's MLflow server becomes unreachable after the sweep's first metric (its port refuses
     connections, open ones are reset: what a killed server does to its clients) and comes back two epochs later.
