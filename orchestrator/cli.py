@@ -145,10 +145,10 @@ def _add_report(sub) -> None:
 
 def _add_ui(sub) -> None:
     p = sub.add_parser("ui", help="start the MLflow UI for the sweep store on 127.0.0.1 and print its URL",
-                       description="Start `mlflow server --workers 1` on 127.0.0.1 for a sqlite store and print the "
-                       "URL (with --sweep, the sweep's view in MLflow's model-training mode); stays in the "
-                       "foreground until Ctrl-C. For an http(s) tracking URI (a server already) only the URL is "
-                       "printed.")
+                       description="Start `mlflow server --workers 1` on 127.0.0.1 for a sqlite store (MLflow's "
+                       "GenAI job runner off unless MLFLOW_SERVER_ENABLE_JOB_EXECUTION is set) and print the URL "
+                       "(with --sweep, the sweep's view in MLflow's model-training mode); stays in the foreground "
+                       "until Ctrl-C. For an http(s) tracking URI (a server already) only the URL is printed.")
     _shared(p, "tracking_uri")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000; 0: any free port)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others expose the "
