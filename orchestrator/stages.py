@@ -24,8 +24,10 @@ from engine.errors import ConfigError
 from orchestrator.sweep import (
     SweepError,
     SweepOptions,
+    log_front,
     make_tuner,
     param_space,
+    save_summary,
     start_sweep,
     storage_problem,
     ui_command,
@@ -158,16 +160,10 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
     front = runs.front(last, objective)
     quality = runs.front_quality(runs.finished(last, objective), front, objective)
     summary = {"stages": stages, "objective": objective, "pareto": front, "errors": errors, "trials": rows}
-    try:
-        (exp_root / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))
-    except OSError as exc:
-        track["storage_error"] = f"{exp_root}: {exc.strerror}"
+    save_summary(exp_root, summary, track)
     if parent is not None:
         try:
-            for r in front:
-                if r["run_id"]:
-                    c.set_tag(r["run_id"], "pareto", "true")
-            c.log_dict(parent_id, summary, "pareto.json")
+            log_front(c, parent_id, summary)
             c.log_dict(parent_id, manifest, "stages.json")
             c.set_tag(parent_id, "fractune.stages", ",".join(stages))
             c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)

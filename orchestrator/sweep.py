@@ -405,6 +405,23 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
     )
 
 
+def save_summary(exp_path: Path, summary: dict, track: dict) -> None:
+    """``pareto.json`` (front, errors, trial rows) beside the experiment: kept when MLflow is down; a storage
+    error is noted in ``track``, not raised."""
+    try:
+        (exp_path / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))
+    except OSError as exc:
+        track["storage_error"] = f"{exp_path}: {exc.strerror}"
+
+
+def log_front(c, parent_id: str, summary: dict) -> None:
+    """The front's runs tagged ``pareto``, and ``pareto.json`` on the parent run."""
+    for r in summary["pareto"]:
+        if r["run_id"]:
+            c.set_tag(r["run_id"], "pareto", "true")
+    c.log_dict(parent_id, summary, "pareto.json")
+
+
 def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,
            report: dict | None = None) -> dict:
     """The sweep's outcome: its trial rows as MLflow holds them (``orchestrator.runs``, the loader every reader
@@ -433,16 +450,10 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
     front = runs.front(rows, objective)
     quality = runs.front_quality(runs.finished(rows, objective), front, objective)
     summary = {"objective": objective, "front_quality": quality, "pareto": front, "errors": errors, "trials": rows}
-    try:
-        (exp_path / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))  # kept if MLflow is down
-    except OSError as exc:
-        track["storage_error"] = f"{exp_path}: {exc.strerror}"
+    save_summary(exp_path, summary, track)
     if parent is not None:
         try:
-            for r in front:
-                if r["run_id"]:
-                    c.set_tag(r["run_id"], "pareto", "true")
-            c.log_dict(parent_id, summary, "pareto.json")
+            log_front(c, parent_id, summary)
             c.set_tag(parent_id, "fractune.errored", str(len(errors)))
             c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)
             if math.isfinite(quality["hypervolume"]):  # the front's quality, with its reference point
