@@ -117,7 +117,10 @@ class Relay:
         self._threading.Thread(target=self._accept, args=(s,), daemon=True).start()
 
     def cut(self) -> None:
-        self._listener.shutdown(self._socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone would not
+        import contextlib
+
+        with contextlib.suppress(OSError):  # already cut
+            self._listener.shutdown(self._socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone would not
         self._listener.close()
         with self._lock:
             conns, self._conns = self._conns, set()
