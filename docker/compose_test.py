@@ -9,7 +9,8 @@ always taken down):
  3. ca        the host's CA bundle, given to pip as a build secret, is in no layer of the image
  4. up        compose.yaml + compose.local.yaml, two workers, free loopback ports, Ray token authentication on
               (RAY_AUTH_TOKEN alone, on the nodes and in the host's shell); waits for every health check
- 5. backend   MLflow's backend store is the PostgreSQL service (its schema and runs are in the database)
+ 5. backend   MLflow's backend store is the PostgreSQL service (its schema and runs are in the database); the
+              mlflow container runs none of MLflow's GenAI job runner (MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false)
  6. sweep     ``fractune submit search_spaces/demo.yaml --follow`` from the host (this checkout's .venv): every
               trial a FINISHED run in the MLflow server and in PostgreSQL, trials on more than one worker
  7. kill      docker/kill_sweep.yaml submitted; once every trial has logged two epochs, the worker running most
@@ -349,6 +350,12 @@ def check_backend(stack: Stack) -> None:
     version = stack.psql("show server_version")[0][0]
     say(f"   mlflow server --backend-store-uri postgresql+psycopg2://...; PostgreSQL {version} holds "
         f"{len(tables)} MLflow tables")
+    # MLflow's GenAI job runner is off (MLFLOW_SERVER_ENABLE_JOB_EXECUTION, compose.yaml): no huey consumers
+    procs = run([stack.docker, "top", mlflow, "-o", "pid,args"]).stdout.splitlines()[1:]
+    jobs = [p for p in procs if "huey" in p or "job_runner" in p]
+    if jobs:
+        raise Failed(f"the mlflow container runs MLflow's job runner: {jobs[:3]}")
+    say(f"   the mlflow container runs {len(procs)} processes, none of MLflow's job runner")
 
 
 def node_names(stack: Stack) -> dict[str, str]:
