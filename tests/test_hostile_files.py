@@ -1,8 +1,8 @@
 """Files fractune reads and writes, under hostile conditions: a refused ``--resume`` leaves ``--history`` byte
 for byte as it was and a successful one appends; every reader fed random YAML documents (aliases, deep
-nesting, duplicate keys, random bytes) ends with exit 0 or exit 2 and one line, within a time and memory bound;
-a default local Ray (what ``fractune sweep`` starts) opens no port off loopback that answers without Ray's
-token."""
+nesting, duplicate keys, random bytes) ends with exit 0 or exit 2 and one line, within a time and memory bound.
+(That the local Ray ``fractune sweep`` starts opens no port off loopback that answers without Ray's token is
+checked in tests/test_safety.py, with the loopback dashboard, on one Ray.)"""
 
 from __future__ import annotations
 

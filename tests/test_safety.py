@@ -1,5 +1,6 @@
-"""Safe defaults: loopback servers, weights-only checkpoints, safe YAML, no code from user input, token auth
-left alone, secrets kept out of logs, MLflow and artifacts."""
+"""Safe defaults: loopback servers (and no port of the local Ray off loopback that answers without its token),
+weights-only checkpoints, safe YAML, no code from user input, token auth left alone, secrets kept out of logs,
+MLflow and artifacts."""
 
 from __future__ import annotations
 
