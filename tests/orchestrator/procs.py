@@ -3,10 +3,13 @@ what a sweep logged."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -97,57 +100,51 @@ class Relay:
     one is (the port refuses connections, open ones are reset), ``restore()`` listens again on the same port."""
 
     def __init__(self, target_port: int):
-        import socket
-        import threading
-
-        self._socket, self._threading = socket, threading
         self.target = target_port
-        self._conns: set = set()
+        self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._listener = None
+        self._listener: socket.socket | None = None
         self.port = 0
         self.restore()
 
     def restore(self) -> None:
-        s = self._socket.socket()
-        s.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", self.port))
         s.listen(64)
         self._listener, self.port = s, s.getsockname()[1]
-        self._threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
 
     def cut(self) -> None:
-        import contextlib
-
         with contextlib.suppress(OSError):  # already cut
-            self._listener.shutdown(self._socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone would not
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone would not
         self._listener.close()
         with self._lock:
             conns, self._conns = self._conns, set()
         for c in conns:
-            c.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
             c.close()  # linger 0: the peer gets a reset, as from a killed process
 
-    def _accept(self, listener) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
                 client, _ = listener.accept()
             except OSError:  # cut
                 return
             try:
-                upstream = self._socket.create_connection(("127.0.0.1", self.target))
+                upstream = socket.create_connection(("127.0.0.1", self.target))
             except OSError:
                 client.close()
                 continue
             with self._lock:
                 self._conns |= {client, upstream}
             for a, b in ((client, upstream), (upstream, client)):
-                self._threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     def _pump(self, src, dst) -> None:
         try:
             while data := src.recv(65536):
                 dst.sendall(data)
-            dst.shutdown(self._socket.SHUT_WR)
+            dst.shutdown(socket.SHUT_WR)
         except OSError:
             pass

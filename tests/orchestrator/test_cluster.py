@@ -55,13 +55,18 @@ def _env(**extra) -> dict:
     return env
 
 
-def _http_ok(url: str) -> bool:
+def _get(url: str, timeout: float) -> tuple[int, bytes]:
+    """GET with the cluster's token: (HTTP status, body)."""
     import urllib.request
 
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=timeout) as r:  # noqa: S310 (loopback test server)
+        return r.status, r.read()
+
+
+def _http_ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(request, timeout=2) as r:  # noqa: S310 (loopback test server)
-            return r.status == 200
+        return _get(url, timeout=2)[0] == 200
     except OSError:
         return False
 
@@ -179,12 +184,7 @@ def test_stop_ends_a_running_job(cluster):
     job_id = json.loads(r.stdout.strip().splitlines()[-1])["job_id"]
 
     def status():  # polled over the Jobs REST API (`fractune jobs` itself is checked in the submit test)
-        import urllib.request
-
-        request = urllib.request.Request(f"{cluster['dashboard']}/api/jobs/{job_id}",
-                                         headers={"Authorization": f"Bearer {TOKEN}"})
-        with urllib.request.urlopen(request, timeout=10) as r:  # noqa: S310 (loopback test cluster)
-            return json.loads(r.read())["status"]
+        return json.loads(_get(f"{cluster['dashboard']}/api/jobs/{job_id}", timeout=10)[1])["status"]
 
     wait_for(lambda: status() == "RUNNING", timeout=120, interval=1, what="the job to run")
     stopped = _cli("stop", job_id, "--address", cluster["dashboard"], "--json")
