@@ -125,7 +125,8 @@ class _QConv2dMixed(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, groups, act_range, weight_bits, stride, padding, dilation, conv_groups):
-        xq = _q_rows(x.detach(), groups, lambda p: p.act, act_range[0], act_range[1], False, torch.empty_like(x))
+        lo, hi = (None, None) if act_range is None else act_range  # None: every group's FW is 32 bits
+        xq = _q_rows(x.detach(), groups, lambda p: p.act, lo, hi, False, torch.empty_like(x))
         wq = _q_weight(w, weight_bits)
         ctx.save_for_backward(xq, wq)
         ctx.conf = (groups, None if b is None else list(b.shape), stride, padding, dilation, conv_groups)
@@ -149,7 +150,8 @@ class _QLinearMixed(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, groups, act_range, weight_bits):
-        xq = _q_rows(x.detach(), groups, lambda p: p.act, act_range[0], act_range[1], False, torch.empty_like(x))
+        lo, hi = (None, None) if act_range is None else act_range  # None: every group's FW is 32 bits
+        xq = _q_rows(x.detach(), groups, lambda p: p.act, lo, hi, False, torch.empty_like(x))
         wq = _q_weight(w, weight_bits)
         ctx.save_for_backward(xq, wq)
         ctx.conf = (groups, b is not None)

@@ -187,9 +187,10 @@ class GatedSettings(Strict):
     block_cost: Literal["uniform", "macs"] | None = None  # omega_l; None: the reference (uniform for ResNets)
     execution: Literal["masked", "routed"] = "masked"  # masked: the reference (every option for every sample)
     # routed's gate gradient (methods.md §6.3): skip = computing against skipping; sampled = also the chosen
-    # option against one sampled alternative per sample (one forward-only pass more)
-    routed_estimator: Literal["skip", "sampled"] = "sampled"  # methods.md §6.3: sampled matches masked (study)
-    # sampled: the fraction of each batch that runs the alternative (its contrast weighted by 1/fraction)
+    # option against one sampled alternative per sample (one forward-only pass more); grouped = sampled over
+    # forward groups (FW bit-widths); exact = every other forward group (masked's gradient, one pass each)
+    routed_estimator: Literal["skip", "sampled", "grouped", "exact"] = "sampled"
+    # sampled / grouped: the fraction of each batch that runs the alternative (its contrast weighted by 1/fraction)
     routed_sample_fraction: float = Field(1.0, gt=0.0, le=1.0)
     # routed: this fraction of the run's first iterations runs masked (every option for every sample), so the
     # gate starts from exact gradients (methods.md §6.3); 0 = routed from the start

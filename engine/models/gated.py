@@ -20,8 +20,13 @@ Two executions give the same forward values for the same choices in eval mode:
     not choose and run forward only (no gradient, no change to running statistics). With ``Y_comp`` = the
     chosen output (or ``y_a`` for a sample that skipped), the block's output is
     ``h = (m_nonskip - m_a) * Y_comp + m_a * sg(y_a) + m_skip * y_skip`` with ``m_a``'s gradient weighted by
-    the number of unchosen options: one-hot in value, an unbiased estimate of masked's CE gradient on the gate,
-    for every sample, at one forward pass of every block more.
+    the number of unchosen options: one-hot in value, an unbiased estimate of masked's CE gradient on the gate
+    for a computed sample (a skipped one: ``y_a`` stands in for every non-skip option), at one forward pass of
+    every block more.
+  - ``grouped``: ``sampled`` over forward groups (options with the same FW bits compute the same forward
+    values): the chosen one's group gets the chosen output exactly, the alternative is one of the other groups.
+  - ``exact``: every other forward group runs forward-only for every sample: masked's gate gradient, at one
+    forward pass of every block per other group.
 
   The cost term's gradient needs no outputs and is the same in every execution.
 """
@@ -35,6 +40,8 @@ from engine.gate import GateTrace, RecurrentGate, straight_through
 from engine.layers import frozen_state
 from engine.models.base import QModel
 from engine.precision import FP32, MixedPrecision, Precision
+
+ROUTED_ESTIMATORS = ("skip", "sampled", "grouped", "exact")  # methods.md §6.3
 
 
 def rows(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -53,52 +60,37 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class RoutedOutput(torch.autograd.Function):
     """A routed block's output and the gate's CE gradient in one step (methods.md §6.3).
 
-    Forward: ``h`` = ``y_skip`` with the computed samples' rows replaced by their chosen outputs ``y_run`` (the
-    mask is one-hot in value). Backward, with ``g = dL/dh`` and per-row inner products ``<.,.>``, the gradient
-    on the mask is what ``h = sum_k m_k G_k`` gives for per-option stand-ins ``G_k``: the skip option reads
-    ``y_skip``; every non-skip option reads the sample's own output (the chosen one, or ``y_skip`` for a sample
-    that skipped: the ``skip`` estimator); with ``sampled`` and a sample in the subset S drawn with probability
-    ``p``, a computed sample's alternative ``a`` adds ``(n_unchosen / p) <g, y_a - y_c>`` and a skipped
-    sample's non-skip options add ``<g, y_a - y_skip> / p``: unbiased for masked's ``<g, y_k>`` (tested).
-    Written as one function instead of mask products so each block costs one copy forward and three row
-    reductions backward instead of a dozen passes over its output."""
+    Forward: ``h`` = ``y_skip`` with the computed samples' rows (``computed``, in ``y_run``'s row order)
+    replaced by their chosen outputs ``y_run`` (the mask is one-hot in value). Backward, with ``g = dL/dh`` and
+    per-row inner products ``<.,.>``, the gradient on the mask is what ``h = sum_k m_k G_k`` gives for
+    per-option stand-ins ``G_k``: the skip option reads ``y_skip``; every non-skip option reads the sample's own
+    output (the chosen one, or ``y_skip`` for a sample that skipped: the ``skip`` estimator). Each forward-only
+    alternative ``(y_alt, rows, w)`` (outputs of samples ``rows`` at some other option, and an (n, K) weight)
+    then adds ``w[:, k] <g, y_alt - y_own>`` to option k of those samples: with ``w`` from ``GatedModel``'s
+    estimators this is unbiased for (``sampled``, ``grouped``) or equal to (``exact``) masked's ``<g, y_k>``
+    (tested). Written as one function instead of mask products so each block costs one copy forward and a few
+    row reductions backward instead of a dozen passes over its output."""
 
     @staticmethod
-    def forward(ctx, y_run, y_skip, mask, computed, choice, skip_k, sampled):
+    def forward(ctx, y_run, y_skip, mask, computed, skip_k, alts):
         h = y_skip.index_copy(0, computed, y_run)
-        ctx.skip_k, ctx.k = skip_k, mask.shape[1]
-        ctx.sampled = sampled is not None
-        if ctx.sampled:
-            y_alt, subset, alt, candidates, inv_p = sampled
-            ctx.inv_p = inv_p
-            ctx.save_for_backward(y_run, y_skip, computed, choice, y_alt, subset, alt, candidates)
-        else:
-            ctx.save_for_backward(y_run, y_skip, computed, choice)
+        ctx.skip_k, ctx.k, ctx.alts = skip_k, mask.shape[1], alts
+        ctx.save_for_backward(y_run, y_skip, computed)
         return h
 
     @staticmethod
     def backward(ctx, g):
-        y_run, y_skip, computed, choice = ctx.saved_tensors[:4]
-        g_run = g.index_select(0, computed)
+        y_run, y_skip, computed = ctx.saved_tensors
         d_skip = _row_dot(g, y_skip)
+        g_run = g.index_select(0, computed)
         d_own = d_skip.index_copy(0, computed, _row_dot(g_run, y_run))  # <g, the sample's own output>
         g_mask = d_own.unsqueeze(1).repeat(1, ctx.k)
         g_mask[:, ctx.skip_k] = d_skip
-        if ctx.sampled:
-            y_alt, subset, alt, candidates = ctx.saved_tensors[4:]
-            d_alt = _row_dot(g.index_select(0, subset), y_alt)
-            skipped = choice.index_select(0, subset) == ctx.skip_k
-            contrast = d_alt - d_own.index_select(0, subset)  # <g, y_a - y_own>
-            on_alt = torch.where(skipped, torch.zeros_like(contrast), contrast * candidates.index_select(0, subset))
-            g_mask.index_put_((subset, alt.index_select(0, subset)), on_alt * ctx.inv_p, accumulate=True)
-            nonskip = torch.ones(ctx.k, dtype=g.dtype, device=g.device)
-            nonskip[ctx.skip_k] = 0
-            on_all = torch.where(skipped, contrast, torch.zeros_like(contrast)) * ctx.inv_p
-            g_mask.index_add_(0, subset, on_all.unsqueeze(1) * nonskip)
-        g_skip = None
-        if ctx.needs_input_grad[1]:
-            g_skip = g.index_fill(0, computed, 0.0)
-        return g_run, g_skip, g_mask, None, None, None, None
+        for y_alt, rows, w in ctx.alts:
+            contrast = _row_dot(g.index_select(0, rows), y_alt) - d_own.index_select(0, rows)  # <g, y_a - y_own>
+            g_mask.index_add_(0, rows, w * contrast.unsqueeze(1))
+        g_skip = g.index_fill(0, computed, 0.0) if ctx.needs_input_grad[1] else None
+        return g_run if ctx.needs_input_grad[0] else None, g_skip, g_mask, None, None, None
 
 
 class GatedModel(nn.Module):
@@ -108,6 +100,8 @@ class GatedModel(nn.Module):
         super().__init__()
         if not 0.0 < sample_fraction <= 1.0:
             raise ValueError(f"sample_fraction {sample_fraction}; allowed: 0 < fraction <= 1")
+        if routed_estimator not in ROUTED_ESTIMATORS:
+            raise ValueError(f"routed_estimator {routed_estimator!r}; allowed: {', '.join(ROUTED_ESTIMATORS)}")
         self.sample_fraction = sample_fraction
         self.backbone = backbone
         self.options = list(options)
@@ -119,6 +113,14 @@ class GatedModel(nn.Module):
             raise ValueError("every block needs at least one option it can take")
         self.skip_index = next((k for k, o in enumerate(self.options) if o.skip), None)
         self.weight_bits = next((o.weight for o in self.options if not o.skip), 32)
+        # forward groups: non-skip options with the same FW bits compute the same forward values (they differ
+        # only in BW), so the routed estimators treat them as one (methods.md §6.3). same_fw (K, K);
+        # fw_first (K,): the first option of each group, which runs for it
+        fw = [None if o.skip else o.act for o in self.options]
+        self.register_buffer("same_fw", torch.tensor([[a is not None and a == b for b in fw] for a in fw]),
+                             persistent=False)
+        self.register_buffer("fw_first", torch.tensor([a is not None and fw.index(a) == k for k, a in enumerate(fw)]),
+                             persistent=False)
         self.gate = RecurrentGate([b.in_channels for b in backbone.blocks], len(self.options), allowed,
                                   gate_dim, embed_dim, hidden_dim)
         # the dual controller's price on the options' normalised costs (engine.controller): (L, K) and a scalar;
@@ -148,10 +150,10 @@ class GatedModel(nn.Module):
         return out
 
     # -- routed -----------------------------------------------------------------------------------------
-    def _run_mixed(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
-                   rows: torch.Tensor) -> torch.Tensor:
-        """The block over samples ``rows`` of ``h``, each at its ``option``, in one pass: (len(rows), ...)
-        outputs in the order of ``rows``."""
+    def _pass(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
+              rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block over samples ``rows`` of ``h``, each at its ``option``, in one pass (each option's samples
+        contiguous): the outputs, for rows ``rows[order]``, and ``order``."""
         order = torch.argsort(option[rows], stable=True)
         sorted_rows = rows[order]
         counts = torch.bincount(option[sorted_rows], minlength=len(self.options)).tolist()
@@ -160,44 +162,87 @@ class GatedModel(nn.Module):
             if c:
                 groups.append((start, start + c, self.options[k]))
                 start += c
-        y_sorted = block(h.index_select(0, sorted_rows), MixedPrecision(tuple(groups), self.weight_bits))
-        return y_sorted.index_select(0, torch.argsort(order))
+        return block(h.index_select(0, sorted_rows), MixedPrecision(tuple(groups), self.weight_bits)), order
+
+    def _run_sorted(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
+                    rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_pass``'s outputs and the rows they belong to (no reordering copy)."""
+        y, order = self._pass(block, h, option, rows)
+        return y, rows[order]
+
+    def _run_mixed(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
+                   rows: torch.Tensor) -> torch.Tensor:
+        """``_pass``'s outputs in the order of ``rows``."""
+        y, order = self._pass(block, h, option, rows)
+        return y.index_select(0, torch.argsort(order))
 
     def _alternatives(self, i: int, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One non-skip option per sample other than its choice, drawn uniformly: (option (B,), number of
-        candidates it was drawn from (B,), 0 where there was none)."""
+        """One non-skip option per sample other than its choice, drawn uniformly (methods.md §6.3): ``sampled``
+        from the options; ``grouped`` from the forward groups (FW bit-widths) other than the choice's, the
+        group's first option standing for it. Returns (option (B,), the number of candidates it was drawn from
+        (B,), 0 where there was none)."""
         ok = self.gate.allowed[i].clone()
         if self.skip_index is not None:
             ok[self.skip_index] = False
         cand = ok.unsqueeze(0).expand(len(choice), -1).clone()
-        cand[torch.arange(len(choice), device=choice.device), choice] = False
+        if self.routed_estimator == "grouped":
+            cand &= self.fw_first.unsqueeze(0)
+            cand &= ~self.same_fw[choice]  # the choice's own forward group: its outputs are the chosen ones
+        else:
+            cand[torch.arange(len(choice), device=choice.device), choice] = False
         count = cand.sum(1)
         weights = cand.to(torch.float32) + (count == 0).unsqueeze(1).to(torch.float32)  # rows without a candidate
         return torch.multinomial(weights, 1).squeeze(1), count.to(torch.float32)
+
+    def _estimates(self, i: int, block: nn.Module, h: torch.Tensor, choice: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The forward-only alternatives of ``routed_estimator`` for ``RoutedOutput``: (outputs, rows, (n, K)
+        weight on ``<g, y_alt - y_own>`` per option), methods.md §6.3."""
+        n, skip_k = len(choice), self.skip_index
+        everyone = torch.arange(n, device=choice.device)
+        nonskip = self.gate.allowed[i].to(torch.float32)
+        nonskip[skip_k] = 0
+        alts = []
+        with torch.no_grad(), frozen_state(block):
+            if self.routed_estimator == "exact":  # every other forward group, for every sample: masked's gradient
+                for r in torch.nonzero(self.fw_first & self.gate.allowed[i]).squeeze(1).tolist():
+                    rows = everyone[~self.same_fw[choice, r]]
+                    if len(rows):
+                        y, rows = self._run_sorted(block, h, torch.full_like(choice, r), rows)
+                        alts.append((y, rows, self.same_fw[r].to(h.dtype).expand(len(rows), -1)))
+                return alts
+            alt, candidates = self._alternatives(i, choice)
+            # the alternative runs for a random subset S of the samples (``sample_fraction`` p of the batch), its
+            # contrast weighted by 1/p, so the estimate stays unbiased at p times the cost
+            size = n if self.sample_fraction >= 1.0 else max(1, round(self.sample_fraction * n))
+            subset = everyone if size == n else torch.randperm(n, device=choice.device)[:size].sort().values
+            y, rows = self._run_sorted(block, h, alt, subset)
+        a, skipped = alt[rows], choice[rows] == skip_k
+        # a computed sample: the drawn option (``grouped``: every option of its forward group) times the number
+        # of candidates; a skipped one: every non-skip option alike, y_a standing in for each (methods.md §6.3)
+        on_alt = (torch.nn.functional.one_hot(a, len(self.options)).bool() if self.routed_estimator == "sampled"
+                  else self.same_fw[a]).to(h.dtype)
+        w = torch.where(skipped.unsqueeze(1), nonskip.to(h.dtype).expand(len(rows), -1),
+                        on_alt * candidates[rows].unsqueeze(1).to(h.dtype))
+        alts.append((y, rows, w * (n / size)))
+        return alts
 
     def _routed(self, i: int, block: nn.Module, h: torch.Tensor, choice: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
         skip_k = self.skip_index
         can_skip = skip_k is not None and bool(self.gate.allowed[i, skip_k])
-        everyone = torch.arange(len(choice), device=choice.device)
         if not can_skip:  # every sample computes; the value is the chosen output
-            y = self._run_mixed(block, h, choice, everyone)
+            y = self._run_mixed(block, h, choice, torch.arange(len(choice), device=choice.device))
             return y * rows(mask.gather(1, choice.unsqueeze(1)), y)
         computed = (choice != skip_k).nonzero().squeeze(1)
         y_skip = block.skip(h)
-        y_run = self._run_mixed(block, h, choice, computed) if len(computed) else y_skip[:0]
-        if not (self.routed_estimator == "sampled" and self.training and torch.is_grad_enabled()):
-            return RoutedOutput.apply(y_run, y_skip, mask, computed, choice, skip_k, None)
-        alt, candidates = self._alternatives(i, choice)
-        # the alternative runs for a random subset S of the samples (``sample_fraction`` p of the batch), its
-        # contrast weighted by 1/p, so the estimate stays unbiased at p times the cost (methods.md §6.3)
-        n = len(choice)
-        size = n if self.sample_fraction >= 1.0 else max(1, round(self.sample_fraction * n))
-        subset = everyone if size == n else torch.randperm(n, device=choice.device)[:size].sort().values
-        with torch.no_grad(), frozen_state(block):
-            y_alt = self._run_mixed(block, h, alt, subset)
-        return RoutedOutput.apply(y_run, y_skip, mask, computed, choice, skip_k,
-                                  (y_alt, subset, alt, candidates, n / size))
+        if len(computed):
+            y_run, computed = self._run_sorted(block, h, choice, computed)
+        else:
+            y_run = y_skip[:0]
+        alts = []
+        if self.routed_estimator != "skip" and self.training and torch.is_grad_enabled():
+            alts = self._estimates(i, block, h, choice)
+        return RoutedOutput.apply(y_run, y_skip, mask, computed, skip_k, alts)
 
     # -- forward ----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, GateTrace]:

@@ -204,14 +204,79 @@ def test_routed_sampled_gradient_matches_the_mask_algebra():
     assert torch.allclose(fused, expected, atol=1e-6, rtol=1e-4)
 
 
+# two forward groups of two options (FW 4 and FW 6, BW differing) and one alone (FW 2)
+GROUPED = [SKIP, Precision.fwbw(2, 6, 4), Precision.fwbw(4, 6, 4), Precision.fwbw(4, 12, 4), Precision.fwbw(6, 8, 4),
+           Precision.fwbw(6, 12, 4)]
+FORCED_G = torch.tensor([[0, 0], [1, 1], [2, 2], [3, 3], [4, 4], [5, 5], [1, 3], [2, 0]])
+
+
+def _last_block_draws(estimator: str, draws: int, execution: str = "routed") -> torch.Tensor:
+    """dL/dz of the last block's gate logits under CE, one row per draw: (draws, B, K). Every layer of the
+    backbone runs in eval mode (running ranges and BN statistics, set by a few train-mode batches first), so a
+    sample's outputs do not depend on the other samples and masked execution's gradient is the exact one; the
+    last block's ``dL/dh`` comes from the fp32 head, free of gradient-quantization noise."""
+    model = toy("routed", GROUPED, estimator=estimator).train()
+    torch.manual_seed(5)
+    with torch.no_grad():  # the same running statistics for every execution and estimator
+        for _ in range(3):
+            model(torch.randn(16, 1, 8, 8), torch.randint(0, len(GROUPED), (16, 2)))
+    model.backbone.eval()  # the GatedModel itself stays in train mode: the estimator runs
+    model.execution = execution
+    x = torch.randn(len(FORCED_G), 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(9)
+    return torch.stack([_gate_ce_grads(model, x, FORCED_G, 1)[:, -1] for _ in range(draws)])
+
+
+def test_routed_exact_estimator_gives_masked_gate_gradient():
+    """``exact`` runs every other forward group for every sample: the gate's CE gradient is masked's."""
+    masked = _last_block_draws("sampled", 1, "masked")[0]
+    exact = _last_block_draws("exact", 1)[0]
+    sampled = _last_block_draws("sampled", 1)[0]
+    assert masked.abs().max() > 1e-4
+    assert torch.allclose(exact, masked, atol=1e-6, rtol=1e-4)
+    assert not torch.allclose(sampled, masked, atol=1e-6, rtol=1e-4)  # one draw of an estimate is not exact
+
+
+def test_routed_exact_estimator_runs_every_other_forward_group():
+    """``exact`` runs each forward group (FW bit-width) once, for every sample not in it, and puts its contrast
+    on every option of the group."""
+    model = toy("routed", GROUPED, estimator="exact").train()
+    block, h, choice = model.blocks[1], torch.randn(len(FORCED_G), 8, 8, 8), FORCED_G[:, 1]
+    alts = model._estimates(1, block, h, choice)
+    fw_of = [None if o.skip else o.act for o in GROUPED]
+    assert sorted(len(rows) for _, rows, _ in alts) == sorted(
+        sum(fw_of[int(c)] != f for c in choice) for f in (2, 4, 6))
+    for _, rows, w in alts:
+        fws = {fw_of[k] for k in range(len(GROUPED)) if w[0, k]}
+        assert len(fws) == 1 and all(fw_of[int(choice[r])] not in fws for r in rows)
+        assert torch.equal(w, w[:1].expand_as(w)) and set(w.unique().tolist()) == {0.0, 1.0}
+
+
+@pytest.mark.slow
+def test_routed_grouped_estimator_is_unbiased_with_less_variance_than_sampled():
+    """``grouped`` draws the alternative among the other forward groups (FW bit-widths) and gives the options
+    of the chosen one's group the chosen output exactly: the same expectation as ``sampled`` for a computed
+    sample's options (masked's), at a smaller spread. (A skipped sample's non-skip options share one stand-in
+    in both, whose mean differs per option by design, so the comparison is on the computed samples.)"""
+    masked = _last_block_draws("sampled", 1, "masked")[0]
+    computed = FORCED_G[:, 1] != 0
+    scale = masked[computed].abs().max()
+    spread = {}
+    for estimator in ("sampled", "grouped"):
+        draws = _last_block_draws(estimator, 400)[:, computed]
+        assert (draws.mean(0) - masked[computed]).abs().max() < 0.15 * scale, estimator
+        spread[estimator] = float(((draws - masked[computed]) ** 2).mean())
+    assert spread["grouped"] < 0.6 * spread["sampled"]  # 0.35 on this toy
+
+
 @pytest.mark.slow
 def test_routed_sample_fraction_keeps_the_gate_gradient_unbiased(monkeypatch):
     """Running the alternative for half the batch, its contrast weighted by 2, has the same expected gate
     gradient as running it for every sample. Each row is computed as part of the whole batch here, so that
     the subset's own batch statistics (a real, separate effect) do not enter the comparison."""
     run = GatedModel._run_mixed
-    monkeypatch.setattr(GatedModel, "_run_mixed", lambda self, block, h, option, rows: run(
-        self, block, h, option, torch.arange(len(option))).index_select(0, rows))
+    monkeypatch.setattr(GatedModel, "_run_sorted", lambda self, block, h, option, rows: (run(
+        self, block, h, option, torch.arange(len(option))).index_select(0, rows), rows))
     draws, means = 300, {}
     for fraction in (1.0, 0.5):
         model = toy("routed", FOUR).train()
@@ -321,6 +386,8 @@ def test_block_costs_under_every_cost_model():
 @pytest.mark.parametrize("schedule, field", [
     ({"routed_warmup": 0.2}, "schedule.routed_warmup"),  # masked execution: nothing to warm up
     ({"execution": "routed", "routed_estimator": "skip", "routed_sample_fraction": 0.5},
+     "schedule.routed_sample_fraction"),
+    ({"execution": "routed", "routed_estimator": "exact", "routed_sample_fraction": 0.5},
      "schedule.routed_sample_fraction"),
     ({"routed_sample_fraction": 0.0}, "schedule.routed_sample_fraction"),
     ({"execution": "routed", "routed_warmup": 1.0}, "schedule.routed_warmup"),
