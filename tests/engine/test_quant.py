@@ -171,3 +171,20 @@ def test_precision_value_type():
         Precision(act=0, weight=8, grad=8)
     with pytest.raises(ConfigError):
         Precision(act=33, weight=8, grad=8)
+
+
+def test_mixed_precision_with_every_group_at_32_bit_fw_quantizes_only_the_weights():
+    """A routed batch whose options all keep 32-bit activations (FW32, 4-bit weights) has no activation range;
+    the layers run on the unquantized input with the quantized weights instead of failing."""
+    from engine.precision import MixedPrecision
+
+    torch.manual_seed(0)
+    conv, lin = QConv2d(3, 4, 3, padding=1, bias=False), QLinear(5, 2)
+    groups = ((0, 2, Precision(act=32, weight=4, grad=8)), (2, 4, Precision(act=32, weight=4, grad=32)))
+    prec = MixedPrecision(groups, 4)
+    x, v = torch.randn(4, 3, 6, 6, requires_grad=True), torch.randn(4, 5)
+    y = conv(x, prec)
+    assert torch.allclose(y, F.conv2d(x, quant.quantize_weight(conv.weight, 4), padding=1), atol=1e-6)
+    assert torch.allclose(lin(v, prec), F.linear(v, quant.quantize_weight(lin.weight, 4), lin.bias), atol=1e-6)
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
