@@ -194,7 +194,8 @@ class GatedModel(nn.Module):
         weights = cand.to(torch.float32) + (count == 0).unsqueeze(1).to(torch.float32)  # rows without a candidate
         return torch.multinomial(weights, 1).squeeze(1), count.to(torch.float32)
 
-    def _estimates(self, i: int, block: nn.Module, h: torch.Tensor, choice: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _estimates(self, i: int, block: nn.Module, h: torch.Tensor,
+                   choice: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """The forward-only alternatives of ``routed_estimator`` for ``RoutedOutput``: (outputs, rows, (n, K)
         weight on ``<g, y_alt - y_own>`` per option), methods.md §6.3."""
         n, skip_k = len(choice), self.skip_index
