@@ -10,7 +10,7 @@ reference implementation measures about 10x FP32 on this machine). Last stdout l
 ``masked_ratio``, ``routed_ratio`` (the default, sampled), ``routed_half_ratio`` (sampled with
 ``routed_sample_fraction`` 0.5: the alternative for half the batch), ``routed_skip_ratio`` and
 ``routed_exact_ratio`` (the ``exact`` estimator: every other forward group for every sample, masked's gate
-gradient; the untrained gate here gives every group more than ``EXACT_FLOOR``, so nothing is left out).
+gradient).
 """
 
 from __future__ import annotations

@@ -176,15 +176,16 @@ class GatedModel(nn.Module):
         y, order = self._pass(block, h, option, rows)
         return y.index_select(0, torch.argsort(order))
 
+    def _nonskip(self, i: int) -> torch.Tensor:
+        """(K,) bool: the non-skip options block ``i`` allows (a forward group's options: ``same_fw``'s diagonal)."""
+        return self.gate.allowed[i] & self.same_fw.diagonal()
+
     def _alternatives(self, i: int, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One non-skip option per sample other than its choice, drawn uniformly (methods.md §6.3): ``sampled``
         from the options; ``grouped`` from the forward groups (FW bit-widths) other than the choice's, the
         group's first option standing for it. Returns (option (B,), the number of candidates it was drawn from
         (B,), 0 where there was none)."""
-        ok = self.gate.allowed[i].clone()
-        if self.skip_index is not None:
-            ok[self.skip_index] = False
-        cand = ok.unsqueeze(0).expand(len(choice), -1).clone()
+        cand = self._nonskip(i).unsqueeze(0).expand(len(choice), -1).clone()
         if self.routed_estimator == "grouped":
             cand &= self.fw_first.unsqueeze(0)
             cand &= ~self.same_fw[choice]  # the choice's own forward group: its outputs are the chosen ones
@@ -200,8 +201,6 @@ class GatedModel(nn.Module):
         weight on ``<g, y_alt - y_own>`` per option), methods.md §6.3."""
         n, skip_k = len(choice), self.skip_index
         everyone = torch.arange(n, device=choice.device)
-        nonskip = self.gate.allowed[i].to(torch.float32)
-        nonskip[skip_k] = 0
         alts = []
         with torch.no_grad(), frozen_state(block):
             if self.routed_estimator == "exact":  # every other forward group, for every sample: masked's gradient
@@ -222,7 +221,7 @@ class GatedModel(nn.Module):
         # of candidates; a skipped one: every non-skip option alike, y_a standing in for each (methods.md §6.3)
         on_alt = (torch.nn.functional.one_hot(a, len(self.options)).bool() if self.routed_estimator == "sampled"
                   else self.same_fw[a]).to(h.dtype)
-        w = torch.where(skipped.unsqueeze(1), nonskip.to(h.dtype).expand(len(rows), -1),
+        w = torch.where(skipped.unsqueeze(1), self._nonskip(i).to(h.dtype).expand(len(rows), -1),
                         on_alt * candidates[rows].unsqueeze(1).to(h.dtype))
         alts.append((y, rows, w * (n / size)))
         return alts
