@@ -188,3 +188,30 @@ def test_mixed_precision_with_every_group_at_32_bit_fw_quantizes_only_the_weight
     assert torch.allclose(lin(v, prec), F.linear(v, quant.quantize_weight(lin.weight, 4), lin.bias), atol=1e-6)
     y.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_mixed_rows_quantize_each_group_as_the_per_tensor_quantizer_does():
+    """``_q_rows`` quantizes all groups in whole-tensor passes with per-row parameters; each group's rows must
+    come out as ``quant.quantize`` gives them at that group's bits (activations: the batch's one range;
+    errors: the group's own range, stochastic rounding unbiased), and a 32-bit group unchanged."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 3, 5, 5)
+    x[10:20] *= 7.0  # a group with a much wider range than the others
+    groups = ((0, 10, Precision.fwbw(2, 6)), (10, 20, Precision.fwbw(4, 12)), (20, 25, FP32),
+              (25, 40, Precision.fwbw(6, 8)))
+    y = autograd._q_rows(x, groups, lambda p: p.act, -1.5, 2.0, False, torch.empty_like(x))
+    for start, end, p in groups:
+        want = x[start:end] if p.act >= 32 else quant.quantize(x[start:end], p.act, -1.5, 2.0)
+        assert torch.allclose(y[start:end], want, atol=1e-6), (start, p.act)
+    g = autograd._q_rows(x, groups, lambda p: p.grad, None, None, False, torch.empty_like(x))
+    for start, end, p in groups:
+        want = x[start:end] if p.grad >= 32 else quant.quantize_tensor(x[start:end], p.grad)
+        assert torch.allclose(g[start:end], want, atol=1e-5), (start, p.grad)
+        if p.grad < 32:  # on the group's own grid: at most 2^b levels, spanning its own min and max
+            assert len(torch.unique(g[start:end])) <= 2 ** p.grad
+            assert torch.isclose(g[start:end].max(), x[start:end].max(), atol=1e-5)
+    mean = sum(autograd._q_rows(x, groups, lambda p: p.grad, None, None, True, torch.empty_like(x))
+               for _ in range(300)) / 300
+    for start, end, p in groups:
+        step = (x[start:end].max() - x[start:end].min()) / (2 ** p.grad - 1) if p.grad < 32 else 1.0
+        assert (mean[start:end] - x[start:end]).abs().mean() < 0.05 * step, (start, p.grad)
