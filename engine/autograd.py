@@ -131,7 +131,7 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group, one sync for all groups
         rows = x.reshape(x.shape[0], -1)
         row_lo, row_hi = rows.amin(1), rows.amax(1)  # two passes: aminmax(dim=1) is ~15x slower on CPU
-        gid = torch.repeat_interleave(torch.arange(len(groups)), torch.tensor(sizes))
+        gid = torch.repeat_interleave(torch.arange(len(groups), device=x.device), torch.tensor(sizes, device=x.device))
         g_lo = row_lo.new_full((len(groups),), float("inf")).scatter_reduce_(0, gid, row_lo, "amin")
         g_hi = row_hi.new_full((len(groups),), float("-inf")).scatter_reduce_(0, gid, row_hi, "amax")
         ranges = list(zip(g_lo.tolist(), g_hi.tolist()))
@@ -147,7 +147,8 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
         step = max((g_hi - g_lo) / qmax, quant.STEP_FLOOR)
         inv = 1.0 / step
         params.append((inv, -g_lo * inv + noise, float(qmax), step, g_lo))
-    per_row = torch.tensor(params, dtype=x.dtype).repeat_interleave(torch.tensor(sizes), dim=0)
+    per_row = torch.tensor(params, dtype=x.dtype, device=x.device).repeat_interleave(
+        torch.tensor(sizes, device=x.device), dim=0)
     inv_r, offset_r, qmax_r, step_r, lo_r = per_row.t().unsqueeze(2)  # each (rows, 1)
     flat = out.view(x.shape[0], -1)  # ``out`` is contiguous
     u = torch.mul(x.reshape(x.shape[0], -1), inv_r, out=flat).add_(offset_r)  # mul + add: addcmul is ~4x slower
