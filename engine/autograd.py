@@ -15,6 +15,8 @@ node on its own (identity forward, quantized backward), for code that needs it a
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -128,6 +130,8 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     if all(b >= FULL_BITS for b in bits):
         return out.copy_(x)
     sizes = [end - start for start, end, _ in groups]
+    if [start for start, _, _ in groups] != [0] + list(itertools.accumulate(sizes))[:-1] or sum(sizes) != len(x):
+        raise ValueError("mixed-precision groups must be contiguous row ranges covering the batch in order")
     if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group, one sync for all groups
         rows = x.reshape(x.shape[0], -1)
         row_lo, row_hi = rows.amin(1), rows.amax(1)  # two passes: aminmax(dim=1) is ~15x slower on CPU
