@@ -120,6 +120,9 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     Each group gets ``quant.quantize``'s per-tensor arithmetic at its bits over its range (methods.md §1), but
     all groups share one set of whole-tensor passes with per-row step, offset and level count: the number of
     passes does not grow with the number of groups (a routed batch has up to one group per option)."""
+    sizes = [end - start for start, end, _ in groups]
+    if [start for start, _, _ in groups] != list(itertools.accumulate([0] + sizes))[:-1] or sum(sizes) != len(x):
+        raise ValueError("mixed-precision groups must be contiguous row ranges covering the batch in order")
     bits = [bits_of(prec) for _, _, prec in groups]
     if len(groups) == 1:  # one group: the plain per-tensor quantizer
         if bits[0] >= FULL_BITS:
@@ -129,9 +132,6 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
         return quant.quantize(x, bits[0], lo, hi, stochastic=stochastic, out=out)
     if all(b >= FULL_BITS for b in bits):
         return out.copy_(x)
-    sizes = [end - start for start, end, _ in groups]
-    if [start for start, _, _ in groups] != [0] + list(itertools.accumulate(sizes))[:-1] or sum(sizes) != len(x):
-        raise ValueError("mixed-precision groups must be contiguous row ranges covering the batch in order")
     if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group, one sync for all groups
         rows = x.reshape(x.shape[0], -1)
         row_lo, row_hi = rows.amin(1), rows.amax(1)  # two passes: aminmax(dim=1) is ~15x slower on CPU

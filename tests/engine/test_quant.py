@@ -215,3 +215,12 @@ def test_mixed_rows_quantize_each_group_as_the_per_tensor_quantizer_does():
     for start, end, p in groups:
         step = (x[start:end].max() - x[start:end].min()) / (2 ** p.grad - 1) if p.grad < 32 else 1.0
         assert (mean[start:end] - x[start:end]).abs().mean() < 0.05 * step, (start, p.grad)
+
+
+def test_mixed_rows_refuse_groups_that_do_not_tile_the_batch():
+    """The per-row tables assume contiguous groups in order covering every row (as ``MixedPrecision`` is built)."""
+    x, p = torch.randn(6, 3), Precision.fwbw(4, 8)
+    for groups in [((0, 2, p), (3, 6, p)), ((2, 6, p), (0, 2, p)), ((0, 2, p), (2, 5, p))]:
+        with pytest.raises(ValueError, match="contiguous"):
+            autograd._q_rows(x, groups, lambda q: q.act, -1.0, 1.0, False, torch.empty_like(x))
+    assert autograd._q_rows(x[:0], (), lambda q: q.act, None, None, False, torch.empty_like(x[:0])).shape == (0, 3)
