@@ -132,30 +132,24 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
         return quant.quantize(x, bits[0], lo, hi, stochastic=stochastic, out=out)
     if all(b >= FULL_BITS for b in bits):
         return out.copy_(x)
+    rows = x.reshape(x.shape[0], -1)
+    counts = torch.tensor(sizes, device=x.device)
     if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group, one sync for all groups
-        rows = x.reshape(x.shape[0], -1)
         row_lo, row_hi = rows.amin(1), rows.amax(1)  # two passes: aminmax(dim=1) is ~15x slower on CPU
-        gid = torch.repeat_interleave(torch.arange(len(groups), device=x.device), torch.tensor(sizes, device=x.device))
+        gid = torch.repeat_interleave(torch.arange(len(groups), device=x.device), counts)
         g_lo = row_lo.new_full((len(groups),), float("inf")).scatter_reduce_(0, gid, row_lo, "amin")
         g_hi = row_hi.new_full((len(groups),), float("-inf")).scatter_reduce_(0, gid, row_hi, "amax")
         ranges = list(zip(g_lo.tolist(), g_hi.tolist()))
     else:
         ranges = [(lo, hi)] * len(groups)
-    noise = 0.5 / quant.NOISE_LEVELS if stochastic else 0.0  # the +0.5 of n = (v + 0.5) / 2^16 (quant.quantize)
-    params = []  # per group: 1/step, -lo/step (+ the noise's half level), qmax, step, lo
+    params = []  # per group: quant.tensor_affine's (1/step, offset, step), qmax, lo; full-bit rows: overwritten below
     for b, (g_lo, g_hi) in zip(bits, ranges):
-        if b >= FULL_BITS:  # overwritten with x below
-            params.append((0.0, 0.0, 0.0, 0.0, 0.0))
-            continue
-        qmax = quant.levels(b)
-        step = max((g_hi - g_lo) / qmax, quant.STEP_FLOOR)
-        inv = 1.0 / step
-        params.append((inv, -g_lo * inv + noise, float(qmax), step, g_lo))
-    per_row = torch.tensor(params, dtype=x.dtype, device=x.device).repeat_interleave(
-        torch.tensor(sizes, device=x.device), dim=0)
-    inv_r, offset_r, qmax_r, step_r, lo_r = per_row.t().unsqueeze(2)  # each (rows, 1)
+        params.append((0.0,) * 5 if b >= FULL_BITS
+                      else (*quant.tensor_affine(b, g_lo, g_hi, stochastic), float(quant.levels(b)), g_lo))
+    per_row = torch.tensor(params, dtype=x.dtype, device=x.device).repeat_interleave(counts, dim=0)
+    inv_r, offset_r, step_r, qmax_r, lo_r = per_row.t().unsqueeze(2)  # each (rows, 1)
     flat = out.view(x.shape[0], -1)  # ``out`` is contiguous
-    u = torch.mul(x.reshape(x.shape[0], -1), inv_r, out=flat).add_(offset_r)  # mul + add: addcmul is ~4x slower
+    u = torch.mul(rows, inv_r, out=flat).add_(offset_r)  # mul + add: addcmul is ~4x slower
     if stochastic:
         u.add_(quant.noise_words(u, reuse=True), alpha=1.0 / quant.NOISE_LEVELS)
     torch.minimum(u.clamp_min_(0), qmax_r, out=u).round_()

@@ -64,6 +64,14 @@ def uniform_noise(like: torch.Tensor) -> torch.Tensor:
     return noise_words(like).to(torch.float32).add_(0.5).div_(NOISE_LEVELS)
 
 
+def tensor_affine(bits: int, lo: float, hi: float, drawn: bool) -> tuple[float, float, float]:
+    """Per-tensor ``quantize`` over [lo, hi] as ``u = x * inv + offset`` on the levels and ``u * step + lo``
+    back: (inv, offset, step). ``drawn``: the offset carries the +0.5 of drawn noise n = (v + 0.5) / 2^16."""
+    step = max((hi - lo) / levels(bits), STEP_FLOOR)
+    inv = 1.0 / step
+    return inv, -lo * inv + (0.5 / NOISE_LEVELS if drawn else 0.0), step
+
+
 def quantize(
     x: torch.Tensor,
     bits: int,
@@ -87,9 +95,7 @@ def quantize(
         if drawn:
             u.add_(0.5 / NOISE_LEVELS)
     else:  # per-tensor: u = x * (1/s) - lo/s in one pass (torch.add: addcmul with 0-d tensors is ~5x slower)
-        step = max((hi - lo) / qmax, STEP_FLOOR)
-        inv = 1.0 / step
-        offset = -lo * inv + (0.5 / NOISE_LEVELS if drawn else 0.0)  # the +0.5 of n = (v + 0.5) / 2^16
+        inv, offset, step = tensor_affine(bits, lo, hi, drawn)
         u = torch.add(x.new_full((), offset), x.detach(), alpha=inv, out=out)
     if noise is not None and stochastic:
         u.add_(noise)
