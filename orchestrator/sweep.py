@@ -380,6 +380,8 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
     """The Tuner of a sweep (or of one stage of a staged sweep: ``name`` is the stage, under ``storage``)."""
     from ray import tune
 
+    from orchestrator.checkpoints import CheckpointPruner, checkpoint_config
+
     spec = loaded.spec
     scheduler = None
     if spec.scheduler.kind == "asha":
@@ -399,9 +401,10 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
                                     num_samples=spec.search.num_samples,
                                     max_concurrent_trials=spec.budget.max_concurrent_trials,
                                     time_budget_s=spec.budget.time_limit_s, reuse_actors=True),
-        run_config=tune.RunConfig(name=name, storage_path=str(storage), callbacks=callbacks, verbose=0,
+        run_config=tune.RunConfig(name=name, storage_path=str(storage), callbacks=[*callbacks, CheckpointPruner()],
+                                  verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
-                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
+                                  checkpoint_config=checkpoint_config()),
     )
 
 

@@ -1,0 +1,130 @@
+"""Trial checkpoints that a killed driver can always resume from.
+
+Ray Tune's ``CheckpointConfig(num_to_keep=k)`` deletes a trial's older checkpoints the moment a new one is
+registered, while the experiment state that ``Tuner.restore`` reads is written to storage only every 10 s or
+more (``TUNE_GLOBAL_CHECKPOINT_S``, "auto"). A driver killed in between leaves a state that names deleted
+checkpoints: the restore fails ("does not exist on storage anymore") when the deleted one is a trial's latest,
+and otherwise the resumed trial's next registration raises ``FileNotFoundError`` deleting it again.
+
+Sweeps therefore let Ray keep every checkpoint (``num_to_keep=None``: Ray deletes nothing) and
+``CheckpointPruner`` deletes a trial's checkpoints only once the experiment state *on storage* names a later one
+as that trial's latest. Whenever the driver dies, the state it leaves names checkpoints that exist. A trial holds
+its stored-latest checkpoint and the ones written since (those of one state period, usually one or two); a
+finished trial keeps only its last. The pruned checkpoints are also dropped from the trial's in-memory list, so
+the saved experiment state does not grow with the number of epochs.
+
+Only storage on a local (or mounted shared) file system is pruned; on any other, Ray keeps every checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+from ray import tune
+
+CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)")
+STATE_GLOB = "experiment_state-*.json"  # the newest by name is the one Tuner.restore reads
+CHECK_EVERY_S = 2.0  # how often the driver looks for a newer stored state (a directory listing)
+
+
+def checkpoint_config() -> tune.CheckpointConfig:
+    """Ray keeps every checkpoint; ``CheckpointPruner`` deletes the ones no stored state needs."""
+    return tune.CheckpointConfig(num_to_keep=None)
+
+
+def stored_latest(exp_path: Path) -> dict[str, str] | None:
+    """Each trial's latest checkpoint folder name in the newest experiment state on storage (trial id -> name);
+    None when there is no state yet or it cannot be read whole (being written): nothing may be deleted then."""
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    states = sorted(exp_path.glob(STATE_GLOB))
+    if not states:
+        return None
+    try:
+        state = json.loads(states[-1].read_text())
+        latest = {}
+        for trial_json, meta_json in state["trial_data"]:
+            meta = json.loads(meta_json)
+            if not meta.get("checkpoint_manager"):
+                continue
+            trial_id = json.loads(trial_json)["trial_id"]
+            result = _TrainingRunMetadata.from_json_state(meta_json).checkpoint_manager.latest_checkpoint_result
+            if result is not None and result.checkpoint is not None:
+                latest[trial_id] = Path(result.checkpoint.path).name
+        return latest
+    except (OSError, ValueError, KeyError, TypeError, EOFError, AttributeError):
+        return None
+
+
+def checkpoint_index(name: str) -> int | None:
+    m = CHECKPOINT_DIR.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def older(name: str, keep_from: int) -> bool:
+    """A checkpoint folder numbered below ``keep_from`` (anything else is kept)."""
+    index = checkpoint_index(name)
+    return index is not None and index < keep_from
+
+
+class CheckpointPruner(tune.Callback):
+    """Deletes a trial's checkpoints older than the latest one the stored experiment state names (module doc)."""
+
+    def __init__(self) -> None:
+        self._seen: tuple | None = None  # (file, mtime_ns, size) of the last stored state pruned against
+        self._next_check = 0.0
+
+    def __getstate__(self) -> dict:  # pickled into tuner.pkl: a restored sweep starts afresh
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + CHECK_EVERY_S
+            self.prune(trials)
+
+    def on_experiment_end(self, trials: list, **info) -> None:
+        self.prune(trials)  # after Tune's final forced state save: finished trials keep their last checkpoint
+
+    def prune(self, trials: list) -> None:
+        from pyarrow.fs import LocalFileSystem
+
+        live = [t for t in trials if len(t.run_metadata.checkpoint_manager._checkpoint_results) > 1]
+        if not live or not isinstance(live[0].storage.storage_filesystem, LocalFileSystem):
+            return
+        exp_path = Path(live[0].storage.experiment_fs_path)
+        states = sorted(exp_path.glob(STATE_GLOB))
+        if not states:
+            return
+        stat = states[-1].stat()
+        signature = (states[-1].name, stat.st_mtime_ns, stat.st_size)
+        if signature == self._seen:
+            return
+        latest = stored_latest(exp_path)
+        if latest is None:
+            return
+        self._seen = signature
+        for trial in live:
+            keep_from = checkpoint_index(latest.get(trial.trial_id, ""))
+            if keep_from is not None:
+                self.prune_trial(trial, keep_from)
+
+    @staticmethod
+    def prune_trial(trial, keep_from: int) -> None:
+        """Delete the trial's checkpoint folders numbered below ``keep_from`` and drop them from its list."""
+        trial_dir = Path(trial.storage.trial_fs_path)
+        for child in trial_dir.glob("checkpoint_*"):
+            if older(child.name, keep_from):
+                shutil.rmtree(child, ignore_errors=True)
+        manager = trial.run_metadata.checkpoint_manager
+        kept = [r for r in manager._checkpoint_results if not older(Path(r.checkpoint.path).name, keep_from)]
+        if len(kept) != len(manager._checkpoint_results):
+            manager._checkpoint_results = kept
+            trial.run_metadata.invalidate_cache()
