@@ -30,7 +30,7 @@ MAY_USE_SERVICES = {  # package -> the service libraries it may import
 RAY_FREE_ORCHESTRATOR = {"orchestrator.store", "orchestrator.runs", "orchestrator.pareto", "orchestrator.output",
                          "orchestrator.ablation_analysis", "orchestrator.provenance"}
 # orchestrator modules that import Ray at module level: the Tune callbacks, imported lazily by orchestrator.sweep
-RAY_AT_IMPORT = {"orchestrator.tracker", "orchestrator.progress"}
+RAY_AT_IMPORT = {"orchestrator.tracker", "orchestrator.progress", "orchestrator.checkpoints"}
 
 
 def _module(path: Path) -> str:
