@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -77,6 +78,7 @@ class CheckpointPruner(tune.Callback):
     def __init__(self) -> None:
         self._seen: tuple | None = None  # (file, mtime_ns, size) of the last stored state pruned against
         self._next_check = 0.0
+        self._warned = False
 
     def __getstate__(self) -> dict:  # pickled into tuner.pkl: a restored sweep starts afresh
         return {}
@@ -88,10 +90,20 @@ class CheckpointPruner(tune.Callback):
         now = time.monotonic()
         if now >= self._next_check:
             self._next_check = now + CHECK_EVERY_S
-            self.prune(trials)
+            self.safe_prune(trials)
 
     def on_experiment_end(self, trials: list, **info) -> None:
-        self.prune(trials)  # after Tune's final forced state save: finished trials keep their last checkpoint
+        self.safe_prune(trials)  # after Tune's final forced state save: finished trials keep their last checkpoint
+
+    def safe_prune(self, trials: list) -> None:
+        """``prune``, never raising: a pruning problem (storage gone, a file replaced under it) costs disk space,
+        not the sweep; it is reported once on stderr."""
+        try:
+            self.prune(trials)
+        except Exception as exc:  # noqa: BLE001 - a callback that raises would end the whole sweep
+            if not self._warned:
+                self._warned = True
+                print(f"fractune: old trial checkpoints are kept ({type(exc).__name__}: {exc})", file=sys.stderr)
 
     def prune(self, trials: list) -> None:
         from pyarrow.fs import LocalFileSystem

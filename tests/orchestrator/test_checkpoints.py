@@ -85,3 +85,22 @@ def test_a_driver_killed_at_any_checkpoint_leaves_a_state_that_restores(ray_loca
     assert not again.errors and all(r.metrics["epoch"] == EPOCHS for r in again)
     resumed = {r.metrics["trial_id"]: r.metrics["resumed_from"] for r in again if r.metrics["resumed_from"]}
     assert resumed and all(start == killed_at[tid] + 1 for tid, start in resumed.items())  # from the stored latest
+
+
+class _TrialWhoseStorageIsGone:
+    trial_id = "gone"
+
+    @property
+    def run_metadata(self):
+        raise FileNotFoundError(2, "No such file or directory", "/shared/runs/gone")
+
+
+def test_a_pruning_failure_keeps_checkpoints_and_never_ends_the_sweep(capsys):
+    pruner = CheckpointPruner()
+    for _ in range(3):  # a callback that raised would end the whole sweep
+        pruner.on_step_end(iteration=0, trials=[_TrialWhoseStorageIsGone()])
+        pruner._next_check = 0.0
+    pruner.on_experiment_end(trials=[_TrialWhoseStorageIsGone()])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["fractune: old trial checkpoints are kept (FileNotFoundError: [Errno 2] No such file or "
+                     "directory: '/shared/runs/gone')"]  # once, with the cause
