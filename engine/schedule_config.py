@@ -195,9 +195,20 @@ class GatedSettings(Strict):
     # routed: this fraction of the run's first iterations runs masked (every option for every sample), so the
     # gate starts from exact gradients (methods.md §6.3); 0 = routed from the start
     routed_warmup: float = Field(0.0, ge=0.0, lt=1.0)
+    # masked only: shared (the reference) = one set of running statistics per block (BN, activation ranges),
+    # updated by every option in turn; per_option = each option keeps its own copy (methods.md §6.3)
+    option_state: Literal["shared", "per_option"] = "shared"
     gate_dim: int = Field(32, ge=1, le=4096)
     embed_dim: int = Field(16, ge=1, le=4096)
     hidden_dim: int = Field(16, ge=1, le=4096)
+
+    @field_validator("option_state")
+    @classmethod
+    def _option_state(cls, v: str, info: ValidationInfo) -> str:
+        if v == "per_option" and info.data.get("execution", "masked") != "masked":
+            raise PydanticCustomError("option_state", "allowed: shared with execution routed (per_option needs "
+                                      "execution masked)")
+        return v
 
     @field_validator("options")
     @classmethod

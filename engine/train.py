@@ -77,7 +77,7 @@ def prepare(cfg: ExperimentConfig, data_info, device: torch.device):
     if cfg.gated:
         s = cfg.schedule
         model = GatedModel(backbone, s.option_precisions(cfg.model.name), s.execution, s.gate_dim, s.embed_dim,
-                           s.hidden_dim, s.routed_estimator, s.routed_sample_fraction)
+                           s.hidden_dim, s.routed_estimator, s.routed_sample_fraction, s.option_state)
     return model.to(device), counter
 
 
@@ -208,6 +208,8 @@ class Trainer:
         ``init_accuracy`` / ``init_val_accuracy`` in the first epoch's metrics (proof that they were loaded)."""
         backbone = self.model.backbone if self.cfg.gated else self.model
         checkpoint.apply_init(backbone, weights, self.cfg.init)
+        if self.cfg.gated:
+            self.model.reset_option_state()  # per-option statistics start from the loaded ones
         size = self.cfg.data.eval_batch_size
         fp32 = lambda x: backbone(x, FP32)  # noqa: E731
         self.init_metrics = {"init_accuracy": evaluate(backbone, fp32, self.data.test, size, self.device)[0]}

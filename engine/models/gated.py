@@ -42,6 +42,7 @@ from engine.models.base import QModel
 from engine.precision import FP32, MixedPrecision, Precision
 
 ROUTED_ESTIMATORS = ("skip", "sampled", "grouped", "exact")  # methods.md §6.3
+OPTION_STATES = ("shared", "per_option")  # methods.md §6.3
 
 
 def rows(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -96,8 +97,12 @@ class RoutedOutput(torch.autograd.Function):
 class GatedModel(nn.Module):
     def __init__(self, backbone: QModel, options: list[Precision], execution: str = "masked",
                  gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "sampled",
-                 sample_fraction: float = 1.0):
+                 sample_fraction: float = 1.0, option_state: str = "shared"):
         super().__init__()
+        if option_state not in OPTION_STATES:
+            raise ValueError(f"option_state {option_state!r}; allowed: {', '.join(OPTION_STATES)}")
+        if option_state == "per_option" and execution != "masked":
+            raise ValueError(f"option_state per_option with execution {execution!r}; allowed: execution masked")
         if not 0.0 < sample_fraction <= 1.0:
             raise ValueError(f"sample_fraction {sample_fraction}; allowed: 0 < fraction <= 1")
         if routed_estimator not in ROUTED_ESTIMATORS:
@@ -127,6 +132,20 @@ class GatedModel(nn.Module):
         # saved with the model, so evaluation and a resumed run decide as training did
         self.register_buffer("option_cost", torch.zeros(len(backbone.blocks), len(self.options)))
         self.register_buffer("price", torch.zeros(()))
+        # per_option (masked only, methods.md §6.3): every option keeps its own copy of each block's running
+        # statistics (BN means and variances, the quantizers' activation ranges), as switchable BN does; the
+        # copies are buffers, so checkpoints and evaluation carry them
+        self.option_state = option_state
+        self._state_slots: list[list[tuple[nn.Module, str]]] = []  # per block: (module, buffer name) of each statistic
+        if option_state == "per_option":
+            for i, block in enumerate(backbone.blocks):
+                slots = [(block.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2])
+                         for n, b in block.named_buffers() if b.is_floating_point()]
+                self._state_slots.append(slots)
+                for k in range(len(self.options)):
+                    if bool(self.gate.allowed[i, k]):
+                        for j, (module, name) in enumerate(slots):
+                            self.register_buffer(f"option_state_{i}_{k}_{j}", module._buffers[name].detach().clone())
 
     def set_option_cost(self, cost: torch.Tensor) -> None:
         self.option_cost.copy_(cost.to(self.option_cost))
@@ -138,12 +157,32 @@ class GatedModel(nn.Module):
     def blocks(self) -> nn.ModuleList:
         return self.backbone.blocks
 
+    # -- per-option running statistics ------------------------------------------------------------------------
+    def _use_state(self, i: int, k: int) -> None:
+        """Point block ``i``'s statistics at option ``k``'s own tensors (swapped, not copied: autograd keeps the
+        BN statistics of every option's pass for its backward, so none may change in place afterwards)."""
+        for j, (module, name) in enumerate(self._state_slots[i]):
+            module._buffers[name] = getattr(self, f"option_state_{i}_{k}_{j}")
+
+    @torch.no_grad()
+    def reset_option_state(self) -> None:
+        """Every option's copy set to its block's current statistics (after pretrained weights are loaded)."""
+        for i, slots in enumerate(self._state_slots):
+            for k in range(len(self.options)):
+                for j, (module, name) in enumerate(slots):
+                    own = getattr(self, f"option_state_{i}_{k}_{j}", None)
+                    if own is not None and own is not module._buffers[name]:
+                        own.copy_(module._buffers[name])
+
     # -- masked -----------------------------------------------------------------------------------------
     def _masked(self, i: int, block: nn.Module, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         out = None
+        per_option = self.option_state == "per_option"
         for k, opt in enumerate(self.options):
             if not bool(self.gate.allowed[i, k]):
                 continue
+            if per_option:
+                self._use_state(i, k)
             y = block.skip(h) if opt.skip else block(h, opt)
             y = y * rows(mask[:, k], y)
             out = y if out is None else out + y

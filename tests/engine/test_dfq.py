@@ -391,6 +391,7 @@ def test_block_costs_under_every_cost_model():
      "schedule.routed_sample_fraction"),
     ({"routed_sample_fraction": 0.0}, "schedule.routed_sample_fraction"),
     ({"execution": "routed", "routed_warmup": 1.0}, "schedule.routed_warmup"),
+    ({"execution": "routed", "option_state": "per_option"}, "schedule.option_state"),  # one pass, one set of stats
 ])
 def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
     from engine.errors import ConfigError
@@ -398,3 +399,74 @@ def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
     with pytest.raises(ConfigError) as info:
         parse_config({**DIGITS, "schedule": {"kind": "dfq", "target_cp": 3.0, **schedule}})
     assert field in str(info.value) and "allowed" in str(info.value)
+
+
+def _per_option_model(seed=0):
+    torch.manual_seed(seed)
+    backbone = build_model("tiny", 1, 10)
+    backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
+    return GatedModel(backbone, OPTS, "masked", option_state="per_option")
+
+
+def test_per_option_state_gives_each_option_its_own_running_statistics():
+    """Each option's pass updates only its own copy of the block's BN statistics and activation ranges, from the
+    same start as a block that ran that option alone (methods.md §6.3)."""
+    import copy
+
+    model = _per_option_model().train()
+    block0 = copy.deepcopy(model.backbone.blocks[0])  # the untouched statistics
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    forced = torch.tensor([[0, 1], [1, 2], [2, 0], [1, 1], [0, 2], [2, 2], [1, 0], [2, 1]])
+    h0 = model.backbone.features(x, FP32)
+    model(x, forced)
+    names = [n for n, b in block0.named_buffers() if b.is_floating_point()]
+    start = dict(block0.named_buffers())
+    for k, opt in enumerate(OPTS):
+        alone = copy.deepcopy(block0)
+        alone.skip(h0) if opt.skip else alone(h0, opt)
+        mine = dict(alone.named_buffers())
+        unchanged = []
+        for j, n in enumerate(names):
+            own = getattr(model, f"option_state_0_{k}_{j}")
+            assert torch.allclose(own, mine[n], atol=1e-6), (k, n)
+            unchanged.append(torch.equal(own, start[n]))
+        assert all(unchanged) == opt.skip, k  # the identity skip path has no statistics
+    bn = names.index("bn2.running_mean")
+    assert not torch.allclose(getattr(model, f"option_state_0_1_{bn}"), getattr(model, f"option_state_0_2_{bn}"))
+
+
+def test_per_option_state_evaluates_each_sample_with_its_options_statistics():
+    model = _per_option_model().train()
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    for _ in range(3):
+        model(x, torch.randint(0, 3, (8, 2), generator=torch.Generator().manual_seed(5)))
+    model.eval()
+    bb = model.backbone
+    with torch.no_grad():
+        for k in (1, 2):
+            got = model(x, torch.full((8, 2), k))[0]
+            h = bb.features(x, FP32)
+            for i, block in enumerate(bb.blocks):
+                model._use_state(i, k)
+                h = block(h, OPTS[k])
+            assert torch.allclose(got, bb.head(h, FP32), atol=1e-5)
+            for i in range(len(bb.blocks)):
+                model._use_state(i, 3 - k)  # the other option's statistics give another output
+            h = bb.features(x, FP32)
+            for block in bb.blocks:
+                h = block(h, OPTS[k])
+            assert not torch.allclose(got, bb.head(h, FP32), atol=1e-3)
+
+
+def test_per_option_state_run_resumes_exactly(tmp_path):
+    cfg = parse_config({**DIGITS, "optim": {"epochs": 2}, "schedule": {
+        "kind": "dfq", "target_cp": 3.0, "option_state": "per_option"}})
+    saved = {}
+
+    def report(metrics, save):
+        saved[metrics["epoch"]] = save(tmp_path / f"epoch{metrics['epoch']}")
+
+    full = train_and_evaluate(cfg, report=report)
+    resumed = train_and_evaluate(cfg, resume_from=tmp_path / "epoch1")
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in full.history]
+    assert resumed.metrics["accuracy"] == full.metrics["accuracy"]
