@@ -37,9 +37,10 @@ def checkpoint_config() -> tune.CheckpointConfig:
     return tune.CheckpointConfig(num_to_keep=None)
 
 
-def stored_latest(exp_path: Path) -> dict[str, str] | None:
-    """Each trial's latest checkpoint folder name in the newest experiment state on storage (trial id -> name);
-    None when there is no state yet or it cannot be read whole (being written): nothing may be deleted then."""
+def stored_latest(exp_path: Path, wanted: set[str] | None = None) -> dict[str, str] | None:
+    """Each trial's latest checkpoint folder name in the newest experiment state on storage (trial id -> name;
+    only the ``wanted`` trials when given); None when there is no state yet or it cannot be read whole (being
+    written): nothing may be deleted then."""
     from ray.tune.trainable.metadata import _TrainingRunMetadata
 
     states = sorted(exp_path.glob(STATE_GLOB))
@@ -52,7 +53,9 @@ def stored_latest(exp_path: Path) -> dict[str, str] | None:
             meta = json.loads(meta_json)
             if not meta.get("checkpoint_manager"):
                 continue
-            trial_id = json.loads(trial_json)["trial_id"]
+            trial_id = (meta.get("last_result") or {}).get("trial_id") or json.loads(trial_json)["trial_id"]
+            if wanted is not None and trial_id not in wanted:
+                continue  # only the trials that have something to prune are unpickled
             result = _TrainingRunMetadata.from_json_state(meta_json).checkpoint_manager.latest_checkpoint_result
             if result is not None and result.checkpoint is not None:
                 latest[trial_id] = Path(result.checkpoint.path).name
@@ -119,7 +122,7 @@ class CheckpointPruner(tune.Callback):
         signature = (states[-1].name, stat.st_mtime_ns, stat.st_size)
         if signature == self._seen:
             return
-        latest = stored_latest(exp_path)
+        latest = stored_latest(exp_path, {t.trial_id for t in live})
         if latest is None:
             return
         self._seen = signature
