@@ -37,17 +37,22 @@ def checkpoint_config() -> tune.CheckpointConfig:
     return tune.CheckpointConfig(num_to_keep=None)
 
 
-def stored_latest(exp_path: Path, wanted: set[str] | None = None) -> dict[str, str] | None:
-    """Each trial's latest checkpoint folder name in the newest experiment state on storage (trial id -> name;
-    only the ``wanted`` trials when given); None when there is no state yet or it cannot be read whole (being
-    written): nothing may be deleted then."""
+def newest_state(exp_path: Path) -> Path | None:
+    """The experiment state file ``Tuner.restore`` would read (the newest by name), or None."""
+    states = sorted(exp_path.glob(STATE_GLOB))
+    return states[-1] if states else None
+
+
+def stored_latest(state_file: Path | None, wanted: set[str] | None = None) -> dict[str, str] | None:
+    """Each trial's latest checkpoint folder name in an experiment state file (trial id -> name; only the
+    ``wanted`` trials when given); None when there is no state yet or it cannot be read whole (being written):
+    nothing may be deleted then."""
     from ray.tune.trainable.metadata import _TrainingRunMetadata
 
-    states = sorted(exp_path.glob(STATE_GLOB))
-    if not states:
+    if state_file is None:
         return None
     try:
-        state = json.loads(states[-1].read_text())
+        state = json.loads(state_file.read_text())
         latest = {}
         for trial_json, meta_json in state["trial_data"]:
             meta = json.loads(meta_json)
@@ -114,15 +119,14 @@ class CheckpointPruner(tune.Callback):
         live = [t for t in trials if len(t.run_metadata.checkpoint_manager._checkpoint_results) > 1]
         if not live or not isinstance(live[0].storage.storage_filesystem, LocalFileSystem):
             return
-        exp_path = Path(live[0].storage.experiment_fs_path)
-        states = sorted(exp_path.glob(STATE_GLOB))
-        if not states:
+        state_file = newest_state(Path(live[0].storage.experiment_fs_path))
+        if state_file is None:
             return
-        stat = states[-1].stat()
-        signature = (states[-1].name, stat.st_mtime_ns, stat.st_size)
+        stat = state_file.stat()
+        signature = (state_file.name, stat.st_mtime_ns, stat.st_size)
         if signature == self._seen:
             return
-        latest = stored_latest(exp_path, {t.trial_id for t in live})
+        latest = stored_latest(state_file, {t.trial_id for t in live})
         if latest is None:
             return
         self._seen = signature

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ray import tune
 
-from orchestrator.checkpoints import CheckpointPruner, checkpoint_config, stored_latest
+from orchestrator.checkpoints import CheckpointPruner, checkpoint_config, newest_state, stored_latest
 
 EPOCHS = 16
 
@@ -40,7 +40,7 @@ class KillPoints(tune.Callback):
         if not self.active:
             return
         exp = Path(trial.storage.experiment_fs_path)
-        latest = stored_latest(exp)
+        latest = stored_latest(newest_state(exp))
         if latest is None:  # no state yet, or one being written
             return
         present = {t.trial_id: {c.name for c in Path(t.storage.trial_fs_path).glob("checkpoint_*")}
@@ -75,11 +75,11 @@ def test_a_driver_killed_at_any_checkpoint_leaves_a_state_that_restores(ray_loca
     exp = tmp_path / "runs" / "ckpt"
     for trial_dir in (d for d in exp.iterdir() if d.is_dir()):  # a finished trial keeps its last checkpoint only
         assert [c.name for c in trial_dir.glob("checkpoint_*")] == [f"checkpoint_{EPOCHS - 1:06d}"]
-    final = stored_latest(exp)
+    final = stored_latest(newest_state(exp))
     assert set(final.values()) == {f"checkpoint_{EPOCHS - 1:06d}"}
 
     assert snapshot.exists()
-    killed_at = {trial_id: int(name.split("_")[1]) for trial_id, name in stored_latest(snapshot).items()}
+    killed_at = {trial_id: int(name.split("_")[1]) for trial_id, name in stored_latest(newest_state(snapshot)).items()}
     restored = tune.Tuner.restore(str(snapshot), counting_trainable, resume_unfinished=True, resume_errored=True)
     again = restored.fit()
     assert not again.errors and all(r.metrics["epoch"] == EPOCHS for r in again)
