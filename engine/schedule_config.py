@@ -195,19 +195,24 @@ class GatedSettings(Strict):
     # routed: this fraction of the run's first iterations runs masked (every option for every sample), so the
     # gate starts from exact gradients (methods.md §6.3); 0 = routed from the start
     routed_warmup: float = Field(0.0, ge=0.0, lt=1.0)
-    # masked only: shared (the reference) = one set of running statistics per block (BN, activation ranges),
-    # updated by every option in turn; per_option = each option keeps its own copy (methods.md §6.3)
-    option_state: Literal["shared", "per_option"] = "shared"
+    # running statistics per block (BN, activation ranges; methods.md §6.3): shared (the reference) = one set,
+    # updated by every option in turn; skip_apart = the skip path (a downsampling block's fp32 projection) keeps
+    # its own, apart from the computed options'; per_option (masked only) = each option keeps its own copy.
+    # Unset: shared with execution masked (the reference), skip_apart with routed
+    option_state: Literal["shared", "skip_apart", "per_option"] | None = Field(None, validate_default=True)
     gate_dim: int = Field(32, ge=1, le=4096)
     embed_dim: int = Field(16, ge=1, le=4096)
     hidden_dim: int = Field(16, ge=1, le=4096)
 
     @field_validator("option_state")
     @classmethod
-    def _option_state(cls, v: str, info: ValidationInfo) -> str:
-        if v == "per_option" and info.data.get("execution", "masked") != "masked":
-            raise PydanticCustomError("option_state", "allowed: shared with execution routed (per_option needs "
-                                      "execution masked)")
+    def _option_state(cls, v: str | None, info: ValidationInfo) -> str:
+        execution = info.data.get("execution", "masked")
+        if v is None:
+            return "shared" if execution == "masked" else "skip_apart"
+        if v == "per_option" and execution != "masked":
+            raise PydanticCustomError("option_state", "allowed: shared or skip_apart with execution routed "
+                                      "(per_option needs execution masked)")
         return v
 
     @field_validator("options")

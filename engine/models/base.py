@@ -78,6 +78,10 @@ class ResidualBlock(nn.Module):
         """DFQ skip: the identity, or the block's own projection run in fp32."""
         return self.shortcut(x, FP32)
 
+    def skip_modules(self) -> list[nn.Module]:
+        """The modules DFQ's skip path runs (whose running statistics it updates): the projection, if any."""
+        return [] if self.proj is None else [self.proj, self.proj_bn]
+
 
 class QModel(nn.Module):
     """Base class: subclasses build ``stem``/``stem_bn``, ``self.blocks`` (an nn.ModuleList) and ``fc``; the

@@ -42,7 +42,7 @@ from engine.models.base import QModel
 from engine.precision import FP32, MixedPrecision, Precision
 
 ROUTED_ESTIMATORS = ("skip", "sampled", "grouped", "exact")  # methods.md §6.3
-OPTION_STATES = ("shared", "per_option")  # methods.md §6.3
+OPTION_STATES = ("shared", "skip_apart", "per_option")  # methods.md §6.3
 
 
 def rows(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -117,6 +117,7 @@ class GatedModel(nn.Module):
         if not allowed.any(dim=1).all():
             raise ValueError("every block needs at least one option it can take")
         self.skip_index = next((k for k, o in enumerate(self.options) if o.skip), None)
+        self._computed_k = next((k for k, o in enumerate(self.options) if not o.skip), 0)
         self.weight_bits = next((o.weight for o in self.options if not o.skip), 32)
         # forward groups: non-skip options with the same FW bits compute the same forward values (they differ
         # only in BW), so the routed estimators treat them as one (methods.md §6.3). same_fw (K, K);
@@ -132,20 +133,32 @@ class GatedModel(nn.Module):
         # saved with the model, so evaluation and a resumed run decide as training did
         self.register_buffer("option_cost", torch.zeros(len(backbone.blocks), len(self.options)))
         self.register_buffer("price", torch.zeros(()))
-        # per_option (masked only, methods.md §6.3): every option keeps its own copy of each block's running
-        # statistics (BN means and variances, the quantizers' activation ranges), as switchable BN does; the
-        # copies are buffers, so checkpoints and evaluation carry them
+        # running statistics kept apart (methods.md §6.3): per_option (masked only) = every option keeps its own
+        # copy of each block's running statistics (BN means and variances, the quantizers' activation ranges),
+        # as switchable BN does; skip_apart = the skip path (a downsampling block's fp32 projection, whose BN
+        # the reference shares with the quantized projection of the computed options) keeps its own copy and
+        # every computed option shares the other. The copies are buffers, so checkpoints and evaluation carry
+        # them; ``_state_key[k]`` names option k's copy (None: the block's own buffers, shared)
         self.option_state = option_state
+        self._state_key = [None if option_state == "shared" else
+                           str(k) if option_state == "per_option" or o.skip else "computed"
+                           for k, o in enumerate(self.options)]
         self._state_slots: list[list[tuple[nn.Module, str]]] = []  # per block: (module, buffer name) of each statistic
-        if option_state == "per_option":
-            for i, block in enumerate(backbone.blocks):
-                slots = [(block.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2])
-                         for n, b in block.named_buffers() if b.is_floating_point()]
-                self._state_slots.append(slots)
-                for k in range(len(self.options)):
-                    if bool(self.gate.allowed[i, k]):
-                        for j, (module, name) in enumerate(slots):
-                            self.register_buffer(f"option_state_{i}_{k}_{j}", module._buffers[name].detach().clone())
+        for i, block in enumerate(backbone.blocks):
+            slots = [(block.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2])
+                     for n, b in block.named_buffers() if b.is_floating_point()]
+            keys = {self._state_key[k] for k in range(len(self.options)) if bool(self.gate.allowed[i, k])}
+            if option_state == "skip_apart":  # only what the skip path shares with the computed options
+                shared = [id(m) for m in getattr(block, "skip_modules", list)()]
+                slots = [(m, n) for m, n in slots if id(m) in shared]
+                if len(keys) < 2:  # a block that cannot skip
+                    slots = []
+            keys.discard(None)
+            slots = slots if keys else []
+            self._state_slots.append(slots)
+            for key in sorted(keys):
+                for j, (module, name) in enumerate(slots):
+                    self.register_buffer(f"option_state_{i}_{key}_{j}", module._buffers[name].detach().clone())
 
     def set_option_cost(self, cost: torch.Tensor) -> None:
         self.option_cost.copy_(cost.to(self.option_cost))
@@ -159,30 +172,29 @@ class GatedModel(nn.Module):
 
     # -- per-option running statistics ------------------------------------------------------------------------
     def _use_state(self, i: int, k: int) -> None:
-        """Point block ``i``'s statistics at option ``k``'s own tensors (swapped, not copied: autograd keeps the
-        BN statistics of every option's pass for its backward, so none may change in place afterwards)."""
+        """Point block ``i``'s statistics at option ``k``'s copy, if it has one (swapped, not copied: autograd
+        keeps the BN statistics of every option's pass for its backward, so none may change in place
+        afterwards). Every pass of a block calls it first, so whatever a previous pass left is never used."""
         for j, (module, name) in enumerate(self._state_slots[i]):
-            module._buffers[name] = getattr(self, f"option_state_{i}_{k}_{j}")
+            module._buffers[name] = getattr(self, f"option_state_{i}_{self._state_key[k]}_{j}")
 
     @torch.no_grad()
     def reset_option_state(self) -> None:
         """Every option's copy set to its block's current statistics (after pretrained weights are loaded)."""
         for i, slots in enumerate(self._state_slots):
-            for k in range(len(self.options)):
+            for key in set(self._state_key) - {None}:
                 for j, (module, name) in enumerate(slots):
-                    own = getattr(self, f"option_state_{i}_{k}_{j}", None)
+                    own = getattr(self, f"option_state_{i}_{key}_{j}", None)
                     if own is not None and own is not module._buffers[name]:
                         own.copy_(module._buffers[name])
 
     # -- masked -----------------------------------------------------------------------------------------
     def _masked(self, i: int, block: nn.Module, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         out = None
-        per_option = self.option_state == "per_option"
         for k, opt in enumerate(self.options):
             if not bool(self.gate.allowed[i, k]):
                 continue
-            if per_option:
-                self._use_state(i, k)
+            self._use_state(i, k)
             y = block.skip(h) if opt.skip else block(h, opt)
             y = y * rows(mask[:, k], y)
             out = y if out is None else out + y
@@ -273,7 +285,9 @@ class GatedModel(nn.Module):
             y = self._run_mixed(block, h, choice, torch.arange(len(choice), device=choice.device))
             return y * rows(mask.gather(1, choice.unsqueeze(1)), y)
         computed = (choice != skip_k).nonzero().squeeze(1)
+        self._use_state(i, skip_k)
         y_skip = block.skip(h)
+        self._use_state(i, self._computed_k)  # every computed option shares one pass, so one set of statistics
         if len(computed):
             y_run, computed = self._run_sorted(block, h, choice, computed)
         else:

@@ -392,6 +392,7 @@ def test_block_costs_under_every_cost_model():
     ({"routed_sample_fraction": 0.0}, "schedule.routed_sample_fraction"),
     ({"execution": "routed", "routed_warmup": 1.0}, "schedule.routed_warmup"),
     ({"execution": "routed", "option_state": "per_option"}, "schedule.option_state"),  # one pass, one set of stats
+    ({"option_state": "apart"}, "schedule.option_state"),
 ])
 def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
     from engine.errors import ConfigError
@@ -458,9 +459,11 @@ def test_per_option_state_evaluates_each_sample_with_its_options_statistics():
             assert not torch.allclose(got, bb.head(h, FP32), atol=1e-3)
 
 
-def test_per_option_state_run_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("schedule", [{"option_state": "per_option"},
+                                      {"option_state": "skip_apart", "execution": "routed"}])
+def test_option_state_run_resumes_exactly(tmp_path, schedule):
     cfg = parse_config({**DIGITS, "optim": {"epochs": 2}, "schedule": {
-        "kind": "dfq", "target_cp": 3.0, "option_state": "per_option"}})
+        "kind": "dfq", "target_cp": 3.0, **schedule}})
     saved = {}
 
     def report(metrics, save):
@@ -470,3 +473,75 @@ def test_per_option_state_run_resumes_exactly(tmp_path):
     resumed = train_and_evaluate(cfg, resume_from=tmp_path / "epoch1")
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in full.history]
     assert resumed.metrics["accuracy"] == full.metrics["accuracy"]
+
+
+def _skip_apart_model(execution, seed=0):
+    torch.manual_seed(seed)
+    backbone = build_model("tiny", 1, 10)
+    backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
+    return GatedModel(backbone, OPTS, execution, option_state="skip_apart")
+
+
+@pytest.mark.parametrize("execution", ["masked", "routed"])
+def test_skip_apart_keeps_the_fp32_projection_statistics_apart(execution):
+    """skip_apart: the skip path of a downsampling block (its projection in fp32) updates only the skip copy of
+    the block's statistics, the computed options only the other (methods.md §6.3); a block whose skip path is
+    the identity keeps no copies, and the statistics only the computed options use stay the block's own."""
+    import copy
+
+    model = _skip_apart_model(execution).train()
+    assert not any(n.startswith("option_state_0_") for n, _ in model.named_buffers())  # identity skip: nothing apart
+    fresh = copy.deepcopy(model.backbone.blocks[1])
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    forced = torch.tensor([[1, 0], [1, 1], [1, 2], [1, 0], [1, 1], [1, 2], [1, 0], [1, 0]])
+    with torch.no_grad():
+        h1 = copy.deepcopy(model.backbone.blocks[0])(model.backbone.features(x, FP32), OPTS[1])
+    model(x, forced)
+    names = [n for n, b in fresh.named_buffers() if b.is_floating_point() and n.startswith(("proj.", "proj_bn."))]
+    assert len([n for n, _ in model.named_buffers() if n.startswith("option_state_1_")]) == 2 * len(names)
+    alone = copy.deepcopy(fresh)
+    alone.skip(h1)  # the fp32 projection over every sample
+    computed = copy.deepcopy(fresh)
+    with torch.no_grad():
+        if execution == "masked":  # every computed option over the whole batch, in order
+            computed(h1, OPTS[1]), computed(h1, OPTS[2])
+        else:  # one pass over the samples that compute, each at its option
+            model._pass(computed, h1, forced[:, 1], (forced[:, 1] != 0).nonzero().squeeze(1))
+    for want, key in ((dict(alone.named_buffers()), "0"), (dict(computed.named_buffers()), "computed")):
+        for j, n in enumerate(names):
+            assert torch.allclose(getattr(model, f"option_state_1_{key}_{j}"), want[n], atol=1e-5), (key, n)
+    bn = names.index("proj_bn.running_mean")
+    assert not torch.allclose(getattr(model, f"option_state_1_0_{bn}"), getattr(model, f"option_state_1_computed_{bn}"))
+
+
+def test_skip_apart_changes_no_training_step_only_evaluation():
+    """Training normalises with batch statistics, so keeping the skip path's running statistics apart leaves
+    every training step as it was; evaluation differs, and both executions evaluate alike."""
+    models = {"shared": toy("routed"), "skip_apart": _skip_apart_model("routed")}
+    losses = {}
+    forced = torch.tensor([[1, 0], [2, 1], [1, 2], [2, 0]] * 8)
+    x = torch.randn(32, 1, 8, 8, generator=torch.Generator().manual_seed(6))
+    y = torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(7))
+    for state, model in models.items():
+        for bn in model.modules():  # running statistics that move quickly, so evaluation shows them
+            if isinstance(bn, torch.nn.BatchNorm2d):
+                bn.momentum = 0.5
+        torch.manual_seed(11)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses[state] = []
+        for step in range(4):  # the gate's own choices, then a mix with skip at the downsampling block
+            logits, _trace = model.train()(x, None if step < 2 else forced)
+            loss = torch.nn.functional.cross_entropy(logits, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[state].append(float(loss.detach()))
+    assert losses["shared"] == losses["skip_apart"]
+    with torch.no_grad():
+        shared = models["shared"].eval()(x, forced)[0]
+        apart = models["skip_apart"].eval()(x, forced)[0]
+        masked = _skip_apart_model("masked")
+        masked.load_state_dict(models["skip_apart"].state_dict())
+        assert torch.allclose(masked.eval()(x, forced)[0], apart, atol=1e-5)
+    skipped = forced[:, 1] == 0
+    assert not torch.allclose(shared[skipped], apart[skipped], atol=1e-3)
