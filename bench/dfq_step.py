@@ -38,13 +38,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (timed with a synchronise after each block)")
     args = ap.parse_args()
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
     options = [parse_option(o, 4) for o in OPTION_PRESETS["paper"]]
-    x = torch.randn(args.batch, 3, 32, 32)
-    y = torch.randint(0, 10, (args.batch,))
+    x = torch.randn(args.batch, 3, 32, 32).to(dev)
+    y = torch.randint(0, 10, (args.batch,)).to(dev)
 
-    plain = build_model(args.model, 3, 10)
+    plain = build_model(args.model, 3, 10).to(dev)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
 
     def fp32_step() -> None:
@@ -57,11 +60,14 @@ def main() -> None:
         torch.manual_seed(1)
         backbone = build_model(args.model, 3, 10)
         backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))
-        model = GatedModel(backbone, options, execution, routed_estimator=estimator, sample_fraction=fraction)
+        # the config's default statistics: shared for masked (the reference), skip_apart for routed
+        state = "shared" if execution == "masked" else "skip_apart"
+        model = GatedModel(backbone, options, execution, routed_estimator=estimator, sample_fraction=fraction,
+                           option_state=state).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         gen = torch.Generator().manual_seed(2)
-        forced = torch.randint(0, len(options), (args.batch, len(backbone.blocks)), generator=gen)
-        kappa, omega = option_kappa(options), torch.ones(len(backbone.blocks))
+        forced = torch.randint(0, len(options), (args.batch, len(backbone.blocks)), generator=gen).to(dev)
+        kappa, omega = option_kappa(options).to(dev), torch.ones(len(backbone.blocks), device=dev)
 
         def step() -> None:
             logits, trace = model(x, forced)
@@ -75,8 +81,9 @@ def main() -> None:
     t = interleaved({"fp32": fp32_step, "masked": gated("masked"), "routed": gated("routed"),
                      "routed_half": gated("routed", fraction=0.5),
                      "routed_skip": gated("routed", "skip"), "routed_exact": gated("routed", "exact")},
-                    args.rounds, args.steps, warmup=1)
+                    args.rounds, args.steps, warmup=1, sync=sync)
     out = {"bench": "dfq_step", "model": args.model, "batch": args.batch, "options": len(options),
+           "device": args.device,
            "fp32_step_s": t["fp32"], "masked_step_s": t["masked"], "routed_step_s": t["routed"],
            "routed_skip_step_s": t["routed_skip"], "routed_half_step_s": t["routed_half"],
            "masked_ratio": t["masked"] / t["fp32"],

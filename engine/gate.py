@@ -136,8 +136,9 @@ def price_for_target(logits: torch.Tensor, option_cost: torch.Tensor, kappa: tor
 
 def gated_cp(choices: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor) -> float:
     """cp (percent of fp32) over the gated blocks, from hard choices (B, L); the reference's formula."""
-    k = kappa.to(omega.device)[choices]  # (B, L)
-    return float(100.0 * (k * omega).sum() / (3.0 * omega.sum() * choices.shape[0]))
+    om = omega.to(choices.device)  # the choices' device: a GPU run's choices stay on the GPU
+    k = kappa.to(choices.device)[choices]  # (B, L)
+    return float(100.0 * (k * om).sum() / (3.0 * om.sum() * choices.shape[0]))
 
 
 def sign_dfq(cp: float, target: float, relax: float = 0.0) -> float:
