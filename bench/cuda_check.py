@@ -33,10 +33,14 @@ SCHEDULES = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda where a GPU is visible")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--only", nargs="*", choices=sorted(SCHEDULES), help="these runs alone")
     args = ap.parse_args()
+    if args.device == "auto":
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     runs = {}
     for name, schedule in SCHEDULES.items():
         if args.only and name not in args.only:
