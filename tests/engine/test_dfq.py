@@ -27,11 +27,11 @@ from engine.train import train_and_evaluate
 OPTS = [SKIP, Precision.fwbw(4, 8), Precision(act=6, weight=4, grad=12)]
 
 
-def toy(execution="masked", options=OPTS, seed=0, estimator="sampled"):
+def toy(execution="masked", options=OPTS, seed=0, estimator="sampled", state="shared"):
     torch.manual_seed(seed)
     backbone = build_model("tiny", 1, 10)  # two blocks: 8 ch (identity shortcut), 16 ch stride 2 (projection)
     backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
-    return GatedModel(backbone, options, execution, routed_estimator=estimator)
+    return GatedModel(backbone, options, execution, routed_estimator=estimator, option_state=state)
 
 
 FOUR = [SKIP, Precision.fwbw(2, 6, 4), Precision.fwbw(4, 8, 4), Precision.fwbw(6, 12, 4)]
@@ -402,19 +402,12 @@ def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
     assert field in str(info.value) and "allowed" in str(info.value)
 
 
-def _per_option_model(seed=0):
-    torch.manual_seed(seed)
-    backbone = build_model("tiny", 1, 10)
-    backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
-    return GatedModel(backbone, OPTS, "masked", option_state="per_option")
-
-
 def test_per_option_state_gives_each_option_its_own_running_statistics():
     """Each option's pass updates only its own copy of the block's BN statistics and activation ranges, from the
     same start as a block that ran that option alone (methods.md §6.3)."""
     import copy
 
-    model = _per_option_model().train()
+    model = toy("masked", state="per_option").train()
     block0 = copy.deepcopy(model.backbone.blocks[0])  # the untouched statistics
     x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     forced = torch.tensor([[0, 1], [1, 2], [2, 0], [1, 1], [0, 2], [2, 2], [1, 0], [2, 1]])
@@ -437,7 +430,7 @@ def test_per_option_state_gives_each_option_its_own_running_statistics():
 
 
 def test_per_option_state_evaluates_each_sample_with_its_options_statistics():
-    model = _per_option_model().train()
+    model = toy("masked", state="per_option").train()
     x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(4))
     for _ in range(3):
         model(x, torch.randint(0, 3, (8, 2), generator=torch.Generator().manual_seed(5)))
@@ -475,13 +468,6 @@ def test_option_state_run_resumes_exactly(tmp_path, schedule):
     assert resumed.metrics["accuracy"] == full.metrics["accuracy"]
 
 
-def _skip_apart_model(execution, seed=0):
-    torch.manual_seed(seed)
-    backbone = build_model("tiny", 1, 10)
-    backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
-    return GatedModel(backbone, OPTS, execution, option_state="skip_apart")
-
-
 @pytest.mark.parametrize("execution", ["masked", "routed"])
 def test_skip_apart_keeps_the_fp32_projection_statistics_apart(execution):
     """skip_apart: the skip path of a downsampling block (its projection in fp32) updates only the skip copy of
@@ -489,7 +475,7 @@ def test_skip_apart_keeps_the_fp32_projection_statistics_apart(execution):
     the identity keeps no copies, and the statistics only the computed options use stay the block's own."""
     import copy
 
-    model = _skip_apart_model(execution).train()
+    model = toy(execution, state="skip_apart").train()
     assert not any(n.startswith("option_state_0_") for n, _ in model.named_buffers())  # identity skip: nothing apart
     fresh = copy.deepcopy(model.backbone.blocks[1])
     x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(3))
@@ -517,7 +503,7 @@ def test_skip_apart_keeps_the_fp32_projection_statistics_apart(execution):
 def test_skip_apart_changes_no_training_step_only_evaluation():
     """Training normalises with batch statistics, so keeping the skip path's running statistics apart leaves
     every training step as it was; evaluation differs, and both executions evaluate alike."""
-    models = {"shared": toy("routed"), "skip_apart": _skip_apart_model("routed")}
+    models = {"shared": toy("routed"), "skip_apart": toy("routed", state="skip_apart")}
     losses = {}
     forced = torch.tensor([[1, 0], [2, 1], [1, 2], [2, 0]] * 8)
     x = torch.randn(32, 1, 8, 8, generator=torch.Generator().manual_seed(6))
@@ -540,7 +526,7 @@ def test_skip_apart_changes_no_training_step_only_evaluation():
     with torch.no_grad():
         shared = models["shared"].eval()(x, forced)[0]
         apart = models["skip_apart"].eval()(x, forced)[0]
-        masked = _skip_apart_model("masked")
+        masked = toy("masked", state="skip_apart")
         masked.load_state_dict(models["skip_apart"].state_dict())
         assert torch.allclose(masked.eval()(x, forced)[0], apart, atol=1e-5)
     skipped = forced[:, 1] == 0
