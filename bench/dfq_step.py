@@ -29,7 +29,7 @@ from engine.gate import cost_per_sample, option_kappa  # noqa: E402
 from engine.models import LayerMap, build_model  # noqa: E402
 from engine.models.gated import GatedModel  # noqa: E402
 from engine.precision import FP32, Precision  # noqa: E402
-from engine.schedule_config import OPTION_PRESETS, parse_option  # noqa: E402
+from engine.schedule_config import OPTION_PRESETS, default_option_state, parse_option  # noqa: E402
 
 
 def main() -> None:
@@ -60,10 +60,8 @@ def main() -> None:
         torch.manual_seed(1)
         backbone = build_model(args.model, 3, 10)
         backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))
-        # the config's default statistics: shared for masked (the reference), skip_apart for routed
-        state = "shared" if execution == "masked" else "skip_apart"
         model = GatedModel(backbone, options, execution, routed_estimator=estimator, sample_fraction=fraction,
-                           option_state=state).to(dev)
+                           option_state=default_option_state(execution)).to(dev)  # the config's default
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         gen = torch.Generator().manual_seed(2)
         forced = torch.randint(0, len(options), (args.batch, len(backbone.blocks)), generator=gen).to(dev)

@@ -171,6 +171,12 @@ def parse_option(text: str, weight_bits: int) -> Precision:
     return Precision(act=fw, weight=weight_bits, grad=bw)
 
 
+def default_option_state(execution: str) -> str:
+    """``option_state`` when the config leaves it unset: the reference's shared statistics for masked execution,
+    the skip path's kept apart for routed (methods.md §6.3)."""
+    return "shared" if execution == "masked" else "skip_apart"
+
+
 class GatedSettings(Strict):
     """What DFQ and FracTrain share: the options, the gate, the cost term and the execution mode."""
 
@@ -209,7 +215,7 @@ class GatedSettings(Strict):
     def _option_state(cls, v: str | None, info: ValidationInfo) -> str:
         execution = info.data.get("execution", "masked")
         if v is None:
-            return "shared" if execution == "masked" else "skip_apart"
+            return default_option_state(execution)
         if v == "per_option" and execution != "masked":
             raise PydanticCustomError("option_state", "allowed: shared or skip_apart with execution routed "
                                       "(per_option needs execution masked)")
