@@ -147,13 +147,10 @@ class GatedModel(nn.Module):
         for i, block in enumerate(backbone.blocks):
             slots = [(block.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2])
                      for n, b in block.named_buffers() if b.is_floating_point()]
-            keys = {self._state_key[k] for k in range(len(self.options)) if bool(self.gate.allowed[i, k])}
-            if option_state == "skip_apart":  # only what the skip path shares with the computed options
-                shared = [id(m) for m in getattr(block, "skip_modules", list)()]
-                slots = [(m, n) for m, n in slots if id(m) in shared]
-                if len(keys) < 2:  # a block that cannot skip
-                    slots = []
-            keys.discard(None)
+            keys = {self._state_key[k] for k in range(len(self.options)) if bool(self.gate.allowed[i, k])} - {None}
+            if option_state == "skip_apart":  # what the skip path shares with the computed options, if it can skip
+                skip_ids = {id(m) for m in getattr(block, "skip_modules", list)()}
+                slots = [(m, n) for m, n in slots if id(m) in skip_ids] if len(keys) == 2 else []
             slots = slots if keys else []
             self._state_slots.append(slots)
             for key in sorted(keys):
