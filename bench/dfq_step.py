@@ -5,7 +5,9 @@ every block, and with ``skip``), against the plain FP32 ResNet-38, in one proces
 
 The choices are drawn uniformly at random per sample and block (fixed seed, the same for both modes): every
 option is in use in every block, the hardest case for routing (a trained gate concentrates its choices). The
-step is the full DFQ step: gated forward, CE + beta * cost, backward, SGD. Target: routed <= 2.0x FP32 (the
+step is the full DFQ step: gated forward, CE + beta * cost, backward, SGD. ``routed`` uses the config's
+default ``routed_statistics``; the other one is timed too (``routed_computed_ratio``, ``routed_batch_ratio``:
+``batch`` also runs the samples that skip a block through its pass). Target: routed <= 2.0x FP32 (the
 reference implementation measures about 10x FP32 on this machine). Last stdout line: one JSON object with
 ``masked_ratio``, ``routed_ratio`` (the default, sampled), ``routed_half_ratio`` (sampled with
 ``routed_sample_fraction`` 0.5: the alternative for half the batch), ``routed_skip_ratio`` and
@@ -29,7 +31,10 @@ from engine.gate import cost_per_sample, option_kappa  # noqa: E402
 from engine.models import LayerMap, build_model  # noqa: E402
 from engine.models.gated import GatedModel  # noqa: E402
 from engine.precision import FP32, Precision  # noqa: E402
-from engine.schedule_config import OPTION_PRESETS, default_option_state, parse_option  # noqa: E402
+from engine.schedule_config import OPTION_PRESETS, GatedSettings, default_option_state, parse_option  # noqa: E402
+
+STATISTICS = GatedSettings.model_fields["routed_statistics"].default  # the config's default
+OTHER = "computed" if STATISTICS == "batch" else "batch"
 
 
 def main() -> None:
@@ -56,12 +61,13 @@ def main() -> None:
         loss.backward()
         plain_opt.step()
 
-    def gated(execution: str, estimator: str = "sampled", fraction: float = 1.0):
+    def gated(execution: str, estimator: str = "sampled", fraction: float = 1.0, statistics: str = STATISTICS):
         torch.manual_seed(1)
         backbone = build_model(args.model, 3, 10)
         backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))
         model = GatedModel(backbone, options, execution, routed_estimator=estimator, sample_fraction=fraction,
-                           option_state=default_option_state(execution)).to(dev)  # the config's default
+                           option_state=default_option_state(execution),  # the config's defaults
+                           routed_statistics=statistics).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         gen = torch.Generator().manual_seed(2)
         forced = torch.randint(0, len(options), (args.batch, len(backbone.blocks)), generator=gen).to(dev)
@@ -78,7 +84,8 @@ def main() -> None:
 
     t = interleaved({"fp32": fp32_step, "masked": gated("masked"), "routed": gated("routed"),
                      "routed_half": gated("routed", fraction=0.5),
-                     "routed_skip": gated("routed", "skip"), "routed_exact": gated("routed", "exact")},
+                     "routed_skip": gated("routed", "skip"), "routed_exact": gated("routed", "exact"),
+                     "routed_other": gated("routed", statistics=OTHER)},
                     args.rounds, args.steps, warmup=1, sync=sync)
     out = {"bench": "dfq_step", "model": args.model, "batch": args.batch, "options": len(options),
            "device": args.device,
@@ -88,6 +95,8 @@ def main() -> None:
            "routed_ratio": t["routed"] / t["fp32"], "routed_skip_ratio": t["routed_skip"] / t["fp32"],
            "routed_half_ratio": t["routed_half"] / t["fp32"], "routed_exact_step_s": t["routed_exact"],
            "routed_exact_ratio": t["routed_exact"] / t["fp32"],
+           "routed_statistics": STATISTICS, f"routed_{STATISTICS}_ratio": t["routed"] / t["fp32"],
+           f"routed_{OTHER}_ratio": t["routed_other"] / t["fp32"],
            "target_routed": 2.0,
            **machine()}
     print(f"{args.model} batch {args.batch}, {len(options)} options: FP32 {t['fp32'] * 1e3:.0f} ms, masked "
@@ -95,7 +104,9 @@ def main() -> None:
           f"({out['routed_ratio']:.2f}x with the default sampled estimator; target <= 2.0x), half-batch alternative "
           f"{t['routed_half'] * 1e3:.0f} ms ({out['routed_half_ratio']:.2f}x), routed with the skip "
           f"estimator {t['routed_skip'] * 1e3:.0f} ms ({out['routed_skip_ratio']:.2f}x), routed with the exact "
-          f"estimator {t['routed_exact'] * 1e3:.0f} ms ({out['routed_exact_ratio']:.2f}x)")
+          f"estimator {t['routed_exact'] * 1e3:.0f} ms ({out['routed_exact_ratio']:.2f}x); routed with "
+          f"routed_statistics {OTHER} (default {STATISTICS}) {t['routed_other'] * 1e3:.0f} ms "
+          f"({out[f'routed_{OTHER}_ratio']:.2f}x)")
     emit(out)
 
 

@@ -201,6 +201,10 @@ class GatedSettings(Strict):
     # routed: this fraction of the run's first iterations runs masked (every option for every sample), so the
     # gate starts from exact gradients (methods.md §6.3); 0 = routed from the start
     routed_warmup: float = Field(0.0, ge=0.0, lt=1.0)
+    # routed: the samples a block's training pass runs over (methods.md §6.3): computed = only those that compute
+    # it; batch = the samples that skip it too, each at its drawn alternative (outputs discarded), so its BN batch
+    # statistics and activation range cover the whole batch as in masked execution
+    routed_statistics: Literal["computed", "batch"] = "computed"
     # running statistics per block (BN, activation ranges; methods.md §6.3): shared (the reference) = one set,
     # updated by every option in turn; skip_apart = the skip path (a downsampling block's fp32 projection) keeps
     # its own, apart from the computed options'; per_option (masked only) = each option keeps its own copy.

@@ -29,6 +29,11 @@ Two executions give the same forward values for the same choices in eval mode:
     forward pass of every block per other group.
 
   The cost term's gradient needs no outputs and is the same in every execution.
+
+  ``routed_statistics`` says which samples a routed block's pass runs over in training: ``computed`` (only the
+  samples that compute the block) or ``batch`` (the samples that skip it too, each at its drawn alternative,
+  their outputs discarded but kept as the estimator's alternative), so the BN batch statistics and the
+  activation range cover the whole batch as in masked execution (methods.md §6.3).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from engine.models.base import QModel
 from engine.precision import FP32, MixedPrecision, Precision
 
 ROUTED_ESTIMATORS = ("skip", "sampled", "grouped", "exact")  # methods.md §6.3
+ROUTED_STATISTICS = ("computed", "batch")  # methods.md §6.3
 OPTION_STATES = ("shared", "skip_apart", "per_option")  # methods.md §6.3
 
 
@@ -97,8 +103,10 @@ class RoutedOutput(torch.autograd.Function):
 class GatedModel(nn.Module):
     def __init__(self, backbone: QModel, options: list[Precision], execution: str = "masked",
                  gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "sampled",
-                 sample_fraction: float = 1.0, option_state: str = "shared"):
+                 sample_fraction: float = 1.0, option_state: str = "shared", routed_statistics: str = "computed"):
         super().__init__()
+        if routed_statistics not in ROUTED_STATISTICS:
+            raise ValueError(f"routed_statistics {routed_statistics!r}; allowed: {', '.join(ROUTED_STATISTICS)}")
         if option_state not in OPTION_STATES:
             raise ValueError(f"option_state {option_state!r}; allowed: {', '.join(OPTION_STATES)}")
         if option_state == "per_option" and execution != "masked":
@@ -112,6 +120,7 @@ class GatedModel(nn.Module):
         self.options = list(options)
         self.execution = execution
         self.routed_estimator = routed_estimator
+        self.routed_statistics = routed_statistics
         allowed = torch.tensor([[not (o.skip and not getattr(b, "can_skip", False)) for o in self.options]
                                 for b in backbone.blocks])
         if not allowed.any(dim=1).all():
@@ -243,11 +252,24 @@ class GatedModel(nn.Module):
         weights = cand.to(torch.float32) + (count == 0).unsqueeze(1).to(torch.float32)  # rows without a candidate
         return torch.multinomial(weights, 1).squeeze(1), count.to(torch.float32)
 
-    def _estimates(self, i: int, block: nn.Module, h: torch.Tensor,
-                   choice: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _alt_weight(self, i: int, choice: torch.Tensor, alt: torch.Tensor, candidates: torch.Tensor,
+                    rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``RoutedOutput``'s (n, K) weight for the alternatives ``alt`` of samples ``rows``: a computed sample's
+        drawn option (``grouped``: every option of its forward group) times the number of candidates; a skipped
+        one's every non-skip option alike, y_a standing in for each (methods.md §6.3)."""
+        a, skipped = alt[rows], choice[rows] == self.skip_index
+        on_alt = (torch.nn.functional.one_hot(a, len(self.options)).bool() if self.routed_estimator == "sampled"
+                  else self.same_fw[a]).to(dtype)
+        return torch.where(skipped.unsqueeze(1), self._nonskip(i).to(dtype).expand(len(rows), -1),
+                           on_alt * candidates[rows].unsqueeze(1).to(dtype))
+
+    def _estimates(self, i: int, block: nn.Module, h: torch.Tensor, choice: torch.Tensor,
+                   drawn: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   pool: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """The forward-only alternatives of ``routed_estimator`` for ``RoutedOutput``: (outputs, rows, (n, K)
-        weight on ``<g, y_alt - y_own>`` per option), methods.md §6.3."""
-        n, skip_k = len(choice), self.skip_index
+        weight on ``<g, y_alt - y_own>`` per option), methods.md §6.3. ``drawn``: the alternatives, if already
+        drawn; ``pool``: the samples that still need theirs run (default: every sample)."""
+        n = len(choice)
         everyone = torch.arange(n, device=choice.device)
         alts = []
         with torch.no_grad(), frozen_state(block):
@@ -258,20 +280,18 @@ class GatedModel(nn.Module):
                         y, rows = self._run_sorted(block, h, torch.full_like(choice, r), rows)
                         alts.append((y, rows, self.same_fw[r].to(h.dtype).expand(len(rows), -1)))
                 return alts
-            alt, candidates = self._alternatives(i, choice)
-            # the alternative runs for a random subset S of the samples (``sample_fraction`` p of the batch), its
-            # contrast weighted by 1/p, so the estimate stays unbiased at p times the cost
-            size = n if self.sample_fraction >= 1.0 else max(1, round(self.sample_fraction * n))
-            subset = everyone if size == n else torch.randperm(n, device=choice.device)[:size].sort().values
+            alt, candidates = self._alternatives(i, choice) if drawn is None else drawn
+            pool = everyone if pool is None else pool
+            pool = pool[candidates[pool] > 0]  # a sample whose choice is the block's only option has no contrast
+            m = len(pool)
+            if m == 0:
+                return alts
+            # the alternative runs for a random subset S of the pool (``sample_fraction`` p of it), its contrast
+            # weighted by 1/p, so the estimate stays unbiased at p times the cost
+            size = m if self.sample_fraction >= 1.0 else max(1, round(self.sample_fraction * m))
+            subset = pool if size == m else pool[torch.randperm(m, device=choice.device)[:size].sort().values]
             y, rows = self._run_sorted(block, h, alt, subset)
-        a, skipped = alt[rows], choice[rows] == skip_k
-        # a computed sample: the drawn option (``grouped``: every option of its forward group) times the number
-        # of candidates; a skipped one: every non-skip option alike, y_a standing in for each (methods.md §6.3)
-        on_alt = (torch.nn.functional.one_hot(a, len(self.options)).bool() if self.routed_estimator == "sampled"
-                  else self.same_fw[a]).to(h.dtype)
-        w = torch.where(skipped.unsqueeze(1), self._nonskip(i).to(h.dtype).expand(len(rows), -1),
-                        on_alt * candidates[rows].unsqueeze(1).to(h.dtype))
-        alts.append((y, rows, w * (n / size)))
+        alts.append((y, rows, self._alt_weight(i, choice, alt, candidates, rows, h.dtype) * (m / size)))
         return alts
 
     def _routed(self, i: int, block: nn.Module, h: torch.Tensor, choice: torch.Tensor,
@@ -281,17 +301,33 @@ class GatedModel(nn.Module):
         if not can_skip:  # every sample computes; the value is the chosen output
             y = self._run_mixed(block, h, choice, torch.arange(len(choice), device=choice.device))
             return y * rows(mask.gather(1, choice.unsqueeze(1)), y)
-        computed = (choice != skip_k).nonzero().squeeze(1)
         self._use_state(i, skip_k)
         y_skip = block.skip(h)
         self._use_state(i, self._computed_k)  # every computed option shares one pass, so one set of statistics
+        estimate = self.routed_estimator != "skip" and self.training and torch.is_grad_enabled()
+        if self.routed_statistics == "batch" and self.training:
+            # the samples that skip run the pass too, at a drawn alternative, so its batch statistics cover the
+            # whole batch (methods.md §6.3); their outputs only serve the estimator, as its alternative
+            alt, candidates = self._alternatives(i, choice)
+            skipped = choice == skip_k
+            y_all, rows_all = self._run_sorted(block, h, torch.where(skipped, alt, choice),
+                                               torch.arange(len(choice), device=choice.device))
+            keep = ~skipped[rows_all]
+            y_run, computed = y_all[keep], rows_all[keep]
+            if not estimate or self.routed_estimator == "exact":
+                return RoutedOutput.apply(y_run, y_skip, mask, computed, skip_k,
+                                          self._estimates(i, block, h, choice) if estimate else [])
+            left = rows_all[~keep]
+            alts = self._estimates(i, block, h, choice, (alt, candidates), (~skipped).nonzero().squeeze(1))
+            if len(left):
+                alts.append((y_all[~keep].detach(), left, self._alt_weight(i, choice, alt, candidates, left, h.dtype)))
+            return RoutedOutput.apply(y_run, y_skip, mask, computed, skip_k, alts)
+        computed = (choice != skip_k).nonzero().squeeze(1)
         if len(computed):
             y_run, computed = self._run_sorted(block, h, choice, computed)
         else:
             y_run = y_skip[:0]
-        alts = []
-        if self.routed_estimator != "skip" and self.training and torch.is_grad_enabled():
-            alts = self._estimates(i, block, h, choice)
+        alts = self._estimates(i, block, h, choice) if estimate else []
         return RoutedOutput.apply(y_run, y_skip, mask, computed, skip_k, alts)
 
     # -- forward ----------------------------------------------------------------------------------------

@@ -27,11 +27,12 @@ from engine.train import train_and_evaluate
 OPTS = [SKIP, Precision.fwbw(4, 8), Precision(act=6, weight=4, grad=12)]
 
 
-def toy(execution="masked", options=OPTS, seed=0, estimator="sampled", state="shared"):
+def toy(execution="masked", options=OPTS, seed=0, estimator="sampled", state="shared", statistics="computed"):
     torch.manual_seed(seed)
     backbone = build_model("tiny", 1, 10)  # two blocks: 8 ch (identity shortcut), 16 ch stride 2 (projection)
     backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
-    return GatedModel(backbone, options, execution, routed_estimator=estimator, option_state=state)
+    return GatedModel(backbone, options, execution, routed_estimator=estimator, option_state=state,
+                      routed_statistics=statistics)
 
 
 FOUR = [SKIP, Precision.fwbw(2, 6, 4), Precision.fwbw(4, 8, 4), Precision.fwbw(6, 12, 4)]
@@ -210,7 +211,8 @@ GROUPED = [SKIP, Precision.fwbw(2, 6, 4), Precision.fwbw(4, 6, 4), Precision.fwb
 FORCED_G = torch.tensor([[0, 0], [1, 1], [2, 2], [3, 3], [4, 4], [5, 5], [1, 3], [2, 0]])
 
 
-def _last_block_draws(estimator: str, draws: int, execution: str = "routed") -> torch.Tensor:
+def _last_block_draws(estimator: str, draws: int, execution: str = "routed",
+                      statistics: str = "computed") -> torch.Tensor:
     """dL/dz of the last block's gate logits under CE, one row per draw: (draws, B, K). Every layer of the
     backbone runs in eval mode (running ranges and BN statistics, set by a few train-mode batches first), so a
     sample's outputs do not depend on the other samples and masked execution's gradient is the exact one; the
@@ -222,6 +224,7 @@ def _last_block_draws(estimator: str, draws: int, execution: str = "routed") -> 
             model(torch.randn(16, 1, 8, 8), torch.randint(0, len(GROUPED), (16, 2)))
     model.backbone.eval()  # the GatedModel itself stays in train mode: the estimator runs
     model.execution = execution
+    model.routed_statistics = statistics  # after the statistics above, which it would change
     x = torch.randn(len(FORCED_G), 1, 8, 8, generator=torch.Generator().manual_seed(4))
     torch.manual_seed(9)
     return torch.stack([_gate_ce_grads(model, x, FORCED_G, 1)[:, -1] for _ in range(draws)])
@@ -393,6 +396,7 @@ def test_block_costs_under_every_cost_model():
     ({"execution": "routed", "routed_warmup": 1.0}, "schedule.routed_warmup"),
     ({"execution": "routed", "option_state": "per_option"}, "schedule.option_state"),  # one pass, one set of stats
     ({"option_state": "apart"}, "schedule.option_state"),
+    ({"execution": "routed", "routed_statistics": "all"}, "schedule.routed_statistics"),
 ])
 def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
     from engine.errors import ConfigError
@@ -531,3 +535,61 @@ def test_skip_apart_changes_no_training_step_only_evaluation():
         assert torch.allclose(masked.eval()(x, forced)[0], apart, atol=1e-5)
     skipped = forced[:, 1] == 0
     assert not torch.allclose(shared[skipped], apart[skipped], atol=1e-3)
+
+
+# one computed option, its errors unquantized: a training step draws nothing at random but the alternatives
+TWO = [SKIP, Precision.fwbw(4, 32, 4)]
+
+
+def test_routed_batch_statistics_train_as_masked_does():
+    """``routed_statistics: batch``: the samples that skip a block run its pass too (at their alternative), so
+    BN and the activation ranges see the whole batch as in masked execution. With one computed option the
+    alternative is that option, and a routed step is masked's: the same logits, every gradient (the gate's
+    and the weights', through BN) and every running statistic. Over the computed samples alone they differ."""
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(12))
+    y = torch.arange(8) % 10
+    forced = torch.tensor([[0, 1], [1, 0], [1, 1], [0, 0], [1, 1], [0, 1], [1, 0], [1, 1]])
+
+    def step(execution, statistics):
+        model = toy(execution, TWO, state="skip_apart", statistics=statistics).train()
+        logits, _ = model(x, forced)
+        torch.nn.functional.cross_entropy(logits, y).backward()
+        return (logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None},
+                {n: b.clone() for n, b in model.named_buffers()})
+
+    masked, batch, computed = step("masked", "computed"), step("routed", "batch"), step("routed", "computed")
+    assert torch.allclose(batch[0], masked[0], atol=1e-5)
+    assert batch[1].keys() == masked[1].keys() and any(n.startswith("gate.") for n in masked[1])
+    for n, g in masked[1].items():
+        assert torch.allclose(batch[1][n], g, atol=1e-5, rtol=1e-4), n
+    for n, b in masked[2].items():
+        assert torch.allclose(batch[2][n], b, atol=1e-5), n
+    assert not torch.allclose(computed[0], masked[0], atol=1e-3)
+    moved = [n for n in masked[2] if n.endswith("running_mean") and not torch.allclose(computed[2][n], masked[2][n])]
+    assert moved  # the computed samples' statistics are not the batch's
+
+
+@pytest.mark.parametrize("estimator", ["sampled", "grouped"])
+def test_routed_batch_statistics_keep_the_estimate_draw_for_draw(estimator):
+    """With blocks that do not depend on the batch (eval-mode backbone), the whole-batch pass changes nothing
+    the gate sees: the skipped samples' alternatives come from that pass instead of the forward-only one, and
+    the gate's CE gradient is the same for the same draw. (One draw: the backward pass of the whole batch
+    draws more stochastic-rounding noise, so later draws differ.)"""
+    grads = {s: _last_block_draws(estimator, 1, statistics=s) for s in ("computed", "batch")}
+    assert grads["computed"].abs().max() > 1e-4
+    assert torch.allclose(grads["batch"], grads["computed"], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("estimator", ["skip", "sampled", "grouped", "exact"])
+def test_routed_batch_statistics_values_do_not_depend_on_the_estimator(estimator):
+    """Every estimator draws the same alternatives for the whole-batch pass, and its own forward-only passes
+    change no value and no running statistic."""
+    outs = {}
+    for est in ("skip", estimator):
+        model = toy("routed", FOUR, estimator=est, state="skip_apart", statistics="batch").train()
+        torch.manual_seed(13)
+        logits, _ = model(X8, FORCED8)
+        logits.sum().backward()
+        outs[est] = (logits.detach(), {n: b.clone() for n, b in model.named_buffers()})
+    assert torch.equal(outs[estimator][0], outs["skip"][0])
+    assert all(torch.equal(b, outs["skip"][1][n]) for n, b in outs[estimator][1].items())
