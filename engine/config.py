@@ -350,6 +350,10 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
         if sched.routed_warmup and sched.execution != "routed":
             problems.append(("schedule.routed_warmup", sched.routed_warmup,
                              "allowed: 0 unless schedule.execution is routed (the warm-up runs masked first)"))
+        if sched.routed_statistics != "computed" and sched.execution != "routed":
+            problems.append(("schedule.routed_statistics", sched.routed_statistics,
+                             "allowed: computed unless schedule.execution is routed (masked runs every option "
+                             "over the whole batch)"))
         if sched.routed_sample_fraction < 1 and (sched.execution != "routed"
                                                  or sched.routed_estimator not in ("sampled", "grouped")):
             problems.append(("schedule.routed_sample_fraction", sched.routed_sample_fraction,

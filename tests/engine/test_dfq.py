@@ -397,6 +397,7 @@ def test_block_costs_under_every_cost_model():
     ({"execution": "routed", "option_state": "per_option"}, "schedule.option_state"),  # one pass, one set of stats
     ({"option_state": "apart"}, "schedule.option_state"),
     ({"execution": "routed", "routed_statistics": "all"}, "schedule.routed_statistics"),
+    ({"routed_statistics": "batch"}, "schedule.routed_statistics"),  # masked: the whole batch already
 ])
 def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
     from engine.errors import ConfigError
