@@ -264,11 +264,13 @@ class GatedModel(nn.Module):
                            on_alt * candidates[rows].unsqueeze(1).to(dtype))
 
     def _estimates(self, i: int, block: nn.Module, h: torch.Tensor, choice: torch.Tensor,
-                   drawn: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   pool: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+                   drawn: tuple[torch.Tensor, torch.Tensor] | None = None, pool: torch.Tensor | None = None,
+                   ready: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """The forward-only alternatives of ``routed_estimator`` for ``RoutedOutput``: (outputs, rows, (n, K)
         weight on ``<g, y_alt - y_own>`` per option), methods.md §6.3. ``drawn``: the alternatives, if already
-        drawn; ``pool``: the samples that still need theirs run (default: every sample)."""
+        drawn; ``pool``: the samples that still need theirs run (default: every sample); ``ready``: (outputs,
+        rows) of the drawn alternatives already run for the other samples (``exact`` runs its own for all)."""
         n = len(choice)
         everyone = torch.arange(n, device=choice.device)
         alts = []
@@ -281,6 +283,9 @@ class GatedModel(nn.Module):
                         alts.append((y, rows, self.same_fw[r].to(h.dtype).expand(len(rows), -1)))
                 return alts
             alt, candidates = self._alternatives(i, choice) if drawn is None else drawn
+            if ready is not None and len(ready[1]):
+                y, rows = ready
+                alts.append((y.detach(), rows, self._alt_weight(i, choice, alt, candidates, rows, h.dtype)))
             pool = everyone if pool is None else pool
             pool = pool[candidates[pool] > 0]  # a sample whose choice is the block's only option has no contrast
             m = len(pool)
@@ -308,26 +313,21 @@ class GatedModel(nn.Module):
         if self.routed_statistics == "batch" and self.training:
             # the samples that skip run the pass too, at a drawn alternative, so its batch statistics cover the
             # whole batch (methods.md §6.3); their outputs only serve the estimator, as its alternative
-            alt, candidates = self._alternatives(i, choice)
+            drawn = self._alternatives(i, choice)
             skipped = choice == skip_k
-            y_all, rows_all = self._run_sorted(block, h, torch.where(skipped, alt, choice),
+            y_all, rows_all = self._run_sorted(block, h, torch.where(skipped, drawn[0], choice),
                                                torch.arange(len(choice), device=choice.device))
             keep = ~skipped[rows_all]
             y_run, computed = y_all[keep], rows_all[keep]
-            if not estimate or self.routed_estimator == "exact":
-                return RoutedOutput.apply(y_run, y_skip, mask, computed, skip_k,
-                                          self._estimates(i, block, h, choice) if estimate else [])
-            left = rows_all[~keep]
-            alts = self._estimates(i, block, h, choice, (alt, candidates), (~skipped).nonzero().squeeze(1))
-            if len(left):
-                alts.append((y_all[~keep].detach(), left, self._alt_weight(i, choice, alt, candidates, left, h.dtype)))
-            return RoutedOutput.apply(y_run, y_skip, mask, computed, skip_k, alts)
-        computed = (choice != skip_k).nonzero().squeeze(1)
-        if len(computed):
-            y_run, computed = self._run_sorted(block, h, choice, computed)
+            pool, ready = (~skipped).nonzero().squeeze(1), (y_all[~keep], rows_all[~keep])
         else:
-            y_run = y_skip[:0]
-        alts = self._estimates(i, block, h, choice) if estimate else []
+            drawn = pool = ready = None
+            computed = (choice != skip_k).nonzero().squeeze(1)
+            if len(computed):
+                y_run, computed = self._run_sorted(block, h, choice, computed)
+            else:
+                y_run = y_skip[:0]
+        alts = self._estimates(i, block, h, choice, drawn, pool, ready) if estimate else []
         return RoutedOutput.apply(y_run, y_skip, mask, computed, skip_k, alts)
 
     # -- forward ----------------------------------------------------------------------------------------
