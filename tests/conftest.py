@@ -81,6 +81,21 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedServerScheduling(config, log)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test that used a fixture with a ``diagnose`` callable (the two-node cluster) gets its output as
+    a report section: which processes died and what they logged, in the CI log that shows the failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name, value in getattr(item, "funcargs", {}).items():
+            if isinstance(value, dict) and callable(value.get("diagnose")):
+                try:
+                    report.sections.append((f"{name}: processes and logs", value["diagnose"]()))
+                except Exception as err:  # the diagnosis must not hide the failure
+                    report.sections.append((f"{name}: diagnosis failed", repr(err)))
+
+
 @pytest.fixture
 def run_cli(tmp_path):
     """Run the real ``fractune`` entry point in a subprocess; returns CompletedProcess."""

@@ -84,56 +84,132 @@ def _ray(code: str, gcs: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, mlflow_server):
-    """A head and a second node (own temp dirs and ports), tracking into the session's MLflow server."""
-    folder = tmp_path_factory.mktemp("cluster")
-    gcs_port, dash_port = _free_port(), _free_port()
-    gcs, dashboard = f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash_port}"
-    (folder / "shared").mkdir()
-    (folder / "blind").mkdir()
-    # the second node keeps its own temp dir, as a separate machine would (a shared one lets its runtime-env
-    # agent delete the job's unpacked working dir under the head's driver); short, for Unix socket paths
-    node_tmp = tempfile.mkdtemp(prefix="rn", dir="/tmp")
-    # the head's temp dir is its own too: `ray start --head` records the cluster there (ray_current_cluster),
-    # where no address-less `ray.init()` of the rest of the suite (or of this machine's user) will find it
-    head_tmp = tempfile.mkdtemp(prefix="rh", dir="/tmp")
-    procs = []
+def _tail(path: Path, lines: int = 12) -> str:
+    try:
+        return "\n".join(line[:300] for line in path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as err:
+        return f"({err.strerror})"
 
-    def start(cmd, name):
-        log = open(folder / f"{name}.log", "w")  # noqa: SIM115
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=folder,
-                                      start_new_session=True))
 
-    def own_ports() -> str:
+class Cluster:
+    """A head and a second node, each ``ray start --block`` in its own session, own temp dir and own ports.
+
+    ``ray start --block`` ends its whole node when any one of its processes exits unexpectedly; ``diagnose()``
+    says which did and why (the nodes' process-exit logs and log tails), and a failing test's report carries it
+    (tests/conftest.py). ``ensure()`` starts a fresh cluster if the last one has died, so one crash fails one
+    test, not every test after it."""
+
+    # lenient GCS health checks: on two loaded cores a node can miss a few 3 s checks without being dead
+    RAY_ENV = {"RAY_health_check_failure_threshold": "20", "RAY_health_check_timeout_ms": "30000"}
+
+    def __init__(self, folder: Path, tracking: str):
+        self.folder, self.tracking = folder, tracking
+        self.procs: list[subprocess.Popen] = []
+        self.tmps: list[str] = []
+        self.info: dict = {}
+        self.starts = 0
+
+    def _start(self, cmd: list[str], name: str) -> None:
+        log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(**self.RAY_ENV),
+                                           cwd=self.folder, start_new_session=True))
+
+    @staticmethod
+    def _own_ports() -> str:
         # fixed defaults (agent HTTP 52365, metrics, runtime-env agent, Ray client 10001) would clash with the
         # suite's own local Ray and between the two nodes: every node gets free ports of its own
         return (f"--dashboard-agent-listen-port={_free_port()} --dashboard-agent-grpc-port={_free_port()} "
-                f"--runtime-env-agent-port={_free_port()} --metrics-export-port={_free_port()}")
+                f"--runtime-env-agent-port={_free_port()} --metrics-export-port={_free_port()} "
+                "--object-store-memory=200000000")  # two tiny trials: not 30 % of the machine's memory per node
 
-    try:
-        start([str(BIN / "ray"), "start", "--head", *own_ports().split(), f"--ray-client-server-port={_free_port()}", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
-               "--num-cpus=1", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-               f"--dashboard-port={dash_port}", f"--temp-dir={head_tmp}", "--disable-usage-stats"], "head")
+    def start(self) -> dict:
+        self.starts += 1
+        folder = self.folder
+        gcs_port, dash_port = _free_port(), _free_port()
+        gcs, dashboard = f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash_port}"
+        # the second node keeps its own temp dir, as a separate machine would (a shared one lets its runtime-env
+        # agent delete the job's unpacked working dir under the head's driver); short, for Unix socket paths
+        node_tmp = tempfile.mkdtemp(prefix="rn", dir="/tmp")
+        # the head's temp dir is its own too: `ray start --head` records the cluster there (ray_current_cluster),
+        # where no address-less `ray.init()` of the rest of the suite (or of this machine's user) will find it
+        head_tmp = tempfile.mkdtemp(prefix="rh", dir="/tmp")
+        self.tmps = [head_tmp, node_tmp]
+        self._start([str(BIN / "ray"), "start", "--head", *self._own_ports().split(),
+                     f"--ray-client-server-port={_free_port()}", "--block", f"--port={gcs_port}",
+                     "--node-ip-address=127.0.0.1", "--num-cpus=1", "--include-dashboard=true",
+                     "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}", f"--temp-dir={head_tmp}",
+                     "--disable-usage-stats"], "head")
         wait_for(lambda: _http_ok(f"{dashboard}/api/version"), timeout=120, what="ray head dashboard")
         worker = (f"mount -t tmpfs tmpfs {folder / 'blind'} && exec {BIN / 'ray'} start --block --address={gcs} "
-                  f"--node-ip-address=127.0.0.1 --num-cpus=1 --temp-dir={node_tmp} {own_ports()} --disable-usage-stats")
-        start(["unshare", "--mount", "--propagation", "private", "sh", "-c", worker], "worker")
+                  f"--node-ip-address=127.0.0.1 --num-cpus=1 --temp-dir={node_tmp} {self._own_ports()} "
+                  "--disable-usage-stats")
+        self._start(["unshare", "--mount", "--propagation", "private", "sh", "-c", worker], "worker")
         wait_for(lambda: int(_ray("print(len([n for n in ray.nodes() if n['Alive']]))", gcs)) == 2, timeout=120,
                  interval=2, what="two alive Ray nodes")
         spec = folder / "spec.yaml"
         spec.write_text(yaml.safe_dump(SPEC, sort_keys=False))
-        yield {"folder": folder, "gcs": gcs, "dashboard": dashboard, "spec": spec,
-               "tracking": mlflow_server["uri"]}
-    finally:
-        for proc in reversed(procs):
+        self.info.update({"folder": folder, "gcs": gcs, "dashboard": dashboard, "spec": spec,
+                          "tracking": self.tracking, "diagnose": self.diagnose})
+        return self.info
+
+    def alive(self) -> bool:
+        return bool(self.procs) and all(p.poll() is None for p in self.procs)
+
+    def ensure(self) -> None:
+        if not self.alive():
+            self.stop()
+            self.start()
+
+    def diagnose(self) -> str:
+        """Which node processes are alive, and the tails of what the nodes logged."""
+        out = [f"cluster start #{self.starts}; " + ", ".join(
+            f"{name}: {'alive' if p.poll() is None else f'exited {p.returncode}'}"
+            for name, p in zip(("head", "worker"), self.procs))]
+        for name in ("head", "worker"):
+            out += [f"--- {name}.log", _tail(self.folder / f"{name}.log")]
+        for tmp in self.tmps:
+            logs = Path(tmp) / "session_latest" / "logs"
+            for log in ("ray_process_exit.log", "gcs_server.out", "gcs_server.err", "raylet.out", "raylet.err",
+                        "dashboard.log", "dashboard.err"):
+                if (logs / log).exists() and (logs / log).stat().st_size:
+                    out += [f"--- {logs / log}", _tail(logs / log, 8)]
+        with contextlib.suppress(OSError):
+            out.append("--- " + next(line for line in Path("/proc/meminfo").read_text().splitlines()
+                                     if line.startswith("MemAvailable")))
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
             kill_session(proc.pid)
-        for proc in procs:
+        for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
-        for tmp in (node_tmp, head_tmp):
+        survivors = [p.pid for p in self.procs if p.poll() is None]
+        self.procs = []
+        for tmp in self.tmps:
             shutil.rmtree(tmp, ignore_errors=True)
-        assert all(proc.poll() is not None for proc in procs), "a cluster process survived"
+        assert not survivors, f"cluster processes survived: {survivors}"
+
+
+@pytest.fixture(scope="module")
+def _cluster(tmp_path_factory, mlflow_server):
+    folder = tmp_path_factory.mktemp("cluster")
+    (folder / "shared").mkdir()
+    (folder / "blind").mkdir()
+    c = Cluster(folder, mlflow_server["uri"])
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def cluster(_cluster):
+    """A head and a second node (own temp dirs and ports), tracking into the session's MLflow server; a cluster
+    that an earlier test left dead is started afresh."""
+    _cluster.ensure()
+    return _cluster.info
 
 
 @pytest.mark.slow
