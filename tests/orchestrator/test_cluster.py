@@ -105,12 +105,14 @@ class Cluster:
     def __init__(self, folder: Path, tracking: str):
         self.folder, self.tracking = folder, tracking
         self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
         self.tmps: list[str] = []
         self.info: dict = {}
         self.starts = 0
 
     def _start(self, cmd: list[str], name: str) -> None:
         log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115
+        self.logs.append(log)
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(**self.RAY_ENV),
                                            cwd=self.folder, start_new_session=True))
 
@@ -185,7 +187,9 @@ class Cluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
         survivors = [p.pid for p in self.procs if p.poll() is None]
-        self.procs = []
+        for log in self.logs:
+            log.close()
+        self.procs, self.logs = [], []
         for tmp in self.tmps:
             shutil.rmtree(tmp, ignore_errors=True)
         assert not survivors, f"cluster processes survived: {survivors}"
