@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ray import tune
 
+from orchestrator import checkpoints
 from orchestrator.checkpoints import CheckpointPruner, checkpoint_config, newest_state, stored_latest
 
 EPOCHS = 16
@@ -56,6 +57,9 @@ class KillPoints(tune.Callback):
 
 def test_a_driver_killed_at_any_checkpoint_leaves_a_state_that_restores(ray_local, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "0.3")  # several state saves during the short run
+    # the pruner looks every 0.2 s instead of 2 s, so it prunes while the trials run (moments below), however
+    # fast they are: at 2 s a run that finished within one period was pruned only at its end, and failed
+    monkeypatch.setattr(checkpoints, "CHECK_EVERY_S", 0.2)
     moments: list = []
     snapshot = tmp_path / "killed_halfway"
     tuner = tune.Tuner(counting_trainable, param_space={"x": tune.grid_search([0, 1])},
