@@ -2,9 +2,13 @@
 mixed-precision routed pass, the gate and its controller), runnable on CPU for the side-by-side figures.
 
 ResNet-8 on scikit-learn's digits (always present), 2 epochs at batch 64: FP32, FW8/BW8, auto PFQ, CPT 3->8, DFQ
-at cp 3 % masked and routed (the default statistics: skip_apart), and routed FracTrain. Per run: test accuracy,
-the gated cp of the last epoch (DFQ, FracTrain) and wall seconds. Last stdout line: one JSON object with
-``runs`` (name -> figures), ``device`` and the machine facts.
+at cp 3 % masked (shared and per-option statistics) and routed (the defaults: ``sampled``, ``skip_apart``,
+``computed``; and ``routed_statistics: batch``, the ``grouped`` and ``exact`` estimators), and routed FracTrain.
+Where the embedded corpus (Debian's ``fortunes``, or ``--text-dir``) is present, the small Transformer language
+model too, one short epoch each: FW8/BW8, CPT, DFQ masked and routed (per-sequence gating: the mixed-precision
+attention products), routed FracTrain. Per run: test accuracy (language models: perplexity), the gated cp of the
+last epoch (DFQ, FracTrain) and wall seconds. Last stdout line: one JSON object with ``runs`` (name -> figures),
+``device`` and the machine facts.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import emit, machine  # noqa: E402
 from engine.config import parse_config  # noqa: E402
+from engine.text import FORTUNES_DIR  # noqa: E402
 from engine.train import train_and_evaluate  # noqa: E402
 
 SCHEDULES = {
@@ -26,8 +31,19 @@ SCHEDULES = {
     "pfq": {"kind": "pfq"},
     "cpt": {"kind": "cpt", "fw_min": 3, "fw_max": 8},
     "dfq_masked": {"kind": "dfq", "target_cp": 3.0, "execution": "masked"},
+    "dfq_masked_per_option": {"kind": "dfq", "target_cp": 3.0, "execution": "masked", "option_state": "per_option"},
     "dfq_routed": {"kind": "dfq", "target_cp": 3.0, "execution": "routed"},
+    "dfq_routed_batch": {"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_statistics": "batch"},
+    "dfq_routed_grouped": {"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_estimator": "grouped"},
+    "dfq_routed_exact": {"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_estimator": "exact"},
     "fractrain_routed": {"kind": "fractrain", "execution": "routed"},
+}
+LM_SCHEDULES = {
+    "lm_fw8bw8": {"kind": "static", "fw": 8, "bw": 8},
+    "lm_cpt": {"kind": "cpt", "fw_min": 3, "fw_max": 8, "num_cycles": 2},
+    "lm_dfq_masked": {"kind": "dfq", "target_cp": 3.0, "execution": "masked"},
+    "lm_dfq_routed": {"kind": "dfq", "target_cp": 3.0, "execution": "routed"},
+    "lm_fractrain_routed": {"kind": "fractrain", "execution": "routed"},
 }
 
 
@@ -35,23 +51,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda where a GPU is visible")
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--only", nargs="*", choices=sorted(SCHEDULES), help="these runs alone")
+    ap.add_argument("--only", nargs="*", choices=sorted({**SCHEDULES, **LM_SCHEDULES}), help="these runs alone")
+    ap.add_argument("--text-dir", default=str(FORTUNES_DIR),
+                    help="the fortunes corpus for the language-model runs (left out where it is missing)")
     args = ap.parse_args()
     if args.device == "auto":
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    jobs = {name: {"model": {"name": "resnet8"}, "data": {"dataset": "digits", "batch_size": 64},
+                   "optim": {"epochs": args.epochs}, "schedule": schedule} for name, schedule in SCHEDULES.items()}
+    if Path(args.text_dir).is_dir():
+        lm_data = {"dataset": "fortunes", "data_dir": args.text_dir, "seq_len": 32, "vocab_size": 2048,
+                   "batch_size": 16, "train_subset": 480, "test_subset": 160}
+        jobs.update({name: {"model": {"name": "transformer_small"}, "data": lm_data,
+                            "optim": {"epochs": 1, "optimizer": "adam", "lr": 0.002, "weight_decay": 0.0},
+                            "schedule": schedule} for name, schedule in LM_SCHEDULES.items()})
     runs = {}
-    for name, schedule in SCHEDULES.items():
+    for name, job in jobs.items():
         if args.only and name not in args.only:
             continue
-        cfg = parse_config({"name": f"cuda_check_{name}", "model": {"name": "resnet8"}, "device": args.device,
-                            "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": args.epochs},
-                            "schedule": schedule})
+        cfg = parse_config({"name": f"cuda_check_{name}", "device": args.device, **job})
         started = time.perf_counter()
         m = train_and_evaluate(cfg).metrics
-        runs[name] = {"accuracy": m["accuracy"], "cp_last_epoch": m.get("cp_last_epoch"),
-                      "wall_s": round(time.perf_counter() - started, 2)}
+        runs[name] = {"accuracy": m.get("accuracy"), "perplexity": m.get("perplexity"),
+                      "cp_last_epoch": m.get("cp_last_epoch"), "wall_s": round(time.perf_counter() - started, 2)}
         print(name, runs[name], flush=True)
     emit({"bench": "cuda_check", "device": args.device, "epochs": args.epochs, "runs": runs, **machine()})
 
