@@ -132,6 +132,8 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
         return quant.quantize(x, bits[0], lo, hi, stochastic=stochastic, out=out)
     if all(b >= FULL_BITS for b in bits):
         return out.copy_(x)
+    if quant.ranges_on_device(x):
+        return _q_rows_device(x, groups, sizes, bits, lo, hi, stochastic, out)
     rows = x.reshape(x.shape[0], -1)
     counts = torch.tensor(sizes, device=x.device)
     if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group, one sync for all groups
@@ -154,6 +156,41 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
         u.add_(quant.noise_words(u, reuse=True), alpha=1.0 / quant.NOISE_LEVELS)
     torch.minimum(u.clamp_min_(0), qmax_r, out=u).round_()
     u.mul_(step_r).add_(lo_r)
+    for (start, end, _), b in zip(groups, bits):
+        if b >= FULL_BITS:
+            out[start:end] = x[start:end]
+    return out
+
+
+def _host_table(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small table made on the host, copied to ``device`` without waiting for it (pinned memory, CUDA)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
+def _q_rows_device(x: torch.Tensor, groups, sizes: list[int], bits: list[int], lo, hi, stochastic: bool,
+                   out: torch.Tensor) -> torch.Tensor:
+    """``_q_rows`` where ranges stay on the device (``quant.ranges_on_device``): the per-row level counts and
+    group ids come from the host, without a wait; each group's range, step and levels are computed on the
+    device, with ``quant.quantize``'s arithmetic for a range kept there (``u = (x - lo) / step``), so a
+    mixed-precision layer makes the host wait for nothing (methods.md §1, "Devices")."""
+    n = x.shape[0]
+    rows, flat = x.reshape(n, -1), out.view(n, -1)
+    per_row = [(float(quant.levels(b if b < FULL_BITS else 1)), g)  # full-bit rows: overwritten below
+               for g, (b, size) in enumerate(zip(bits, sizes)) for _ in range(size)]
+    qmax_r = _host_table([q for q, _ in per_row], x.dtype, x.device).unsqueeze(1)
+    if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group on the device
+        gid = _host_table([g for _, g in per_row], torch.int64, x.device)
+        row_lo, row_hi = rows.amin(1), rows.amax(1)
+        g_lo = row_lo.new_full((len(groups),), float("inf")).scatter_reduce_(0, gid, row_lo, "amin")
+        g_hi = row_hi.new_full((len(groups),), float("-inf")).scatter_reduce_(0, gid, row_hi, "amax")
+        lo, hi = g_lo.index_select(0, gid).unsqueeze(1), g_hi.index_select(0, gid).unsqueeze(1)
+    step = ((hi - lo) / qmax_r).clamp_min_(quant.STEP_FLOOR)
+    u = torch.sub(rows, lo, out=flat).div_(step)
+    if stochastic:
+        u.add_(0.5 / quant.NOISE_LEVELS).add_(quant.noise_words(u, reuse=True), alpha=1.0 / quant.NOISE_LEVELS)
+    torch.minimum(u.clamp_min_(0), qmax_r, out=u).round_()
+    u.mul_(step).add_(lo)
     for (start, end, _), b in zip(groups, bits):
         if b >= FULL_BITS:
             out[start:end] = x[start:end]

@@ -78,9 +78,10 @@ class _Quantized:
         self.register_buffer("run_lo", torch.zeros(()))
         self.register_buffer("run_range", torch.zeros(()))
 
-    def _act_range(self, x: torch.Tensor, bits: int, suffix: str = "") -> tuple[float, float] | None:
+    def _act_range(self, x: torch.Tensor, bits: int, suffix: str = "") -> tuple | None:
         """(lo, hi) for the input quantizer: the batch range in train mode (updating the running range),
-        the running range in eval mode. ``suffix`` names another pair of buffers (QMatmul's second operand)."""
+        the running range in eval mode; Python floats, or 0-d tensors on an accelerator (``quant.tensor_range``).
+        ``suffix`` names another pair of buffers (QMatmul's second operand)."""
         if bits >= FULL_BITS:
             return None
         if self.training and _frozen_ranges.on:  # a forward-only probe: the batch range, the EMA untouched
@@ -93,6 +94,8 @@ class _Quantized:
                 run_lo.mul_(m).add_((1 - m) * lo)
                 run_range.mul_(m).add_((1 - m) * (hi - lo))
             return lo, hi
+        if quant.ranges_on_device(run_lo):
+            return run_lo, run_lo + run_range
         lo = float(run_lo)
         return lo, lo + float(run_range)
 

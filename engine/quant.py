@@ -9,9 +9,11 @@ Asymmetric min/max affine quantization, simulated ("fake quant": quantize then d
 
 ``lo`` acts as the zero point, so 0 is generally not exactly representable (reference behaviour).
 Ranges: weights per output channel, activations and gradients per tensor (methods.md §1).
-Per-tensor ranges are Python floats and every op after the first works in place on one buffer (fresh,
-or scratch where the result is consumed at once): the overhead of quantized training is a handful of
-memory passes per layer, not a graph of small ops.
+Per-tensor ranges are Python floats on the CPU and every op after the first works in place on one buffer
+(fresh, or scratch where the result is consumed at once): the overhead of quantized training is a handful of
+memory passes per layer, not a graph of small ops. On an accelerator they stay 0-d tensors on the device
+(``ranges_on_device``): a Python float would make the host wait for the device at every quantized tensor, and
+a GPU step of a small network is bound by how fast the host issues its kernels (methods.md §1, "Devices").
 """
 
 from __future__ import annotations
@@ -29,9 +31,17 @@ def levels(bits: int) -> int:
     return (1 << bits) - 1
 
 
-def tensor_range(x: torch.Tensor) -> tuple[float, float]:
-    """Global (lo, hi) of a tensor (one pass)."""
+def ranges_on_device(x: torch.Tensor) -> bool:
+    """Whether ``x``'s per-tensor ranges stay 0-d tensors on its device (an accelerator) instead of Python
+    floats (the CPU): reading a float from a GPU waits for every kernel queued before it."""
+    return x.device.type != "cpu"
+
+
+def tensor_range(x: torch.Tensor) -> tuple[float, float] | tuple[torch.Tensor, torch.Tensor]:
+    """Global (lo, hi) of a tensor (one pass): Python floats, or 0-d tensors where ``ranges_on_device``."""
     lo, hi = torch.aminmax(x.detach())
+    if ranges_on_device(x):
+        return lo, hi
     return float(lo), float(hi)
 
 
@@ -81,7 +91,8 @@ def quantize(
     noise: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Fake-quantize ``x`` to ``bits`` over [lo, hi]: floats, or tensors that broadcast against x.
+    """Fake-quantize ``x`` to ``bits`` over [lo, hi]: floats, or tensors that broadcast against x (per-channel
+    ranges, or a per-tensor range kept on the device: 0-d tensors).
 
     ``noise`` (floats in [-0.5, 0.5) shaped like x) may be passed to make stochastic rounding
     reproducible; otherwise 16-bit noise is drawn from torch's global generator (``noise_words``).
@@ -89,7 +100,7 @@ def quantize(
     """
     qmax = levels(bits)
     drawn = stochastic and noise is None
-    if isinstance(lo, torch.Tensor):  # per-channel ranges (weights: small tensors)
+    if isinstance(lo, torch.Tensor):  # per-channel ranges (weights: small tensors), or a range on the device
         step = ((hi - lo) / qmax).clamp_min(STEP_FLOOR)
         u = torch.sub(x.detach(), lo, out=out).div_(step)
         if drawn:

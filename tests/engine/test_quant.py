@@ -190,16 +190,20 @@ def test_mixed_precision_with_every_group_at_32_bit_fw_quantizes_only_the_weight
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
-def test_mixed_rows_quantize_each_group_as_the_per_tensor_quantizer_does():
+@pytest.mark.parametrize("on_device", [False, True], ids=["host_ranges", "device_ranges"])
+def test_mixed_rows_quantize_each_group_as_the_per_tensor_quantizer_does(on_device, monkeypatch):
     """``_q_rows`` quantizes all groups in whole-tensor passes with per-row parameters; each group's rows must
     come out as ``quant.quantize`` gives them at that group's bits (activations: the batch's one range;
-    errors: the group's own range, stochastic rounding unbiased), and a 32-bit group unchanged."""
+    errors: the group's own range, stochastic rounding unbiased), and a 32-bit group unchanged. Both with the
+    ranges as Python floats (CPU) and kept as tensors (an accelerator's path, run here on the CPU)."""
+    monkeypatch.setattr(quant, "ranges_on_device", lambda t: on_device)
     torch.manual_seed(0)
     x = torch.randn(40, 3, 5, 5)
     x[10:20] *= 7.0  # a group with a much wider range than the others
     groups = ((0, 10, Precision.fwbw(2, 6)), (10, 20, Precision.fwbw(4, 12)), (20, 25, FP32),
               (25, 40, Precision.fwbw(6, 8)))
-    y = autograd._q_rows(x, groups, lambda p: p.act, -1.5, 2.0, False, torch.empty_like(x))
+    lo, hi = (torch.tensor(-1.5), torch.tensor(2.0)) if on_device else (-1.5, 2.0)  # as _act_range gives them
+    y = autograd._q_rows(x, groups, lambda p: p.act, lo, hi, False, torch.empty_like(x))
     for start, end, p in groups:
         want = x[start:end] if p.act >= 32 else quant.quantize(x[start:end], p.act, -1.5, 2.0)
         assert torch.allclose(y[start:end], want, atol=1e-6), (start, p.act)

@@ -1,0 +1,119 @@
+"""Per-tensor ranges kept on the device (methods.md §1, "Devices"): on an accelerator the quantizers never turn a
+range into a Python float, so the host does not wait for the device at every quantized tensor. The path is
+chosen by ``quant.ranges_on_device``; here it is forced on for CPU tensors, so CI runs the same code a GPU runs
+and compares it with the host-float path that CPU training uses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import quant
+from engine.config import parse_config
+from engine.gate import cost_per_sample, option_kappa
+from engine.layers import QConv2d, QLinear, QMatmul
+from engine.models import LayerMap, build_model
+from engine.models.gated import GatedModel
+from engine.precision import SKIP, Precision
+from engine.train import train_and_evaluate
+
+
+@pytest.fixture
+def device_ranges(monkeypatch):
+    monkeypatch.setattr(quant, "ranges_on_device", lambda t: True)
+
+
+def test_ranges_stay_tensors_and_quantize_as_floats_do(device_ranges):
+    x = torch.randn(4, 3, 6, 6) * 3 + 1
+    lo, hi = quant.tensor_range(x)
+    assert isinstance(lo, torch.Tensor) and lo.dim() == 0 and float(lo) == float(x.min()) and float(hi) == float(x.max())
+    for bits in (2, 4, 8):
+        on_device = quant.quantize(x, bits, lo, hi)
+        on_host = quant.quantize(x, bits, float(lo), float(hi))
+        step = (float(hi) - float(lo)) / (2 ** bits - 1)
+        # the same grid; an element within float32's last bit of a rounding boundary may land one level apart
+        assert ((on_device - on_host).abs() > 1e-5).float().mean() < 1e-3
+        assert (on_device - on_host).abs().max() <= step * 1.0001
+        assert len(torch.unique(on_device)) <= 2 ** bits
+    torch.manual_seed(0)
+    mean = torch.stack([quant.quantize_tensor(x, 3, stochastic=True) for _ in range(300)]).mean(0)
+    assert (mean - x).abs().mean() < 0.05 * (float(hi) - float(lo)) / 7  # stochastic rounding stays unbiased
+
+
+@pytest.mark.parametrize("layer", ["conv", "linear", "matmul"])
+def test_quantized_layers_train_and_evaluate_alike_on_both_paths(layer, monkeypatch):
+    """Forward values, gradients and the running range of a quantized layer: the device path against the host
+    one, in train mode (batch range, EMA update, stochastic error rounding from the same draws) and eval mode
+    (the running range, which the device path keeps as a tensor)."""
+    x = torch.randn(8, 4, 6, 6) if layer == "conv" else torch.randn(8, 5, 12)
+    prec = Precision.fwbw(4, 8)
+    results = []
+    for on_device in (False, True):
+        monkeypatch.setattr(quant, "ranges_on_device", lambda t, on=on_device: on)
+        torch.manual_seed(1)
+        mod = {"conv": lambda: QConv2d(4, 6, 3, padding=1), "linear": lambda: QLinear(12, 7),
+               "matmul": lambda: QMatmul()}[layer]()
+        xi = x.clone().requires_grad_(True)
+        torch.manual_seed(2)
+        y = mod(xi, xi.transpose(1, 2), prec) if layer == "matmul" else mod(xi, prec)
+        y.square().sum().backward()
+        mod.eval()
+        assert isinstance(mod._act_range(x, 4)[0], torch.Tensor if on_device else float)  # the running range
+        with torch.no_grad():
+            y_eval = mod(x, x.transpose(1, 2), prec) if layer == "matmul" else mod(x, prec)
+        grads = [xi.grad] + [p.grad for p in mod.parameters()]
+        results.append((y.detach(), y_eval, grads, mod.run_lo.clone(), mod.run_range.clone()))
+    (y0, e0, g0, lo0, r0), (y1, e1, g1, lo1, r1) = results
+    assert torch.allclose(y0, y1, atol=1e-4) and torch.allclose(e0, e1, atol=1e-4)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(g0, g1))
+    assert torch.allclose(lo0, lo1) and torch.allclose(r0, r1)
+
+
+@pytest.mark.parametrize(("execution", "statistics"), [("masked", "computed"), ("routed", "computed"),
+                                                      ("routed", "batch")])
+def test_gated_step_is_the_same_on_both_paths(execution, statistics, monkeypatch):
+    """A DFQ training step (mixed-precision rows, the sampled alternatives, the gate's gradient) and an eval
+    forward give the same values whichever way the ranges are kept."""
+    options = [SKIP, Precision.fwbw(2, 6, 4), Precision.fwbw(4, 8, 4), Precision(act=6, weight=4, grad=12)]
+    x = torch.randn(12, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    y = torch.randint(0, 10, (12,), generator=torch.Generator().manual_seed(4))
+    forced = torch.randint(0, 4, (12, 2), generator=torch.Generator().manual_seed(5))
+    results = []
+    for on_device in (False, True):
+        monkeypatch.setattr(quant, "ranges_on_device", lambda t, on=on_device: on)
+        torch.manual_seed(0)
+        backbone = build_model("tiny", 1, 10)
+        backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
+        model = GatedModel(backbone, options, execution, option_state="skip_apart" if execution == "routed" else "shared",
+                           routed_statistics=statistics).train()
+        torch.manual_seed(7)
+        logits, trace = model(x, forced)
+        kappa, omega = option_kappa(options), torch.ones(2)
+        (F.cross_entropy(logits, y) + 0.1 * cost_per_sample(trace, kappa, omega).mean()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        with torch.no_grad():
+            evaluated = model.eval()(x, forced)[0]
+        results.append((logits.detach(), grads, evaluated))
+    (l0, g0, e0), (l1, g1, e1) = results
+    assert torch.allclose(l0, l1, atol=1e-4) and torch.allclose(e0, e1, atol=1e-4)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        assert torch.allclose(g0[name], g1[name], rtol=1e-3, atol=1e-4), name
+
+
+@pytest.mark.parametrize("schedule", [{"kind": "static", "fw": 8, "bw": 8},
+                                      {"kind": "dfq", "target_cp": 3.0, "execution": "routed"}],
+                         ids=["fw8bw8", "dfq_routed"])
+def test_a_run_on_the_device_path_learns_as_on_the_host_path(schedule, monkeypatch):
+    """A short training run end to end (train, running ranges, evaluation) on both paths."""
+    figures = []
+    for on_device in (False, True):
+        monkeypatch.setattr(quant, "ranges_on_device", lambda t, on=on_device: on)
+        cfg = parse_config({"name": "device_ranges", "model": {"name": "resnet8"}, "optim": {"epochs": 2},
+                            "data": {"dataset": "digits", "batch_size": 64}, "schedule": schedule})
+        figures.append(train_and_evaluate(cfg).metrics)
+    assert figures[1]["accuracy"] > 0.85
+    assert abs(figures[0]["accuracy"] - figures[1]["accuracy"]) < 0.03
+    if schedule["kind"] == "dfq":
+        assert abs(figures[1]["cp_last_epoch"] - 3.0) < 0.3
