@@ -125,6 +125,7 @@ class GatedModel(nn.Module):
                                 for b in backbone.blocks])
         if not allowed.any(dim=1).all():
             raise ValueError("every block needs at least one option it can take")
+        self._allowed: list[list[bool]] = allowed.tolist()  # read on the host: no wait for a GPU
         self.skip_index = next((k for k, o in enumerate(self.options) if o.skip), None)
         self._computed_k = next((k for k, o in enumerate(self.options) if not o.skip), 0)
         self.weight_bits = next((o.weight for o in self.options if not o.skip), 32)
@@ -134,8 +135,8 @@ class GatedModel(nn.Module):
         fw = [None if o.skip else o.act for o in self.options]
         self.register_buffer("same_fw", torch.tensor([[a is not None and a == b for b in fw] for a in fw]),
                              persistent=False)
-        self.register_buffer("fw_first", torch.tensor([a is not None and fw.index(a) == k for k, a in enumerate(fw)]),
-                             persistent=False)
+        self._fw_first = [a is not None and fw.index(a) == k for k, a in enumerate(fw)]
+        self.register_buffer("fw_first", torch.tensor(self._fw_first), persistent=False)
         self.gate = RecurrentGate([b.in_channels for b in backbone.blocks], len(self.options), allowed,
                                   gate_dim, embed_dim, hidden_dim)
         # the dual controller's price on the options' normalised costs (engine.controller): (L, K) and a scalar;
@@ -198,7 +199,7 @@ class GatedModel(nn.Module):
     def _masked(self, i: int, block: nn.Module, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         out = None
         for k, opt in enumerate(self.options):
-            if not bool(self.gate.allowed[i, k]):
+            if not self._allowed[i][k]:
                 continue
             self._use_state(i, k)
             y = block.skip(h) if opt.skip else block(h, opt)
@@ -207,31 +208,25 @@ class GatedModel(nn.Module):
         return out
 
     # -- routed -----------------------------------------------------------------------------------------
-    def _pass(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
-              rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block over samples ``rows`` of ``h``, each at its ``option``, in one pass (each option's samples
-        contiguous): the outputs, for rows ``rows[order]``, and ``order``."""
-        order = torch.argsort(option[rows], stable=True)
-        sorted_rows = rows[order]
-        counts = torch.bincount(option[sorted_rows], minlength=len(self.options)).tolist()
-        groups, start = [], 0
-        for k, c in enumerate(counts):
-            if c:
-                groups.append((start, start + c, self.options[k]))
-                start += c
-        return block(h.index_select(0, sorted_rows), MixedPrecision(tuple(groups), self.weight_bits)), order
-
     def _run_sorted(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
-                    rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_pass``'s outputs and the rows they belong to (no reordering copy)."""
-        y, order = self._pass(block, h, option, rows)
-        return y, rows[order]
-
-    def _run_mixed(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
-                   rows: torch.Tensor) -> torch.Tensor:
-        """``_pass``'s outputs in the order of ``rows``."""
-        y, order = self._pass(block, h, option, rows)
-        return y.index_select(0, torch.argsort(order))
+                    keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The block over the samples of ``h`` that ``keep`` (B,) bool selects (default: all), each at its
+        ``option``, in one pass with each option's samples contiguous (by option, then by row): the outputs and
+        the rows they belong to, or None where no sample is kept. The group sizes are the one value it reads on
+        the host (a GPU waits once per pass)."""
+        k = len(self.options)
+        key = option if keep is None else torch.where(keep, option, k)  # k: not run, sorted last
+        order = torch.argsort(key, stable=True)
+        counts = torch.bincount(key, minlength=k + 1).tolist()
+        groups, start = [], 0
+        for o, c in enumerate(counts[:k]):
+            if c:
+                groups.append((start, start + c, self.options[o]))
+                start += c
+        if not start:
+            return None
+        rows = order[:start]
+        return block(h.index_select(0, rows), MixedPrecision(tuple(groups), self.weight_bits)), rows
 
     def _nonskip(self, i: int) -> torch.Tensor:
         """(K,) bool: the non-skip options block ``i`` allows (a forward group's options: ``same_fw``'s diagonal)."""
@@ -269,64 +264,68 @@ class GatedModel(nn.Module):
                    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """The forward-only alternatives of ``routed_estimator`` for ``RoutedOutput``: (outputs, rows, (n, K)
         weight on ``<g, y_alt - y_own>`` per option), methods.md §6.3. ``drawn``: the alternatives, if already
-        drawn; ``pool``: the samples that still need theirs run (default: every sample); ``ready``: (outputs,
-        rows) of the drawn alternatives already run for the other samples (``exact`` runs its own for all)."""
-        n = len(choice)
-        everyone = torch.arange(n, device=choice.device)
+        drawn; ``pool``: (B,) bool, the samples that still need theirs run (default: every sample); ``ready``:
+        (outputs, rows) of the drawn alternatives already run for the other samples (``exact`` runs its own for
+        all)."""
         alts = []
         with torch.no_grad(), frozen_state(block):
             if self.routed_estimator == "exact":  # every other forward group, for every sample: masked's gradient
-                for r in torch.nonzero(self.fw_first & self.gate.allowed[i]).squeeze(1).tolist():
-                    rows = everyone[~self.same_fw[choice, r]]
-                    if len(rows):
-                        y, rows = self._run_sorted(block, h, torch.full_like(choice, r), rows)
+                for r in (r for r, first in enumerate(self._fw_first) if first and self._allowed[i][r]):
+                    run = self._run_sorted(block, h, torch.full_like(choice, r), ~self.same_fw[choice, r])
+                    if run is not None:
+                        y, rows = run
                         alts.append((y, rows, self.same_fw[r].to(h.dtype).expand(len(rows), -1)))
                 return alts
             alt, candidates = self._alternatives(i, choice) if drawn is None else drawn
             if ready is not None and len(ready[1]):
                 y, rows = ready
                 alts.append((y.detach(), rows, self._alt_weight(i, choice, alt, candidates, rows, h.dtype)))
-            pool = everyone if pool is None else pool
-            pool = pool[candidates[pool] > 0]  # a sample whose choice is the block's only option has no contrast
-            m = len(pool)
-            if m == 0:
-                return alts
-            # the alternative runs for a random subset S of the pool (``sample_fraction`` p of it), its contrast
-            # weighted by 1/p, so the estimate stays unbiased at p times the cost
-            size = m if self.sample_fraction >= 1.0 else max(1, round(self.sample_fraction * m))
-            subset = pool if size == m else pool[torch.randperm(m, device=choice.device)[:size].sort().values]
-            y, rows = self._run_sorted(block, h, alt, subset)
-        alts.append((y, rows, self._alt_weight(i, choice, alt, candidates, rows, h.dtype) * (m / size)))
+            keep = candidates > 0  # a sample whose choice is the block's only option has no contrast
+            keep = keep if pool is None else keep & pool
+            scale = 1.0
+            if self.sample_fraction < 1.0:
+                # the alternative runs for a random subset S of the pool (``sample_fraction`` p of it), its
+                # contrast weighted by 1/p, so the estimate stays unbiased at p times the cost
+                members = keep.nonzero().squeeze(1)
+                m = len(members)
+                if m == 0:
+                    return alts
+                size = max(1, round(self.sample_fraction * m))
+                if size < m:
+                    subset = members[torch.randperm(m, device=choice.device)[:size].sort().values]
+                    keep = torch.zeros_like(keep).index_fill_(0, subset, True)
+                scale = m / size
+            run = self._run_sorted(block, h, alt, keep)
+        if run is not None:
+            y, rows = run
+            alts.append((y, rows, self._alt_weight(i, choice, alt, candidates, rows, h.dtype) * scale))
         return alts
 
     def _routed(self, i: int, block: nn.Module, h: torch.Tensor, choice: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
         skip_k = self.skip_index
-        can_skip = skip_k is not None and bool(self.gate.allowed[i, skip_k])
-        if not can_skip:  # every sample computes; the value is the chosen output
-            y = self._run_mixed(block, h, choice, torch.arange(len(choice), device=choice.device))
+        can_skip = skip_k is not None and self._allowed[i][skip_k]
+        if not can_skip:  # every sample computes; the value is the chosen output, in the batch's order
+            y, rows_run = self._run_sorted(block, h, choice)
+            y = y.index_select(0, torch.argsort(rows_run))
             return y * rows(mask.gather(1, choice.unsqueeze(1)), y)
         self._use_state(i, skip_k)
         y_skip = block.skip(h)
         self._use_state(i, self._computed_k)  # every computed option shares one pass, so one set of statistics
         estimate = self.routed_estimator != "skip" and self.training and torch.is_grad_enabled()
+        skipped = choice == skip_k
         if self.routed_statistics == "batch" and self.training:
             # the samples that skip run the pass too, at a drawn alternative, so its batch statistics cover the
             # whole batch (methods.md §6.3); their outputs only serve the estimator, as its alternative
             drawn = self._alternatives(i, choice)
-            skipped = choice == skip_k
-            y_all, rows_all = self._run_sorted(block, h, torch.where(skipped, drawn[0], choice),
-                                               torch.arange(len(choice), device=choice.device))
+            y_all, rows_all = self._run_sorted(block, h, torch.where(skipped, drawn[0], choice))
             keep = ~skipped[rows_all]
             y_run, computed = y_all[keep], rows_all[keep]
-            pool, ready = (~skipped).nonzero().squeeze(1), (y_all[~keep], rows_all[~keep])
+            pool, ready = ~skipped, (y_all[~keep], rows_all[~keep])
         else:
             drawn = pool = ready = None
-            computed = (choice != skip_k).nonzero().squeeze(1)
-            if len(computed):
-                y_run, computed = self._run_sorted(block, h, choice, computed)
-            else:
-                y_run = y_skip[:0]
+            run = self._run_sorted(block, h, choice, ~skipped)
+            y_run, computed = run if run is not None else (y_skip[:0], choice.new_zeros(0))
         alts = self._estimates(i, block, h, choice, drawn, pool, ready) if estimate else []
         return RoutedOutput.apply(y_run, y_skip, mask, computed, skip_k, alts)
 

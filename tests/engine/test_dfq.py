@@ -186,16 +186,20 @@ def test_routed_sampled_gradient_matches_the_mask_algebra():
     from engine.layers import frozen_state
     from engine.models import gated
 
+    def in_order(self, block, h, option, keep=None):  # the kept samples' outputs, in the batch's order
+        y, rows_run = self._run_sorted(block, h, option, keep)
+        return y.index_select(0, torch.argsort(rows_run))
+
     def written_out(self, i, block, h, choice, mask):
-        skip_k, everyone = self.skip_index, torch.arange(len(choice))
+        skip_k = self.skip_index
         computed = (choice != skip_k).nonzero().squeeze(1)
         y_skip = block.skip(h)
         m_skip = gated.rows(mask[:, skip_k], y_skip)
         m_nonskip = gated.rows(mask.sum(1) - mask[:, skip_k], y_skip)
-        y_run = self._run_mixed(block, h, choice, computed) if len(computed) else None
+        y_run = in_order(self, block, h, choice, choice != skip_k) if len(computed) else None
         alt, n = self._alternatives(i, choice)
         with torch.no_grad(), frozen_state(block):
-            y_alt = self._run_mixed(block, h, alt, everyone)
+            y_alt = in_order(self, block, h, alt)
         y_comp = y_alt if y_run is None else y_alt.index_copy(0, computed, y_run)
         m_a = mask.gather(1, alt.unsqueeze(1)).squeeze(1)
         m_alt = gated.rows((n > 0) * (m_a.detach() + n * (m_a - m_a.detach())), y_skip)
@@ -281,9 +285,14 @@ def test_routed_sample_fraction_keeps_the_gate_gradient_unbiased(monkeypatch):
     """Running the alternative for half the batch, its contrast weighted by 2, has the same expected gate
     gradient as running it for every sample. Each row is computed as part of the whole batch here, so that
     the subset's own batch statistics (a real, separate effect) do not enter the comparison."""
-    run = GatedModel._run_mixed
-    monkeypatch.setattr(GatedModel, "_run_sorted", lambda self, block, h, option, rows: (run(
-        self, block, h, option, torch.arange(len(option))).index_select(0, rows), rows))
+    run = GatedModel._run_sorted
+
+    def as_part_of_the_batch(self, block, h, option, keep=None):
+        y, rows = run(self, block, h, option)  # every sample, then the kept ones' rows in the batch's order
+        kept = torch.arange(len(option)) if keep is None else keep.nonzero().squeeze(1)
+        return y.index_select(0, torch.argsort(rows)).index_select(0, kept), kept
+
+    monkeypatch.setattr(GatedModel, "_run_sorted", as_part_of_the_batch)
     draws, means = 300, {}
     for fraction in (1.0, 0.5):
         model = toy("routed", FOUR).train()
@@ -501,7 +510,7 @@ def test_skip_apart_keeps_the_fp32_projection_statistics_apart(execution):
         if execution == "masked":  # every computed option over the whole batch, in order
             computed(h1, OPTS[1]), computed(h1, OPTS[2])
         else:  # one pass over the samples that compute, each at its option
-            model._pass(computed, h1, forced[:, 1], (forced[:, 1] != 0).nonzero().squeeze(1))
+            model._run_sorted(computed, h1, forced[:, 1], forced[:, 1] != 0)
     for want, key in ((dict(alone.named_buffers()), "0"), (dict(computed.named_buffers()), "computed")):
         for j, n in enumerate(names):
             assert torch.allclose(getattr(model, f"option_state_1_{key}_{j}"), want[n], atol=1e-5), (key, n)
