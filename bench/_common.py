@@ -41,6 +41,30 @@ def interleaved(fns: dict[str, Callable[[], None]], rounds: int, steps: int, war
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def host_syncs(fns: dict[str, Callable[[], None]], device) -> dict[str, int] | None:
+    """How often one call of each fn makes the host wait for the GPU (torch's CUDA sync debug mode: reading a
+    value, a blocking copy, ``nonzero``, ...); None off CUDA. A step of a small network on a GPU is bound by how
+    fast the host issues kernels, and every wait drains the queue the host had built up."""
+    if device.type != "cuda":
+        return None
+    import warnings
+
+    import torch
+
+    counts = {}
+    for name, fn in fns.items():
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts[name] = sum("synchroniz" in str(w.message) for w in caught)
+    return counts
+
+
 def emit(result: dict) -> None:
     """The last stdout line of every bench script: one JSON object."""
     print(json.dumps(result, sort_keys=True))

@@ -12,7 +12,7 @@ reference implementation measures about 10x FP32 on this machine). Last stdout l
 ``masked_ratio``, ``routed_ratio`` (the default, sampled), ``routed_half_ratio`` (sampled with
 ``routed_sample_fraction`` 0.5: the alternative for half the batch), ``routed_skip_ratio`` and
 ``routed_exact_ratio`` (the ``exact`` estimator: every other forward group for every sample, masked's gate
-gradient).
+gradient); on CUDA also ``host_syncs_per_step``, how often each step makes the host wait for the GPU.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench._common import emit, interleaved, machine  # noqa: E402
+from bench._common import emit, host_syncs, interleaved, machine  # noqa: E402
 from engine.gate import cost_per_sample, option_kappa  # noqa: E402
 from engine.models import LayerMap, build_model  # noqa: E402
 from engine.models.gated import GatedModel  # noqa: E402
@@ -82,11 +82,12 @@ def main() -> None:
 
         return step
 
-    t = interleaved({"fp32": fp32_step, "masked": gated("masked"), "routed": gated("routed"),
-                     "routed_half": gated("routed", fraction=0.5),
-                     "routed_skip": gated("routed", "skip"), "routed_exact": gated("routed", "exact"),
-                     "routed_other": gated("routed", statistics=OTHER)},
-                    args.rounds, args.steps, warmup=1, sync=sync)
+    steps = {"fp32": fp32_step, "masked": gated("masked"), "routed": gated("routed"),
+             "routed_half": gated("routed", fraction=0.5),
+             "routed_skip": gated("routed", "skip"), "routed_exact": gated("routed", "exact"),
+             "routed_other": gated("routed", statistics=OTHER)}
+    t = interleaved(steps, args.rounds, args.steps, warmup=1, sync=sync)
+    syncs = host_syncs(steps, dev)
     out = {"bench": "dfq_step", "model": args.model, "batch": args.batch, "options": len(options),
            "device": args.device,
            "fp32_step_s": t["fp32"], "masked_step_s": t["masked"], "routed_step_s": t["routed"],
@@ -97,7 +98,7 @@ def main() -> None:
            "routed_exact_ratio": t["routed_exact"] / t["fp32"],
            "routed_statistics": STATISTICS, f"routed_{STATISTICS}_ratio": t["routed"] / t["fp32"],
            f"routed_{OTHER}_ratio": t["routed_other"] / t["fp32"],
-           "target_routed": 2.0,
+           "target_routed": 2.0, "host_syncs_per_step": syncs,
            **machine()}
     print(f"{args.model} batch {args.batch}, {len(options)} options: FP32 {t['fp32'] * 1e3:.0f} ms, masked "
           f"{t['masked'] * 1e3:.0f} ms ({out['masked_ratio']:.2f}x), routed {t['routed'] * 1e3:.0f} ms "
@@ -107,6 +108,8 @@ def main() -> None:
           f"estimator {t['routed_exact'] * 1e3:.0f} ms ({out['routed_exact_ratio']:.2f}x); routed with "
           f"routed_statistics {OTHER} (default {STATISTICS}) {t['routed_other'] * 1e3:.0f} ms "
           f"({out[f'routed_{OTHER}_ratio']:.2f}x)")
+    if syncs is not None:
+        print("host synchronisations per step: " + ", ".join(f"{k} {v}" for k, v in syncs.items()))
     emit(out)
 
 

@@ -5,7 +5,8 @@ of ``--seq-len`` tokens over a ``--vocab``-word vocabulary, Adam, the output lay
 
 ratio = median step time at FW8/BW8 / median step time at FP32 (target <= 1.2 on CPU; the reference
 implementation measures about 1.65 on this machine). Steps alternate in blocks so drift hits both alike.
-Last stdout line: one JSON object with ``ratio``.
+Last stdout line: one JSON object with ``ratio`` (on CUDA also ``host_syncs_per_step``: how often a step makes the
+host wait for the GPU).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench._common import emit, interleaved, machine  # noqa: E402
+from bench._common import emit, host_syncs, interleaved, machine  # noqa: E402
 from engine.models import LayerMap, build_model, is_language_model  # noqa: E402
 from engine.precision import FP32, Precision  # noqa: E402
 
@@ -57,13 +58,15 @@ def main() -> None:
         return run
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    t = interleaved({"fp32": step(FP32), "fw8bw8": step(Precision.fwbw(8, 8))}, args.rounds, args.steps, sync=sync)
+    steps = {"fp32": step(FP32), "fw8bw8": step(Precision.fwbw(8, 8))}
+    t = interleaved(steps, args.rounds, args.steps, sync=sync)
+    syncs = host_syncs(steps, dev)
     ratio = t["fw8bw8"] / t["fp32"]
     print(f"{args.model} batch {args.batch} on {dev}: FP32 {t['fp32']*1e3:.1f} ms/step, "
           f"FW8/BW8 {t['fw8bw8']*1e3:.1f} ms/step, ratio {ratio:.3f} (target <= 1.2)")
     extra = {"seq_len": args.seq_len, "vocab": args.vocab} if is_language_model(args.model) else {}
     emit({"bench": "engine_overhead", "model": args.model, "batch": args.batch, "device": str(dev), **extra,
-          "fp32_step_s": t["fp32"], "fw8bw8_step_s": t["fw8bw8"], "ratio": ratio, "target": 1.2, **machine()})
+          "fp32_step_s": t["fp32"], "fw8bw8_step_s": t["fw8bw8"], "ratio": ratio, "target": 1.2, "host_syncs_per_step": syncs, **machine()})
 
 
 if __name__ == "__main__":
