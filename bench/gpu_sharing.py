@@ -91,6 +91,11 @@ def main() -> None:
     args = ap.parse_args()
     if any(n < 1 for n in args.procs):
         ap.error(f"--procs {args.procs}: every count must be >= 1")
+    for flag, value, least in (("--batch", args.batch, 1), ("--threads", args.threads, 1)):
+        if value < least:
+            ap.error(f"{flag} {value}: must be >= {least}")
+    if not args.seconds > 0:
+        ap.error(f"--seconds {args.seconds}: must be > 0")
     ctx = mp.get_context("spawn")  # CUDA cannot be used in forked children
     throughput = {}
     for n in args.procs:
