@@ -96,6 +96,12 @@ def main() -> None:
             ap.error(f"{flag} {value}: must be >= {least}")
     if not args.seconds > 0:
         ap.error(f"--seconds {args.seconds}: must be > 0")
+    import torch
+
+    if args.device not in ("cpu", "cuda"):
+        ap.error(f"--device {args.device!r}: allowed: cuda, cpu")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is visible here; allowed here: cpu")
     ctx = mp.get_context("spawn")  # CUDA cannot be used in forked children
     throughput = {}
     for n in args.procs:
