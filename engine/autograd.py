@@ -154,8 +154,15 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     u = torch.mul(rows, inv_r, out=flat).add_(offset_r)  # mul + add: addcmul is ~4x slower
     if stochastic:
         u.add_(quant.noise_words(u, reuse=True), alpha=1.0 / quant.NOISE_LEVELS)
+    return _rows_back(u, qmax_r, step_r, lo_r, x, groups, bits, out)
+
+
+def _rows_back(u: torch.Tensor, qmax_r: torch.Tensor, step, lo, x: torch.Tensor, groups, bits: list[int],
+               out: torch.Tensor) -> torch.Tensor:
+    """The row quantizers' common end: levels ``u`` (a view of ``out``) clamped to each row's [0, qmax] and
+    rounded, back to values ``u * step + lo``, and the rows of 32-bit groups copied from ``x`` unquantized."""
     torch.minimum(u.clamp_min_(0), qmax_r, out=u).round_()
-    u.mul_(step_r).add_(lo_r)
+    u.mul_(step).add_(lo)
     for (start, end, _), b in zip(groups, bits):
         if b >= FULL_BITS:
             out[start:end] = x[start:end]
@@ -189,12 +196,7 @@ def _q_rows_device(x: torch.Tensor, groups, sizes: list[int], bits: list[int], l
     u = torch.sub(rows, lo, out=flat).div_(step)
     if stochastic:
         u.add_(0.5 / quant.NOISE_LEVELS).add_(quant.noise_words(u, reuse=True), alpha=1.0 / quant.NOISE_LEVELS)
-    torch.minimum(u.clamp_min_(0), qmax_r, out=u).round_()
-    u.mul_(step).add_(lo)
-    for (start, end, _), b in zip(groups, bits):
-        if b >= FULL_BITS:
-            out[start:end] = x[start:end]
-    return out
+    return _rows_back(u, qmax_r, step, lo, x, groups, bits, out)
 
 
 class _QConv2dMixed(torch.autograd.Function):
