@@ -117,3 +117,51 @@ def test_a_run_on_the_device_path_learns_as_on_the_host_path(schedule, monkeypat
     assert abs(figures[0]["accuracy"] - figures[1]["accuracy"]) < 0.03
     if schedule["kind"] == "dfq":
         assert abs(figures[1]["cp_last_epoch"] - 3.0) < 0.3
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Counts the Python-level reads of a tensor's value on the host (each one a wait on a GPU): ``item``,
+    ``tolist``, ``float``, ``int``, ``bool``. Reads inside torch's C++ (``nonzero``, masked indexing) are not
+    seen here; the GPU runs count those too (bench/dfq_step.py's ``host_syncs_per_step``)."""
+    counts: dict[str, int] = {}
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        original = getattr(torch._C.TensorBase, name)
+
+        def counted(self, *a, _original=original, _name=name.strip("_"), **kw):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize("layer", ["conv", "linear", "matmul"])
+def test_a_quantized_layer_reads_nothing_on_the_host_where_ranges_stay_on_the_device(layer, device_ranges,
+                                                                                     host_reads):
+    mod = {"conv": lambda: QConv2d(4, 6, 3, padding=1), "linear": lambda: QLinear(12, 7),
+           "matmul": lambda: QMatmul()}[layer]()
+    x = (torch.randn(8, 4, 6, 6) if layer == "conv" else torch.randn(8, 5, 12)).requires_grad_(True)
+    prec = Precision.fwbw(4, 8)
+    y = mod(x, x.transpose(1, 2), prec) if layer == "matmul" else mod(x, prec)
+    y.square().sum().backward()
+    mod.eval()
+    with torch.no_grad():
+        mod(x, x.transpose(1, 2), prec) if layer == "matmul" else mod(x, prec)
+    assert host_reads == {}
+
+
+def test_a_routed_step_reads_only_its_option_counts_on_the_host(device_ranges, host_reads):
+    """One ``tolist`` per pass of a gated block (its group sizes) and the price's check per forward; the
+    mixed-precision layers read nothing."""
+    options = [SKIP, Precision.fwbw(2, 6, 4), Precision.fwbw(4, 8, 4), Precision(act=6, weight=4, grad=12)]
+    backbone = build_model("tiny", 1, 10)
+    backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False))
+    model = GatedModel(backbone, options, "routed", option_state="skip_apart").train()
+    x = torch.randn(12, 1, 8, 8)
+    forced = torch.randint(0, 4, (12, 2), generator=torch.Generator().manual_seed(5))
+    host_reads.clear()  # building the model reads its tables once
+    logits, _ = model(x, forced)
+    logits.sum().backward()
+    passes = 2 * len(backbone.blocks)  # the training pass and the sampled alternatives' pass of each block
+    assert host_reads == {"tolist": passes, "bool": 1}
