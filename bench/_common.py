@@ -41,6 +41,43 @@ def interleaved(fns: dict[str, Callable[[], None]], rounds: int, steps: int, war
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: str = "sampled",
+                   fraction: float = 1.0, statistics: str | None = None) -> Callable[[], None]:
+    """One DFQ training step of a gated ``model_name`` on ``x``'s device, as dfq_step.py and gpu_sharing.py time
+    it: the paper's seven options at 4-bit weights, the choices drawn uniformly per sample and block (fixed
+    seed), CE + 0.128 * cost, SGD; ``option_state`` and (where None) ``routed_statistics`` the config's defaults."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine.gate import cost_per_sample, option_kappa
+    from engine.models import LayerMap, build_model
+    from engine.models.gated import GatedModel
+    from engine.precision import Precision
+    from engine.schedule_config import OPTION_PRESETS, GatedSettings, default_option_state, parse_option
+
+    dev = x.device
+    statistics = statistics or GatedSettings.model_fields["routed_statistics"].default
+    options = [parse_option(o, 4) for o in OPTION_PRESETS["paper"]]
+    torch.manual_seed(1)
+    backbone = build_model(model_name, 3, 10)
+    backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))
+    model = GatedModel(backbone, options, execution, routed_estimator=estimator, sample_fraction=fraction,
+                       option_state=default_option_state(execution), routed_statistics=statistics).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator().manual_seed(2)
+    forced = torch.randint(0, len(options), (len(x), len(backbone.blocks)), generator=gen).to(dev)
+    kappa, omega = option_kappa(options).to(dev), torch.ones(len(backbone.blocks), device=dev)
+
+    def step() -> None:
+        logits, trace = model(x, forced)
+        loss = F.cross_entropy(logits, y) + 0.128 * cost_per_sample(trace, kappa, omega).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
 def host_syncs(fns: dict[str, Callable[[], None]], device) -> dict[str, int] | None:
     """How often one call of each fn makes the host wait for the GPU (torch's CUDA sync debug mode: reading a
     value, a blocking copy, ``nonzero``, ...); None off CUDA. A step of a small network on a GPU is bound by how

@@ -26,12 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench._common import emit, host_syncs, interleaved, machine  # noqa: E402
-from engine.gate import cost_per_sample, option_kappa  # noqa: E402
-from engine.models import LayerMap, build_model  # noqa: E402
-from engine.models.gated import GatedModel  # noqa: E402
-from engine.precision import FP32, Precision  # noqa: E402
-from engine.schedule_config import OPTION_PRESETS, GatedSettings, default_option_state, parse_option  # noqa: E402
+from bench._common import dfq_train_step, emit, host_syncs, interleaved, machine  # noqa: E402
+from engine.models import build_model  # noqa: E402
+from engine.precision import FP32  # noqa: E402
+from engine.schedule_config import OPTION_PRESETS, GatedSettings  # noqa: E402
 
 STATISTICS = GatedSettings.model_fields["routed_statistics"].default  # the config's default
 OTHER = "computed" if STATISTICS == "batch" else "batch"
@@ -48,7 +46,7 @@ def main() -> None:
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
-    options = [parse_option(o, 4) for o in OPTION_PRESETS["paper"]]
+    options = OPTION_PRESETS["paper"]
     x = torch.randn(args.batch, 3, 32, 32).to(dev)
     y = torch.randint(0, 10, (args.batch,)).to(dev)
 
@@ -62,25 +60,7 @@ def main() -> None:
         plain_opt.step()
 
     def gated(execution: str, estimator: str = "sampled", fraction: float = 1.0, statistics: str = STATISTICS):
-        torch.manual_seed(1)
-        backbone = build_model(args.model, 3, 10)
-        backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))
-        model = GatedModel(backbone, options, execution, routed_estimator=estimator, sample_fraction=fraction,
-                           option_state=default_option_state(execution),  # the config's defaults
-                           routed_statistics=statistics).to(dev)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        gen = torch.Generator().manual_seed(2)
-        forced = torch.randint(0, len(options), (args.batch, len(backbone.blocks)), generator=gen).to(dev)
-        kappa, omega = option_kappa(options).to(dev), torch.ones(len(backbone.blocks), device=dev)
-
-        def step() -> None:
-            logits, trace = model(x, forced)
-            loss = F.cross_entropy(logits, y) + 0.128 * cost_per_sample(trace, kappa, omega).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-
-        return step
+        return dfq_train_step(args.model, x, y, execution, estimator, fraction, statistics)
 
     steps = {"fp32": fp32_step, "masked": gated("masked"), "routed": gated("routed"),
              "routed_half": gated("routed", fraction=0.5),

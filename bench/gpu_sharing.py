@@ -22,49 +22,33 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import emit, machine  # noqa: E402
+from bench._common import dfq_train_step, emit, machine  # noqa: E402
 
 
 def _worker(args: argparse.Namespace, rank: int, barrier, results) -> None:
     import torch
     import torch.nn.functional as F
 
-    from engine.gate import cost_per_sample, option_kappa
-    from engine.models import LayerMap, build_model
-    from engine.models.gated import GatedModel
+    from engine.models import build_model
     from engine.precision import Precision
-    from engine.schedule_config import OPTION_PRESETS, parse_option
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(rank)
     dev = torch.device(args.device)
     x = torch.randn(args.batch, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (args.batch,), device=dev)
-    backbone = build_model(args.model, 3, 10)
-    if args.schedule == "static":
-        model = backbone.to(dev)
-
-        def forward():
-            return model(x, Precision.fwbw(8, 8))
-    else:
-        options = [parse_option(o, 4) for o in OPTION_PRESETS["paper"]]
-        backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))
-        model = GatedModel(backbone, options, "routed", option_state="skip_apart").to(dev)
-        forced = torch.randint(0, len(options), (args.batch, len(backbone.blocks)), device=dev)
-        kappa, omega = option_kappa(options).to(dev), torch.ones(len(backbone.blocks), device=dev)
-
-        def forward():
-            logits, trace = model(x, forced)
-            return logits, cost_per_sample(trace, kappa, omega).mean()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if args.schedule == "routed":
+        step = dfq_train_step(args.model, x, y)
+    else:
+        model = build_model(args.model, 3, 10).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    def step() -> None:
-        out = forward()
-        loss = F.cross_entropy(out, y) if args.schedule == "static" else F.cross_entropy(out[0], y) + 0.1 * out[1]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        def step() -> None:
+            loss = F.cross_entropy(model(x, Precision.fwbw(8, 8)), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
 
     for _ in range(3):
         step()
