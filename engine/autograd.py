@@ -32,8 +32,41 @@ def _q_input(x: torch.Tensor, bits: int, act_range: tuple[float, float] | None) 
     return quant.quantize(x, bits, act_range[0], act_range[1])
 
 
+class _FixedWeights:
+    """While ``weights_fixed`` is on: each weight's quantized copy per bit-width, made once (``table``:
+    (id, bits) -> (weight, copy); None when off)."""
+
+    table: dict | None = None
+
+
+_fixed = _FixedWeights()
+
+
+class weights_fixed:
+    """Context manager for a stretch of forward passes in which no weight changes (one forward of a gated
+    model: masked execution runs every option, routed execution the chosen ones and the estimator's
+    alternatives): a weight is quantized once per bit-width instead of once per pass. The copies are the
+    same values a fresh quantization gives (nearest rounding over the weight's own per-channel range)."""
+
+    def __enter__(self):
+        self.was, _fixed.table = _fixed.table, {}
+        return self
+
+    def __exit__(self, *exc):
+        _fixed.table = self.was
+        return False
+
+
 def _q_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
-    return w if bits >= FULL_BITS else quant.quantize_weight(w, bits)
+    if bits >= FULL_BITS:
+        return w
+    table = _fixed.table
+    if table is None:
+        return quant.quantize_weight(w, bits)
+    hit = table.get((id(w), bits))
+    if hit is None or hit[0] is not w:  # the weight itself is kept with its copy, so its id stays its own
+        hit = table[(id(w), bits)] = (w, quant.quantize_weight(w, bits))
+    return hit[1]
 
 
 def _q_grad(g: torch.Tensor, bits: int, reuse: bool = False) -> torch.Tensor:
@@ -112,6 +145,25 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+_LAYOUTS: dict = {}  # (groups, device) -> (sizes, per-row group ids): a routed pass's layers share one
+
+
+def _layout(groups, n: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """The row groups' sizes and each row's group id (a (rows,) int64 tensor on ``device``), checked and made
+    once per distinct ``groups`` (every quantized layer of a routed pass, forward and backward, has the same)."""
+    key = (groups, n, device)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        sizes = [end - start for start, end, _ in groups]
+        if [start for start, _, _ in groups] != list(itertools.accumulate([0] + sizes))[:-1] or sum(sizes) != n:
+            raise ValueError("mixed-precision groups must be contiguous row ranges covering the batch in order")
+        gid = _host_table([g for g, size in enumerate(sizes) for _ in range(size)], torch.int64, device)
+        if len(_LAYOUTS) >= 1024:  # a run makes a few hundred distinct layouts an epoch; keep the recent ones
+            _LAYOUTS.clear()
+        hit = _LAYOUTS[key] = (sizes, gid)
+    return hit
+
+
 def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None, stochastic: bool,
             out: torch.Tensor) -> torch.Tensor:
     """Quantize the row groups of ``x`` (samples along dim 0) at each group's bits into ``out``: over the
@@ -120,9 +172,11 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     Each group gets ``quant.quantize``'s per-tensor arithmetic at its bits over its range (methods.md §1), but
     all groups share one set of whole-tensor passes with per-row step, offset and level count: the number of
     passes does not grow with the number of groups (a routed batch has up to one group per option)."""
-    sizes = [end - start for start, end, _ in groups]
-    if [start for start, _, _ in groups] != list(itertools.accumulate([0] + sizes))[:-1] or sum(sizes) != len(x):
-        raise ValueError("mixed-precision groups must be contiguous row ranges covering the batch in order")
+    if not groups:
+        if len(x):
+            raise ValueError("mixed-precision groups must be contiguous row ranges covering the batch in order")
+        return out
+    sizes, gid = _layout(groups, len(x), x.device)
     bits = [bits_of(prec) for _, _, prec in groups]
     if len(groups) == 1:  # one group: the plain per-tensor quantizer
         if bits[0] >= FULL_BITS:
@@ -133,22 +187,18 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     if all(b >= FULL_BITS for b in bits):
         return out.copy_(x)
     if quant.ranges_on_device(x):
-        return _q_rows_device(x, groups, sizes, bits, lo, hi, stochastic, out)
+        return _q_rows_device(x, groups, sizes, gid, bits, lo, hi, stochastic, out)
     rows = x.reshape(x.shape[0], -1)
-    counts = torch.tensor(sizes, device=x.device)
-    if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group, one sync for all groups
-        row_lo, row_hi = rows.amin(1), rows.amax(1)  # two passes: aminmax(dim=1) is ~15x slower on CPU
-        gid = torch.repeat_interleave(torch.arange(len(groups), device=x.device), counts)
-        g_lo = row_lo.new_full((len(groups),), float("inf")).scatter_reduce_(0, gid, row_lo, "amin")
-        g_hi = row_hi.new_full((len(groups),), float("-inf")).scatter_reduce_(0, gid, row_hi, "amax")
-        ranges = list(zip(g_lo.tolist(), g_hi.tolist()))
+    if lo is None:  # each group's own (lo, hi): per-row min/max, reduced per group on the host (one read)
+        row_lo, row_hi = rows.amin(1).tolist(), rows.amax(1).tolist()  # two passes: aminmax(dim=1) is ~15x slower
+        ranges = [(min(row_lo[s:e]), max(row_hi[s:e])) for s, e, _ in groups]
     else:
         ranges = [(lo, hi)] * len(groups)
     params = []  # per group: quant.tensor_affine's (1/step, offset, step), qmax, lo; full-bit rows: overwritten below
     for b, (g_lo, g_hi) in zip(bits, ranges):
         params.append((0.0,) * 5 if b >= FULL_BITS
                       else (*quant.tensor_affine(b, g_lo, g_hi, stochastic), float(quant.levels(b)), g_lo))
-    per_row = torch.tensor(params, dtype=x.dtype, device=x.device).repeat_interleave(counts, dim=0)
+    per_row = torch.tensor(params, dtype=x.dtype).index_select(0, gid)
     inv_r, offset_r, step_r, qmax_r, lo_r = per_row.t().unsqueeze(2)  # each (rows, 1)
     flat = out.view(x.shape[0], -1)  # ``out`` is contiguous
     u = torch.mul(rows, inv_r, out=flat).add_(offset_r)  # mul + add: addcmul is ~4x slower
@@ -175,19 +225,18 @@ def _host_table(values: list, dtype: torch.dtype, device: torch.device) -> torch
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
-def _q_rows_device(x: torch.Tensor, groups, sizes: list[int], bits: list[int], lo, hi, stochastic: bool,
-                   out: torch.Tensor) -> torch.Tensor:
+def _q_rows_device(x: torch.Tensor, groups, sizes: list[int], gid: torch.Tensor, bits: list[int], lo, hi,
+                   stochastic: bool, out: torch.Tensor) -> torch.Tensor:
     """``_q_rows`` where ranges stay on the device (``quant.ranges_on_device``): the per-row level counts and
     group ids come from the host, without a wait; each group's range, step and levels are computed on the
     device, with ``quant.quantize``'s arithmetic for a range kept there (``u = (x - lo) / step``), so a
     mixed-precision layer makes the host wait for nothing (methods.md §1, "Devices")."""
     n = x.shape[0]
     rows, flat = x.reshape(n, -1), out.view(n, -1)
-    per_row = [(float(quant.levels(b if b < FULL_BITS else 1)), g)  # full-bit rows: overwritten below
-               for g, (b, size) in enumerate(zip(bits, sizes)) for _ in range(size)]
-    qmax_r = _host_table([q for q, _ in per_row], x.dtype, x.device).unsqueeze(1)
+    qmax = [float(quant.levels(b if b < FULL_BITS else 1)) for b in bits]  # full-bit rows: overwritten below
+    qmax_r = _host_table([qmax[g] for g, size in enumerate(sizes) for _ in range(size)], x.dtype, x.device)
+    qmax_r = qmax_r.unsqueeze(1)
     if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group on the device
-        gid = _host_table([g for _, g in per_row], torch.int64, x.device)
         row_lo, row_hi = rows.amin(1), rows.amax(1)
         g_lo = row_lo.new_full((len(groups),), float("inf")).scatter_reduce_(0, gid, row_lo, "amin")
         g_hi = row_hi.new_full((len(groups),), float("-inf")).scatter_reduce_(0, gid, row_hi, "amax")

@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.autograd import weights_fixed
 from engine.gate import GateTrace, RecurrentGate, straight_through
 from engine.layers import frozen_state
 from engine.models.base import QModel
@@ -332,6 +333,10 @@ class GatedModel(nn.Module):
     # -- forward ----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, GateTrace]:
         """Logits and the gate's decisions. ``forced`` (B, L) overrides the choices (tests, analysis)."""
+        with weights_fixed():  # every pass of this forward quantizes a weight once per bit-width
+            return self._forward(x, forced)
+
+    def _forward(self, x: torch.Tensor, forced: torch.Tensor | None) -> tuple[torch.Tensor, GateTrace]:
         bb = self.backbone
         h = bb.features(x, FP32)  # the layer map keeps the stem fp32 in DFQ
         state = None

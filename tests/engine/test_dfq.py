@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ from engine.gate import (
     straight_through,
 )
 from engine.models import LayerMap, build_model
+from engine.models import gated as gated_module
 from engine.models.gated import GatedModel
 from engine.precision import FP32, SKIP, Precision
 from engine.schedule_config import cp0_for_total
@@ -119,6 +122,37 @@ def test_masked_and_routed_agree_in_forward_for_the_same_choices():
         b, tb = routed(x, forced)
     assert torch.equal(ta.choices, tb.choices)
     assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("execution", ["masked", "routed"])
+def test_a_gated_forward_quantizes_each_weight_once(execution, monkeypatch):
+    """Every option's pass (masked) and the estimator's alternatives (routed) share one quantized copy of each
+    weight per forward; a training step gives the values and gradients it gives with a fresh copy per pass."""
+    from engine import autograd, quant
+
+    x, y = torch.randn(6, 1, 8, 8), torch.randint(0, 10, (6,))
+    forced = torch.tensor([[0, 1], [1, 2], [2, 0], [1, 1], [0, 0], [2, 2]])
+
+    def step():
+        model = toy(execution).train()
+        torch.manual_seed(3)
+        logits, _ = model(x, forced)
+        torch.nn.functional.cross_entropy(logits, y).backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    calls = []
+    fresh = quant.quantize_weight
+    monkeypatch.setattr(quant, "quantize_weight", lambda w, b: calls.append(id(w)) or fresh(w, b))
+    logits, grads = step()
+    n_convs = sum(isinstance(m, torch.nn.Conv2d) for b in toy().blocks for m in b.modules())
+    assert len(calls) == len(set(calls)) == n_convs  # each quantized weight once (the projection's too)
+    monkeypatch.setattr(autograd, "weights_fixed", lambda: contextlib.nullcontext())
+    monkeypatch.setattr(gated_module, "weights_fixed", lambda: contextlib.nullcontext())
+    calls.clear()
+    plain_logits, plain_grads = step()
+    assert len(calls) > n_convs  # without the table: once per pass
+    assert torch.equal(logits, plain_logits)
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
 
 
 @pytest.mark.parametrize("statistics", ["computed", "batch"])

@@ -228,3 +228,48 @@ def test_mixed_rows_refuse_groups_that_do_not_tile_the_batch():
         with pytest.raises(ValueError, match="contiguous"):
             autograd._q_rows(x, groups, lambda q: q.act, -1.0, 1.0, False, torch.empty_like(x))
     assert autograd._q_rows(x[:0], (), lambda q: q.act, None, None, False, torch.empty_like(x[:0])).shape == (0, 3)
+
+
+def test_weights_fixed_quantizes_each_weight_once_per_bit_width(monkeypatch):
+    """Inside ``weights_fixed`` a weight is quantized once per bit-width and every pass gets that copy (the
+    values a fresh quantization gives); outside it, or in a later stretch after the weight changed, it is
+    quantized afresh."""
+    calls = []
+    fresh = quant.quantize_weight
+    monkeypatch.setattr(quant, "quantize_weight", lambda w, b: calls.append(b) or fresh(w, b))
+    torch.manual_seed(0)
+    w, v = torch.randn(4, 3, 3, 3), torch.randn(4, 3, 3, 3)
+    with autograd.weights_fixed():
+        first = autograd._q_weight(w, 4)
+        assert autograd._q_weight(w, 4) is first and torch.equal(first, fresh(w, 4))
+        other = autograd._q_weight(w, 2)  # its own copy per bit-width
+        assert torch.equal(other, fresh(w, 2)) and not torch.equal(other, first)
+        assert torch.equal(autograd._q_weight(v, 4), fresh(v, 4))  # and per weight
+        assert autograd._q_weight(w, 32) is w
+        with autograd.weights_fixed():  # a nested stretch has its own table and gives the outer one back
+            autograd._q_weight(w, 4)
+        assert autograd._q_weight(w, 4) is first
+    assert calls == [4, 2, 4, 4]
+    w.mul_(-2.0)  # an optimizer step between two forwards
+    with autograd.weights_fixed():
+        assert torch.equal(autograd._q_weight(w, 4), fresh(w, 4)) and not torch.equal(fresh(w, 4), first)
+    autograd._q_weight(w, 4)
+    assert calls == [4, 2, 4, 4, 4, 4]
+
+
+def test_mixed_rows_give_the_same_values_for_a_repeated_layout():
+    """The groups' layout (sizes, row group ids) is made once per distinct groups and reused by every layer
+    of a pass: a second call with the same groups, or with other values, quantizes as a first call does."""
+    torch.manual_seed(1)
+    groups = ((0, 3, Precision.fwbw(2, 6)), (3, 8, Precision.fwbw(4, 12)))
+    x, z = torch.randn(8, 5), torch.randn(8, 5) * 3
+    outs = []
+    for t in (x, z, x):
+        outs.append(autograd._q_rows(t, groups, lambda p: p.grad, None, None, False, torch.empty_like(t)))
+        for start, end, p in groups:
+            assert torch.allclose(outs[-1][start:end], quant.quantize_tensor(t[start:end], p.grad), atol=1e-5)
+    assert torch.equal(outs[0], outs[2])
+    short = ((0, 3, Precision.fwbw(2, 6)), (3, 7, Precision.fwbw(4, 12)))  # same spans, one row fewer
+    assert autograd._q_rows(x[:7], short, lambda p: p.grad, None, None, False, torch.empty_like(x[:7])).shape == (7, 5)
+    with pytest.raises(ValueError, match="contiguous"):  # a layout made for 7 rows is no layout for 8
+        autograd._q_rows(x, short, lambda p: p.grad, None, None, False, torch.empty_like(x))
