@@ -16,6 +16,7 @@ node on its own (identity forward, quantized backward), for code that needs it a
 from __future__ import annotations
 
 import itertools
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +33,10 @@ def _q_input(x: torch.Tensor, bits: int, act_range: tuple[float, float] | None) 
     return quant.quantize(x, bits, act_range[0], act_range[1])
 
 
-class _FixedWeights:
-    """While ``weights_fixed`` is on: each weight's quantized copy per bit-width, made once (``table``:
-    (id, bits) -> (weight, copy); None when off)."""
+class _FixedWeights(threading.local):
+    """While ``weights_fixed`` is on in this thread: each weight's quantized copy per bit-width, made once
+    (``table``: (id, bits) -> (weight, copy); None when off). Per thread, so a forward in another thread
+    never sees, or ends, this one's table."""
 
     table: dict | None = None
 

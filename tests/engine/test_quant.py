@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -249,12 +251,17 @@ def test_weights_fixed_quantizes_each_weight_once_per_bit_width(monkeypatch):
         with autograd.weights_fixed():  # a nested stretch has its own table and gives the outer one back
             autograd._q_weight(w, 4)
         assert autograd._q_weight(w, 4) is first
-    assert calls == [4, 2, 4, 4]
+        seen = []  # another thread has no table (each thread's forwards keep their own)
+        worker = threading.Thread(target=lambda: seen.extend(autograd._q_weight(w, 4) for _ in range(2)))
+        worker.start()
+        worker.join()
+        assert seen[0] is not seen[1] and seen[0] is not first and torch.equal(seen[0], first)
+    assert calls == [4, 2, 4, 4, 4, 4]
     w.mul_(-2.0)  # an optimizer step between two forwards
     with autograd.weights_fixed():
         assert torch.equal(autograd._q_weight(w, 4), fresh(w, 4)) and not torch.equal(fresh(w, 4), first)
     autograd._q_weight(w, 4)
-    assert calls == [4, 2, 4, 4, 4, 4]
+    assert calls == [4, 2, 4, 4, 4, 4, 4, 4]
 
 
 def test_mixed_rows_give_the_same_values_for_a_repeated_layout():
