@@ -147,7 +147,7 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-_LAYOUTS: dict = {}  # (groups, device) -> (sizes, per-row group ids): a routed pass's layers share one
+_LAYOUTS: dict = {}  # (groups, rows, device) -> (sizes, per-row group ids); on an accelerator also per-row levels
 
 
 def _layout(groups, n: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
@@ -235,9 +235,12 @@ def _q_rows_device(x: torch.Tensor, groups, sizes: list[int], gid: torch.Tensor,
     mixed-precision layer makes the host wait for nothing (methods.md §1, "Devices")."""
     n = x.shape[0]
     rows, flat = x.reshape(n, -1), out.view(n, -1)
-    qmax = [float(quant.levels(b if b < FULL_BITS else 1)) for b in bits]  # full-bit rows: overwritten below
-    qmax_r = _host_table([qmax[g] for g, size in enumerate(sizes) for _ in range(size)], x.dtype, x.device)
-    qmax_r = qmax_r.unsqueeze(1)
+    key = (groups, tuple(bits), x.dtype, x.device)  # the pass's layers share it, as they share the layout
+    qmax_r = _LAYOUTS.get(key)
+    if qmax_r is None:
+        qmax = [float(quant.levels(b if b < FULL_BITS else 1)) for b in bits]  # full-bit rows: overwritten below
+        qmax_r = _host_table([qmax[g] for g, size in enumerate(sizes) for _ in range(size)], x.dtype, x.device)
+        qmax_r = _LAYOUTS[key] = qmax_r.unsqueeze(1)
     if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group on the device
         row_lo, row_hi = rows.amin(1), rows.amax(1)
         g_lo = row_lo.new_full((len(groups),), float("inf")).scatter_reduce_(0, gid, row_lo, "amin")
