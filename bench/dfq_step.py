@@ -12,7 +12,7 @@ reference implementation measures about 10x FP32 on this machine). Last stdout l
 ``masked_ratio``, ``routed_ratio`` (the default, sampled), ``routed_half_ratio`` (sampled with
 ``routed_sample_fraction`` 0.5: the alternative for half the batch), ``routed_skip_ratio`` and
 ``routed_exact_ratio`` (the ``exact`` estimator: every other forward group for every sample, masked's gate
-gradient); on CUDA also ``host_syncs_per_step``, how often each step makes the host wait for the GPU.
+gradient), ``routed_batch_half_ratio`` (``routed_statistics: batch`` with the half-batch alternative); on CUDA also ``host_syncs_per_step``, how often each step makes the host wait for the GPU.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def main() -> None:
     steps = {"fp32": fp32_step, "masked": gated("masked"), "routed": gated("routed"),
              "routed_half": gated("routed", fraction=0.5),
              "routed_skip": gated("routed", "skip"), "routed_exact": gated("routed", "exact"),
-             "routed_other": gated("routed", statistics=OTHER)}
+             "routed_other": gated("routed", statistics=OTHER),
+             "routed_batch_half": gated("routed", fraction=0.5, statistics="batch")}
     t = interleaved(steps, args.rounds, args.steps, warmup=1, sync=sync)
     syncs = host_syncs(steps, dev)
     out = {"bench": "dfq_step", "model": args.model, "batch": args.batch, "options": len(options),
@@ -78,6 +79,7 @@ def main() -> None:
            "routed_exact_ratio": t["routed_exact"] / t["fp32"],
            "routed_statistics": STATISTICS, f"routed_{STATISTICS}_ratio": t["routed"] / t["fp32"],
            f"routed_{OTHER}_ratio": t["routed_other"] / t["fp32"],
+           "routed_batch_half_ratio": t["routed_batch_half"] / t["fp32"],
            "target_routed": 2.0, "host_syncs_per_step": syncs,
            **machine()}
     print(f"{args.model} batch {args.batch}, {len(options)} options: FP32 {t['fp32'] * 1e3:.0f} ms, masked "
@@ -87,7 +89,8 @@ def main() -> None:
           f"estimator {t['routed_skip'] * 1e3:.0f} ms ({out['routed_skip_ratio']:.2f}x), routed with the exact "
           f"estimator {t['routed_exact'] * 1e3:.0f} ms ({out['routed_exact_ratio']:.2f}x); routed with "
           f"routed_statistics {OTHER} (default {STATISTICS}) {t['routed_other'] * 1e3:.0f} ms "
-          f"({out[f'routed_{OTHER}_ratio']:.2f}x)")
+          f"({out[f'routed_{OTHER}_ratio']:.2f}x); with routed_statistics batch and the half-batch alternative "
+          f"{t['routed_batch_half'] * 1e3:.0f} ms ({out['routed_batch_half_ratio']:.2f}x)")
     if syncs is not None:
         print("host synchronisations per step: " + ", ".join(f"{k} {v}" for k, v in syncs.items()))
     emit(out)
