@@ -174,11 +174,7 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     Each group gets ``quant.quantize``'s per-tensor arithmetic at its bits over its range (methods.md §1), but
     all groups share one set of whole-tensor passes with per-row step, offset and level count: the number of
     passes does not grow with the number of groups (a routed batch has up to one group per option)."""
-    if not groups:
-        if len(x):
-            raise ValueError("mixed-precision groups must be contiguous row ranges covering the batch in order")
-        return out
-    sizes, gid = _layout(groups, len(x), x.device)
+    sizes, gid = _layout(groups, len(x), x.device)  # checks that the groups tile the batch
     bits = [bits_of(prec) for _, _, prec in groups]
     if len(groups) == 1:  # one group: the plain per-tensor quantizer
         if bits[0] >= FULL_BITS:
