@@ -41,6 +41,27 @@ def interleaved(fns: dict[str, Callable[[], None]], rounds: int, steps: int, war
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def plain_train_step(model_name: str, x, y, prec) -> Callable[[], None]:
+    """One training step of an ungated ``model_name`` on ``x``'s device at precision ``prec`` (FP32, FW8/BW8,
+    ...): CE, SGD at lr 0.01 with momentum 0.9, as dfq_step.py and gpu_sharing.py time it. The model is built
+    from the global RNG's current state."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine.models import build_model
+
+    model = build_model(model_name, 3, 10).to(x.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x, prec), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
 def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: str = "sampled",
                    fraction: float = 1.0, statistics: str | None = None) -> Callable[[], None]:
     """One DFQ training step of a gated ``model_name`` on ``x``'s device, as dfq_step.py and gpu_sharing.py time

@@ -12,7 +12,8 @@ reference implementation measures about 10x FP32 on this machine). Last stdout l
 ``masked_ratio``, ``routed_ratio`` (the default, sampled), ``routed_half_ratio`` (sampled with
 ``routed_sample_fraction`` 0.5: the alternative for half the batch), ``routed_skip_ratio`` and
 ``routed_exact_ratio`` (the ``exact`` estimator: every other forward group for every sample, masked's gate
-gradient), ``routed_batch_half_ratio`` (``routed_statistics: batch`` with the half-batch alternative); on CUDA also ``host_syncs_per_step``, how often each step makes the host wait for the GPU.
+gradient), ``routed_batch_half_ratio`` (``routed_statistics: batch`` with the half-batch alternative); on CUDA
+also ``host_syncs_per_step``, how often each step makes the host wait for the GPU.
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from bench._common import dfq_train_step, emit, host_syncs, interleaved, machine  # noqa: E402
-from engine.models import build_model  # noqa: E402
+from bench._common import dfq_train_step, emit, host_syncs, interleaved, machine, plain_train_step  # noqa: E402
 from engine.precision import FP32  # noqa: E402
 from engine.schedule_config import OPTION_PRESETS, GatedSettings  # noqa: E402
 
@@ -50,14 +49,7 @@ def main() -> None:
     x = torch.randn(args.batch, 3, 32, 32).to(dev)
     y = torch.randint(0, 10, (args.batch,)).to(dev)
 
-    plain = build_model(args.model, 3, 10).to(dev)
-    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
-
-    def fp32_step() -> None:
-        loss = F.cross_entropy(plain(x, FP32), y)
-        plain_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        plain_opt.step()
+    fp32_step = plain_train_step(args.model, x, y, FP32)
 
     def gated(execution: str, estimator: str = "sampled", fraction: float = 1.0, statistics: str = STATISTICS):
         return dfq_train_step(args.model, x, y, execution, estimator, fraction, statistics)

@@ -66,7 +66,8 @@ def main() -> None:
           f"FW8/BW8 {t['fw8bw8']*1e3:.1f} ms/step, ratio {ratio:.3f} (target <= 1.2)")
     extra = {"seq_len": args.seq_len, "vocab": args.vocab} if is_language_model(args.model) else {}
     emit({"bench": "engine_overhead", "model": args.model, "batch": args.batch, "device": str(dev), **extra,
-          "fp32_step_s": t["fp32"], "fw8bw8_step_s": t["fw8bw8"], "ratio": ratio, "target": 1.2, "host_syncs_per_step": syncs, **machine()})
+          "fp32_step_s": t["fp32"], "fw8bw8_step_s": t["fw8bw8"], "ratio": ratio, "target": 1.2,
+          "host_syncs_per_step": syncs, **machine()})
 
 
 if __name__ == "__main__":

@@ -22,14 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import dfq_train_step, emit, machine  # noqa: E402
+from bench._common import dfq_train_step, emit, machine, plain_train_step  # noqa: E402
 
 
 def _worker(args: argparse.Namespace, rank: int, barrier, results) -> None:
     import torch
-    import torch.nn.functional as F
 
-    from engine.models import build_model
     from engine.precision import Precision
 
     torch.set_num_threads(args.threads)
@@ -41,14 +39,7 @@ def _worker(args: argparse.Namespace, rank: int, barrier, results) -> None:
     if args.schedule == "routed":
         step = dfq_train_step(args.model, x, y)
     else:
-        model = build_model(args.model, 3, 10).to(dev)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-        def step() -> None:
-            loss = F.cross_entropy(model(x, Precision.fwbw(8, 8)), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        step = plain_train_step(args.model, x, y, Precision.fwbw(8, 8))
 
     for _ in range(3):
         step()
