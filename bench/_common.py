@@ -63,10 +63,11 @@ def plain_train_step(model_name: str, x, y, prec) -> Callable[[], None]:
 
 
 def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: str = "sampled",
-                   fraction: float = 1.0, statistics: str | None = None) -> Callable[[], None]:
+                   fraction: float | None = None, statistics: str | None = None) -> Callable[[], None]:
     """One DFQ training step of a gated ``model_name`` on ``x``'s device, as dfq_step.py and gpu_sharing.py time
     it: the paper's seven options at 4-bit weights, the choices drawn uniformly per sample and block (fixed
-    seed), CE + 0.128 * cost, SGD; ``option_state`` and (where None) ``routed_statistics`` the config's defaults."""
+    seed), CE + 0.128 * cost, SGD; ``option_state`` and (where None) ``routed_sample_fraction`` and
+    ``routed_statistics`` the config's defaults."""
     import torch
     import torch.nn.functional as F
 
@@ -74,10 +75,17 @@ def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: 
     from engine.models import LayerMap, build_model
     from engine.models.gated import GatedModel
     from engine.precision import Precision
-    from engine.schedule_config import OPTION_PRESETS, GatedSettings, default_option_state, parse_option
+    from engine.schedule_config import (
+        OPTION_PRESETS,
+        default_option_state,
+        default_routed_sample_fraction,
+        default_routed_statistics,
+        parse_option,
+    )
 
     dev = x.device
-    statistics = statistics or GatedSettings.model_fields["routed_statistics"].default
+    statistics = statistics or default_routed_statistics(execution)
+    fraction = default_routed_sample_fraction(execution, estimator) if fraction is None else fraction
     options = [parse_option(o, 4) for o in OPTION_PRESETS["paper"]]
     torch.manual_seed(1)
     backbone = build_model(model_name, 3, 10)

@@ -2,8 +2,9 @@
 mixed-precision routed pass, the gate and its controller), runnable on CPU for the side-by-side figures.
 
 ResNet-8 on scikit-learn's digits (always present), 2 epochs at batch 64: FP32, FW8/BW8, auto PFQ, CPT 3->8, DFQ
-at cp 3 % masked (shared and per-option statistics) and routed (the defaults: ``sampled``, ``skip_apart``,
-``computed``; and ``routed_statistics: batch``, the ``grouped`` and ``exact`` estimators), and routed FracTrain.
+at cp 3 % masked (shared and per-option statistics) and routed (the defaults: ``sampled`` for half the batch,
+``skip_apart``, ``batch``; and ``routed_statistics: computed``, the ``grouped`` and ``exact`` estimators), and routed
+FracTrain.
 Where the embedded corpus (Debian's ``fortunes``, or ``--text-dir``) is present, the small Transformer language
 model too, one short epoch each: FW8/BW8, CPT, DFQ masked and routed (per-sequence gating: the mixed-precision
 attention products), routed FracTrain. Per run: test accuracy (language models: perplexity), the gated cp of the
@@ -33,7 +34,7 @@ SCHEDULES = {
     "dfq_masked": {"kind": "dfq", "target_cp": 3.0, "execution": "masked"},
     "dfq_masked_per_option": {"kind": "dfq", "target_cp": 3.0, "execution": "masked", "option_state": "per_option"},
     "dfq_routed": {"kind": "dfq", "target_cp": 3.0, "execution": "routed"},
-    "dfq_routed_batch": {"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_statistics": "batch"},
+    "dfq_routed_computed": {"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_statistics": "computed"},
     "dfq_routed_grouped": {"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_estimator": "grouped"},
     "dfq_routed_exact": {"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_estimator": "exact"},
     "fractrain_routed": {"kind": "fractrain", "execution": "routed"},

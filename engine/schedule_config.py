@@ -177,6 +177,18 @@ def default_option_state(execution: str) -> str:
     return "shared" if execution == "masked" else "skip_apart"
 
 
+def default_routed_sample_fraction(execution: str, estimator: str) -> float:
+    """``routed_sample_fraction`` when the config leaves it unset: half the batch runs the alternative where one
+    is drawn (routed with the ``sampled`` or ``grouped`` estimator), the whole batch otherwise (methods.md §6.3)."""
+    return 0.5 if execution == "routed" and estimator in ("sampled", "grouped") else 1.0
+
+
+def default_routed_statistics(execution: str) -> str:
+    """``routed_statistics`` when the config leaves it unset: ``batch`` for routed execution (every sample runs a
+    block's training pass, as in masked), ``computed`` for masked, where it has no effect (methods.md §6.3)."""
+    return "batch" if execution == "routed" else "computed"
+
+
 class GatedSettings(Strict):
     """What DFQ and FracTrain share: the options, the gate, the cost term and the execution mode."""
 
@@ -196,15 +208,17 @@ class GatedSettings(Strict):
     # option against one sampled alternative per sample (one forward-only pass more); grouped = sampled over
     # forward groups (FW bit-widths); exact = every other forward group (masked's gradient, one pass each)
     routed_estimator: Literal["skip", "sampled", "grouped", "exact"] = "sampled"
-    # sampled / grouped: the fraction of each batch that runs the alternative (its contrast weighted by 1/fraction)
-    routed_sample_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    # sampled / grouped: the fraction of each batch that runs the alternative (its contrast weighted by 1/fraction).
+    # Unset: 0.5 with execution routed and estimator sampled or grouped, else 1
+    routed_sample_fraction: float | None = Field(None, gt=0.0, le=1.0, validate_default=True)
     # routed: this fraction of the run's first iterations runs masked (every option for every sample), so the
     # gate starts from exact gradients (methods.md §6.3); 0 = routed from the start
     routed_warmup: float = Field(0.0, ge=0.0, lt=1.0)
     # routed: the samples a block's training pass runs over (methods.md §6.3): computed = only those that compute
     # it; batch = the samples that skip it too, each at its drawn alternative (outputs discarded), so its BN batch
-    # statistics and activation range cover the whole batch as in masked execution
-    routed_statistics: Literal["computed", "batch"] = "computed"
+    # statistics and activation range cover the whole batch as in masked execution. Unset: batch with execution
+    # routed, computed with masked
+    routed_statistics: Literal["computed", "batch"] | None = Field(None, validate_default=True)
     # running statistics per block (BN, activation ranges; methods.md §6.3): shared (the reference) = one set,
     # updated by every option in turn; skip_apart = the skip path (a downsampling block's fp32 projection) keeps
     # its own, apart from the computed options'; per_option (masked only) = each option keeps its own copy.
@@ -213,6 +227,19 @@ class GatedSettings(Strict):
     gate_dim: int = Field(32, ge=1, le=4096)
     embed_dim: int = Field(16, ge=1, le=4096)
     hidden_dim: int = Field(16, ge=1, le=4096)
+
+    @field_validator("routed_sample_fraction")
+    @classmethod
+    def _routed_sample_fraction(cls, v: float | None, info: ValidationInfo) -> float:
+        if v is None:
+            return default_routed_sample_fraction(info.data.get("execution", "masked"),
+                                                  info.data.get("routed_estimator", "sampled"))
+        return v
+
+    @field_validator("routed_statistics")
+    @classmethod
+    def _routed_statistics(cls, v: str | None, info: ValidationInfo) -> str:
+        return default_routed_statistics(info.data.get("execution", "masked")) if v is None else v
 
     @field_validator("option_state")
     @classmethod

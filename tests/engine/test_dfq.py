@@ -454,6 +454,26 @@ def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
     assert field in str(info.value) and "allowed" in str(info.value)
 
 
+@pytest.mark.parametrize("schedule, fraction, statistics", [
+    ({"execution": "routed"}, 0.5, "batch"),  # the default (methods.md §6.3): half the batch, batch statistics
+    ({"execution": "routed", "routed_estimator": "grouped"}, 0.5, "batch"),
+    ({"execution": "routed", "routed_estimator": "skip"}, 1.0, "batch"),  # no alternative to draw
+    ({"execution": "routed", "routed_estimator": "exact"}, 1.0, "batch"),
+    ({"execution": "routed", "routed_sample_fraction": 1.0, "routed_statistics": "computed"}, 1.0, "computed"),
+    ({"execution": "masked"}, 1.0, "computed"),  # masked runs every option over the whole batch
+])
+def test_routed_defaults_follow_the_execution_and_reach_the_model(schedule, fraction, statistics):
+    from engine.data import INFO
+    from engine.train import prepare
+
+    cfg = parse_config({**DIGITS, "schedule": {"kind": "dfq", "target_cp": 3.0, **schedule}})
+    assert (cfg.schedule.routed_sample_fraction, cfg.schedule.routed_statistics) == (fraction, statistics)
+    model, _ = prepare(cfg, INFO["digits"], torch.device("cpu"))
+    assert (model.sample_fraction, model.routed_statistics) == (fraction, statistics)
+    again = parse_config(cfg.model_dump(mode="json"))  # a dumped config (MLflow params, resume) reads back the same
+    assert again.schedule == cfg.schedule
+
+
 def test_per_option_state_gives_each_option_its_own_running_statistics():
     """Each option's pass updates only its own copy of the block's BN statistics and activation ranges, from the
     same start as a block that ran that option alone (methods.md §6.3)."""
