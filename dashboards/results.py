@@ -24,7 +24,12 @@ from pathlib import Path
 from dashboards.data import SweepData, load_sweep
 from engine.config import ExperimentConfig
 from engine.safe_yaml import read_text
-from engine.schedule_config import GatedSettings
+from engine.schedule_config import (
+    GatedSettings,
+    default_option_state,
+    default_routed_sample_fraction,
+    default_routed_statistics,
+)
 from orchestrator import runs
 
 TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
@@ -49,10 +54,27 @@ def schedule_label(cfg: ExperimentConfig) -> str:
     defaults = type(s).model_fields  # the gate's settings that differ from the engine's defaults
     opts += f" {s.controller}" if s.controller != defaults["controller"].default else ""
     opts += f" beta {s.beta:g}" if s.beta != defaults["beta"].default else ""
-    execution = f"routed ({s.routed_estimator})" if s.execution == "routed" else s.execution
+    execution = _execution_label(s)
     if s.kind == "dfq":
         return f"DFQ cp {s.target_cp:g}% {execution}{opts}"
     return f"FracTrain cp {s.first_target():g}+{s.cp_step:g} {execution}{opts}"  # fractrain
+
+
+def _execution_label(s) -> str:
+    """``masked``, or ``routed (estimator)``; each execution setting that differs from its default (which
+    depends on the execution and estimator: engine.schedule_config) is named in brackets, so two rows of a sweep
+    over them get two names."""
+    extra = [s.routed_estimator] if s.execution == "routed" else []
+    p = s.routed_sample_fraction
+    if p != default_routed_sample_fraction(s.execution, s.routed_estimator):
+        extra.append("whole batch" if p == 1 else "half batch" if p == 0.5 else f"alternative for {p:g}")
+    if s.routed_statistics != default_routed_statistics(s.execution):
+        extra.append(f"{s.routed_statistics} statistics")
+    if s.option_state != default_option_state(s.execution):
+        extra.append(f"{s.option_state} state")
+    if s.routed_warmup:
+        extra.append(f"masked warm-up {s.routed_warmup:g}")
+    return f"{s.execution} ({', '.join(extra)})" if extra else s.execution
 
 
 def method_label(point: dict, cfg: ExperimentConfig | None) -> str:

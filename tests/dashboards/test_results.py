@@ -60,6 +60,16 @@ def test_labels_name_each_method_with_the_engines_values():
     assert _label({"kind": "pfq"}) == "PFQ auto FW3-4-6-8/BW6-6-8-8"
     assert _label({"kind": "fractrain"}) == "FracTrain cp 1.5+0.5 masked"
     assert _label({"kind": "fractrain", "cp_total": 2.75, "execution": "routed"}) == "FracTrain cp 2+0.5 routed (sampled)"
+    # execution settings away from their defaults are named, so a sweep over them gets one name per row
+    assert _label({"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_sample_fraction": 1.0,
+                   "routed_statistics": "computed", "option_state": "shared"}) == \
+        "DFQ cp 3% routed (sampled, whole batch, computed statistics, shared state)"
+    assert _label({"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_estimator": "grouped",
+                   "routed_sample_fraction": 0.25, "routed_warmup": 0.1}) == \
+        "DFQ cp 3% routed (grouped, alternative for 0.25, masked warm-up 0.1)"
+    assert _label({"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_estimator": "skip"}) == \
+        "DFQ cp 3% routed (skip)"  # no alternative: the whole batch is its default
+    assert _label({"kind": "dfq", "target_cp": 3.0, "option_state": "per_option"}) == "DFQ cp 3% masked (per_option state)"
     point = {"schedule": {"kind": "fp32"}, "optim.lr": 0.05}
     assert method_label(point, _config(point)) == "FP32, optim.lr=0.05"
     assert method_label({"optim.lr": 0.05}, _config({"optim.lr": 0.05})) == "optim.lr=0.05"
