@@ -320,9 +320,14 @@ class GatedModel(nn.Module):
             # whole batch (methods.md §6.3); their outputs only serve the estimator, as its alternative
             drawn = self._alternatives(i, choice)
             y_all, rows_all = self._run_sorted(block, h, torch.where(skipped, drawn[0], choice))
-            keep = ~skipped[rows_all]
-            y_run, computed = y_all[keep], rows_all[keep]
-            pool, ready = ~skipped, (y_all[~keep], rows_all[~keep])
+            # split the pass's rows: the computed ones first, then the skipped ones, each part in the pass's order
+            # (index_select by a stable sort and one count read on the host, where a bool index waits four times)
+            split = skipped.index_select(0, rows_all)
+            order = torch.argsort(split.to(torch.uint8), stable=True)
+            n = len(rows_all) - int(split.sum())
+            run, rest = order[:n], order[n:]
+            y_run, computed = y_all.index_select(0, run), rows_all.index_select(0, run)
+            pool, ready = ~skipped, (y_all.index_select(0, rest), rows_all.index_select(0, rest))
         else:
             drawn = pool = ready = None
             run = self._run_sorted(block, h, choice, ~skipped)

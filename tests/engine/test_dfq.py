@@ -155,6 +155,29 @@ def test_a_gated_forward_quantizes_each_weight_once(execution, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
 
 
+def test_a_batch_statistics_pass_splits_its_rows_without_a_bool_index():
+    """``routed_statistics: batch`` splits its whole-batch pass into the computed and the skipped rows by a
+    stable sort and one count, not by bool indexing (each a host wait on a GPU: methods.md §6.3)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class BoolIndex(TorchDispatchMode):
+        seen = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten.index and any(
+                    t is not None and t.dtype == torch.bool for t in args[1]):
+                BoolIndex.seen += 1
+            return func(*args, **(kwargs or {}))
+
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    forced = torch.tensor([[0, 1], [1, 0], [2, 0], [1, 1], [0, 2], [2, 2], [0, 0], [1, 2]])
+    model = toy("routed", statistics="batch").train()
+    with BoolIndex():
+        logits, _ = model(x, forced)
+        torch.nn.functional.cross_entropy(logits, y).backward()
+    assert BoolIndex.seen == 0  # the values: test_routed_batch_statistics_train_as_masked_does
+
+
 @pytest.mark.parametrize("statistics", ["computed", "batch"])
 @pytest.mark.parametrize("estimator", ["sampled", "grouped", "exact"])
 def test_routed_estimators_keep_values_and_running_statistics(estimator, statistics):
