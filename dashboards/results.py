@@ -434,9 +434,24 @@ def setup_of(data: SweepData) -> dict:
     return out
 
 
+# a gated setting added after runs were logged: the value that reproduces the engine before it existed. A logged
+# config is the resolved one, so a missing field means an older engine, not the current default
+PRE_FIELD_VALUES = {"option_state": "shared", "routed_sample_fraction": 1.0, "routed_statistics": "computed"}
+
+
+def as_logged(config: dict) -> dict:
+    """A logged ``config.yaml`` with the gated settings it predates filled in as its engine ran them."""
+    sched = config.get("schedule")
+    if not isinstance(sched, dict) or sched.get("kind") not in ("dfq", "fractrain"):
+        return config
+    return {**config, "schedule": {**{k: v for k, v in PRE_FIELD_VALUES.items()
+                                      if k == "option_state" or sched.get("execution") == "routed"}, **sched}}
+
+
 def with_configs(data: SweepData) -> list[dict]:
     """The finished rows, each with ``config``: the trial's resolved ``ExperimentConfig``, parsed by the engine
-    from the ``config.yaml`` the tracker logged (one read per swept point: the seeds share everything else)."""
+    from the ``config.yaml`` the tracker logged (one read per swept point: the seeds share everything else;
+    settings the log predates as its engine ran them, ``as_logged``)."""
     from engine.config import parse_config
     from engine.errors import ConfigError
     from orchestrator.store import artifact_json
@@ -447,7 +462,7 @@ def with_configs(data: SweepData) -> list[dict]:
         key = json.dumps(r["point"], sort_keys=True, default=str)
         if key not in cache:
             try:
-                cache[key] = parse_config(artifact_json(data.client, r["run_id"], "config.yaml") or {})
+                cache[key] = parse_config(as_logged(artifact_json(data.client, r["run_id"], "config.yaml") or {}))
             except ConfigError:  # logged by an engine whose config this one no longer reads
                 cache[key] = None
         rows.append({**r, "config": cache[key]})
