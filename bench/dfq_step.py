@@ -67,7 +67,8 @@ def main() -> None:
            **{f"{k}_ratio": v / t["fp32"] for k, v in t.items() if k != "fp32"},
            "target_routed": 2.0, "host_syncs_per_step": syncs,
            **machine()}
-    names = {"masked": "masked", "routed": f"routed (default: half batch, {DEFAULTS[1]} statistics; target <= 2.0x)",
+    names = {"masked": "masked", "routed": f"routed (default: alternative for {DEFAULTS[0]:g} of the batch, {DEFAULTS[1]} "
+                                                "statistics; target <= 2.0x)",
              "routed_computed_half": "routed, half batch, computed statistics",
              "routed_batch_whole": "routed, whole batch, batch statistics",
              "routed_computed_whole": "routed, whole batch, computed statistics",

@@ -444,8 +444,7 @@ def as_logged(config: dict) -> dict:
     sched = config.get("schedule")
     if not isinstance(sched, dict) or sched.get("kind") not in ("dfq", "fractrain"):
         return config
-    return {**config, "schedule": {**{k: v for k, v in PRE_FIELD_VALUES.items()
-                                      if k == "option_state" or sched.get("execution") == "routed"}, **sched}}
+    return {**config, "schedule": {**PRE_FIELD_VALUES, **sched}}  # masked: its own defaults anyway
 
 
 def with_configs(data: SweepData) -> list[dict]:
