@@ -68,7 +68,9 @@ def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, t
                 return False
 
         wait_for(logged_two_epochs, timeout=120, what="two logged epochs")
-        pids = _trial_workers()
+        # a trial's process is titled ray::ImplicitFunc.train only while a train() call runs; between two calls
+        # (a report handed over, a checkpoint saved) it is titled otherwise, so look until one is in a call
+        pids = wait_for(_trial_workers, timeout=30, interval=0.05, what="a trial process inside train()")
         os.kill(pids[0], signal.SIGKILL)
         killed.append(pids[0])
 
