@@ -10,11 +10,25 @@ import time
 from collections.abc import Callable
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the architecture: step-time ratios depend on it (an AVX-512
+    Xeon runs FP32 convolutions relatively faster than an AMD EPYC of the same class, docs/benchmarks.md)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
     import torch
 
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
