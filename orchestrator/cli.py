@@ -190,7 +190,8 @@ def _add_schedule(sub) -> None:
                        description="Preview the precision schedule of an experiment config without training: "
                        "iterations, mean FW/BW bits, occupancy and the global cost ratio (every layer at the "
                        "schedule's bits) against FP32 and FW8/BW8, and the run priced under every cost model on "
-                       "the config's network. Auto PFQ is previewed with uniform stages.")
+                       "the config's network. Auto PFQ is previewed with uniform stages. DFQ and FracTrain "
+                       "configs are refused: their gate picks each input's bits while training.")
     p.add_argument("config", help="experiment YAML")
     _shared(p, "set")
     p.add_argument("--plot", metavar="FILE.png", help="also plot the bits over iterations")
@@ -283,6 +284,41 @@ def safe_line(text: str) -> str:
     return redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
 
+def path_problem(args: argparse.Namespace, err: OSError) -> FractuneError:
+    """The argument behind a path the system refused (the one whose value, as given or made absolute, the
+    refused path is or lies under): bad input naming that field (exit 2); a path of no argument: exit 1."""
+    import os
+
+    from engine.errors import ConfigError, _short
+
+    name = err.filename if isinstance(err.filename, str) else os.fsdecode(err.filename or b"")
+    reason = err.strerror or type(err).__name__
+    flags = {a.dest: a.option_strings[-1] if a.option_strings else a.dest
+             for a in _command_parser(args.command)._actions}
+    best = None
+    for dest, value in vars(args).items():
+        for v in value if isinstance(value, list) else [value]:
+            if not isinstance(v, str) or not v or dest not in flags:
+                continue
+            path = v.split(":///", 1)[1] if v.startswith(("sqlite:///", "file:///")) else v  # a store's URI
+            path = "/" + path if v.startswith("file:///") else path
+            for given in {path, os.path.abspath(path)}:
+                if name == given or name.startswith(given.rstrip(os.sep) + os.sep):
+                    if best is None or len(given) > len(best[1]):
+                        best = (dest, given, v)
+    if best is None:
+        unmatched = FractuneError(f"path {_short(name)}: {reason}")
+        unmatched.exit_code = 1
+        return unmatched
+    from orchestrator.store import redact
+
+    return ConfigError.single(flags[best[0]], redact(best[2]), f"{reason}; allowed: a path this system accepts")
+
+
+def _command_parser(command: str) -> argparse.ArgumentParser:
+    return build_parser()._subparsers._group_actions[0].choices[command]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import os
@@ -298,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in err.lines():
             print(f"fractune {args.command}: error: {safe_line(line)}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:  # a path the system refuses where no check caught it (too long a name, ...)
+        problem = path_problem(args, err)
+        print(f"fractune {args.command}: error: {safe_line(problem.lines()[0])}", file=sys.stderr)
+        return problem.exit_code
     except KeyboardInterrupt:
         print(f"fractune {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -170,3 +170,22 @@ def test_fuzz_config_parsing_raises_only_fractune_errors(doc):
         parse_config(doc)
     except FractuneError:
         pass
+
+
+def test_a_refused_path_names_the_argument_it_came_from():
+    """An OSError that no check caught is mapped back to the argument whose value the path is or lies under
+    (as given, made absolute, or inside a sqlite URI): bad input, exit 2; a path of no argument: exit 1."""
+    import argparse
+    import errno
+
+    from orchestrator.cli import path_problem
+
+    args = argparse.Namespace(command="sweep", spec="s.yaml", storage="runs", report_dir=None,
+                              tracking_uri="sqlite:///db/m.db", overrides=[])
+    too_long = os.strerror(errno.ENAMETOOLONG)
+    inside = path_problem(args, OSError(errno.ENAMETOOLONG, too_long, os.path.abspath("runs/sweep-1/x")))
+    assert inside.exit_code == 2 and inside.lines()[0].startswith("--storage: got 'runs'; File name too long")
+    store = path_problem(args, OSError(errno.ELOOP, os.strerror(errno.ELOOP), "db/m.db"))
+    assert store.exit_code == 2 and store.lines()[0].startswith("--tracking-uri: got 'sqlite:///db/m.db'")
+    other = path_problem(args, OSError(errno.EIO, os.strerror(errno.EIO), "/var/elsewhere"))
+    assert other.exit_code == 1 and other.lines() == [f"path '/var/elsewhere': {os.strerror(errno.EIO)}"]
