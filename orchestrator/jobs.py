@@ -62,6 +62,11 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
     try:
         with socket.create_connection((url.hostname, port), timeout=timeout):
             pass
+    except UnicodeError as exc:  # a host name that cannot be encoded (IDNA): too long a label, a control character
+        from orchestrator.store import redact
+
+        raise ConfigError.single("--address", redact(address), f"not a valid host name ({exc}); allowed: the Ray "
+                                 "dashboard's URL, http://HOST:PORT") from None
     except OSError as exc:
         from orchestrator.store import redact
 

@@ -123,6 +123,8 @@ def check_ray_address(address: str | None, timeout: float = 3.0) -> None:
     try:
         with socket.create_connection((host, port), timeout=timeout):
             pass
+    except UnicodeError as exc:  # a host name that cannot be encoded (IDNA): too long a label, a control character
+        raise ConfigError.single("--address", address, f"not a valid host name ({exc}); {allowed}") from None
     except OSError as exc:
         raise ConfigError.single("--address", address, f"no Ray cluster reachable there within {timeout:g} s "
                                  f"({exc.strerror or exc}); start it (ray start --head) or give auto") from None
