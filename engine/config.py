@@ -77,6 +77,36 @@ class SplitConfig(Strict):
         return self
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes, Linux: a longer file name or path is refused by every system call
+
+
+def resolved_path(v: str) -> str:
+    """A user's path made absolute (Ray trials run in another working directory), refused here when no system
+    call could take it (a NUL byte, a name over NAME_MAX or a path over PATH_MAX bytes), so the error names the
+    field instead of surfacing from the first open, perhaps inside a trial."""
+    import os
+
+    if "\x00" in v:
+        raise PydanticCustomError("path", "allowed: a path without a NUL character")
+    path = Path(v).expanduser().resolve()
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    if longest > NAME_MAX:
+        raise PydanticCustomError("path", "a name in it is {n} bytes; allowed: names of at most {m} bytes",
+                                  {"n": longest, "m": NAME_MAX})
+    if len(os.fsencode(str(path))) >= PATH_MAX:
+        raise PydanticCustomError("path", "allowed: a path of fewer than {m} bytes", {"m": PATH_MAX})
+    return str(path)
+
+
+def check_path(field: str, v: str) -> str:
+    """``resolved_path`` for a path given outside a config (a command-line flag): a ``ConfigError`` naming
+    ``field``."""
+    try:
+        return resolved_path(v)
+    except PydanticCustomError as err:
+        raise ConfigError.single(field, v, err.message()) from None
+
+
 class DataConfig(Strict):
     dataset: Literal["fashion-mnist", "digits", "cifar10", "cifar100", "imagenet", "wikitext103", "wikitext2",
                      "fortunes"] = "fashion-mnist"
@@ -99,8 +129,7 @@ class DataConfig(Strict):
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
-        # Ray trials run in another working directory: resolve relative paths now.
-        return None if v is None else str(Path(v).expanduser().resolve())
+        return None if v is None else resolved_path(v)
 
 
 class OptimConfig(Strict):
@@ -162,7 +191,7 @@ class InitConfig(Strict):
             return None
         if not v.strip():
             raise PydanticCustomError("checkpoint", "allowed: a folder holding state.pt, or the file")
-        return str(Path(v).expanduser().resolve())
+        return resolved_path(v)
 
     @field_validator("run_id")
     @classmethod
@@ -199,7 +228,7 @@ class CostConfig(Strict):
             return None
         from engine.cost_models import load_cost_table
 
-        path = str(Path(v).expanduser().resolve())  # Ray trials run in another working directory
+        path = resolved_path(v)
         try:
             load_cost_table(path)
         except ConfigError as err:

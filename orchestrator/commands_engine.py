@@ -20,13 +20,14 @@ EPOCH_KEYS = ("epoch", "loss", "train_accuracy", "val_accuracy", "accuracy", "va
 
 
 def cmd_train(args) -> int:
-    from engine.config import load_config
+    from engine.config import check_path, load_config
     from engine.data import check_available
     from engine.train import train_and_evaluate
     from orchestrator import lineage
 
     overrides = list(args.overrides)
     if args.data_dir:
+        check_path("--data-dir", args.data_dir)
         overrides.append(f"data.data_dir={args.data_dir}")
     cfg = lineage.resolve_config(load_config(args.config, overrides), args.tracking_uri)
     check_available(cfg.data)
@@ -257,10 +258,12 @@ def cmd_schedule(args) -> int:
 
 
 def cmd_prt(args) -> int:
-    from engine.config import load_config
+    from engine.config import check_path, load_config
     from engine.data import check_available, load_data
     from engine.train import pick_device, run_prt
 
+    if args.data_dir:
+        check_path("--data-dir", args.data_dir)
     cfg = load_config(args.config, list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else []))
     if cfg.schedule.kind != "cpt":
         raise ConfigError.single("schedule.kind", cfg.schedule.kind, "allowed: cpt (the test picks CPT's fw_min)")
