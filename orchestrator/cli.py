@@ -328,12 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         return value == "" or (isinstance(value, list) and "" in value)
 
     empty = [a for a in _command_parser(args.command)._actions
-             if a.option_strings and a.nargs != 0 and given_empty(getattr(args, a.dest, None))]
+             if a.nargs != 0 and a.dest != "help" and given_empty(getattr(args, a.dest, None))]
     if empty:  # e.g. --data-dir "$UNSET": never read as "the default"
         for a in empty:
-            hint = "" if a.required else " (leave the flag out for its default)"
-            print(f"fractune {args.command}: error: {a.option_strings[-1]}: got ''; allowed: a non-empty value{hint}",
-                  file=sys.stderr)
+            hint = " (leave the flag out for its default)" if a.option_strings and not a.required else ""
+            name = a.option_strings[-1] if a.option_strings else a.dest
+            print(f"fractune {args.command}: error: {name}: got ''; allowed: a non-empty value{hint}", file=sys.stderr)
         return 2
     module_name, func_name = args.func.split(":")
     import importlib
