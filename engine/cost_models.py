@@ -141,16 +141,12 @@ def parse_cost_table(tree, source: str = "cost table") -> CostTable:
 
 
 def load_cost_table(path: str | Path) -> CostTable:
-    import yaml
+    """A user's cost table, through the guarded YAML reader (a regular, bounded UTF-8 file; no alias bombs or
+    runaway nesting: engine/safe_yaml.py)."""
+    from engine import safe_yaml
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError.single("cost.table", str(path), "expected an existing YAML file")
-    try:
-        tree = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError.single("cost.table", p.name, f"malformed YAML ({getattr(exc, 'problem', exc)})") from None
-    return parse_cost_table(tree, f"cost table {p.name}")
+    tree = safe_yaml.read_yaml_file(path, "cost.table")
+    return parse_cost_table(tree, f"cost table {Path(path).name}")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -279,14 +279,14 @@ def artifact_json(c, run_id: str, path: str):
     """A JSON (or YAML) artifact of a run, or None when the run has none of that name."""
     import tempfile
 
-    import yaml
+    from engine import safe_yaml
 
     parent_dir = str(Path(path).parent) if "/" in path else None
     if path not in {a.path for a in c.list_artifacts(run_id, parent_dir)}:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         local = c.download_artifacts(run_id, path, tmp)
-        return yaml.safe_load(Path(local).read_text())
+        return safe_yaml.read_yaml_file(local, f"artifact {path} of run {run_id}")  # the guarded reader
 
 
 def write_probe(folder) -> None:

@@ -17,8 +17,6 @@ import copy
 import json
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 if TYPE_CHECKING:
     from engine.config import ExperimentConfig
 
@@ -132,9 +130,12 @@ def param_value(text: str | None) -> Any:
     """A flattened MLflow param back as a value (``"8"`` -> 8, ``"[3, 4]"`` -> [3, 4], ``"null"`` -> None)."""
     if text is None:
         return None
+    from engine import safe_yaml
+    from engine.errors import ConfigError
+
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return safe_yaml.loads(text, "param")  # the guarded reader: a store's params are input like any file
+    except ConfigError:
         return text
 
 
