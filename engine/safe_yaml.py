@@ -1,7 +1,6 @@
 """The one guarded path for reading YAML that a user hands to fractune: configs, sweep and ablation specs, a
-spec's ``base:`` file, ``--set`` values and notes.
-
-(also cost tables and what the readers load back from a tracking store: YAML artifacts and params)
+spec's ``base:`` file, ``--set`` values, notes, cost tables, and what the readers load back from a tracking
+store (a run's YAML artifacts and its params).
 
 ``read_text(path, field)`` reads a regular file only (not a folder, FIFO, device or socket: ``/dev/zero`` or a
 pipe would block or never end), at most ``MAX_BYTES``, as strict UTF-8. ``loads(text, field)`` parses with
