@@ -284,15 +284,26 @@ def safe_line(text: str) -> str:
     return redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
 
 
+BAD_PATH_ERRNOS = ("ENAMETOOLONG", "ELOOP", "ENOTDIR", "EISDIR", "ENOENT", "EACCES", "EPERM", "EROFS", "EINVAL",
+                   "EEXIST", "ENXIO")  # what a bad path gives; ENOSPC, EIO, ... are the machine's trouble, not input
+
+
 def path_problem(args: argparse.Namespace, err: OSError) -> FractuneError:
     """The argument behind a path the system refused (the one whose value, as given or made absolute, the
-    refused path is or lies under): bad input naming that field (exit 2); a path of no argument: exit 1."""
+    refused path is or lies under): bad input naming that field, exit 2, where the error is one a bad path
+    gives; otherwise (a full disk, an I/O error, a path of no argument) one line, exit 1."""
+    import errno
     import os
 
     from engine.errors import ConfigError, _short
+    from orchestrator.store import redact
 
-    name = err.filename if isinstance(err.filename, str) else os.fsdecode(err.filename or b"")
-    reason = err.strerror or type(err).__name__
+    reason = err.strerror or str(err) or type(err).__name__
+    if err.filename is None:
+        failed = FractuneError(reason)
+        failed.exit_code = 1
+        return failed
+    name = err.filename if isinstance(err.filename, str) else os.fsdecode(err.filename)
     flags = {a.dest: a.option_strings[-1] if a.option_strings else a.dest
              for a in _command_parser(args.command)._actions}
     best = None
@@ -306,13 +317,24 @@ def path_problem(args: argparse.Namespace, err: OSError) -> FractuneError:
                 if name == given or name.startswith(given.rstrip(os.sep) + os.sep):
                     if best is None or len(given) > len(best[1]):
                         best = (dest, given, v)
-    if best is None:
-        unmatched = FractuneError(f"path {_short(name)}: {reason}")
-        unmatched.exit_code = 1
-        return unmatched
-    from orchestrator.store import redact
+    if best is not None and err.errno in {getattr(errno, e) for e in BAD_PATH_ERRNOS}:
+        return ConfigError.single(flags[best[0]], redact(best[2]), f"{reason}; allowed: a path this system accepts")
+    where = f"{flags[best[0]]} {_short(redact(best[2]))}: " if best is not None else ""
+    failed = FractuneError(f"{where}path {_short(name)}: {reason}")
+    failed.exit_code = 1
+    return failed
 
-    return ConfigError.single(flags[best[0]], redact(best[2]), f"{reason}; allowed: a path this system accepts")
+
+def empty_arguments(args: argparse.Namespace) -> list[str]:
+    """One error line per argument given as '' (e.g. ``--data-dir "$UNSET"``): never read as "the default"."""
+    lines = []
+    for a in _command_parser(args.command)._actions:
+        value = getattr(args, a.dest, None)
+        if a.nargs == 0 or a.dest == "help" or not (value == "" or (isinstance(value, list) and "" in value)):
+            continue
+        hint = " (leave the flag out for its default)" if a.option_strings and not a.required else ""
+        lines.append(f"{a.option_strings[-1] if a.option_strings else a.dest}: got ''; allowed: a non-empty value{hint}")
+    return lines
 
 
 def _command_parser(command: str) -> argparse.ArgumentParser:
@@ -324,16 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no INFO chatter (table creation) on stderr
-    def given_empty(value) -> bool:
-        return value == "" or (isinstance(value, list) and "" in value)
-
-    empty = [a for a in _command_parser(args.command)._actions
-             if a.nargs != 0 and a.dest != "help" and given_empty(getattr(args, a.dest, None))]
-    if empty:  # e.g. --data-dir "$UNSET": never read as "the default"
-        for a in empty:
-            hint = " (leave the flag out for its default)" if a.option_strings and not a.required else ""
-            name = a.option_strings[-1] if a.option_strings else a.dest
-            print(f"fractune {args.command}: error: {name}: got ''; allowed: a non-empty value{hint}", file=sys.stderr)
+    empty = empty_arguments(args)
+    if empty:
+        for line in empty:
+            print(f"fractune {args.command}: error: {line}", file=sys.stderr)
         return 2
     module_name, func_name = args.func.split(":")
     import importlib

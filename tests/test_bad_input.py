@@ -174,7 +174,8 @@ def test_fuzz_config_parsing_raises_only_fractune_errors(doc):
 
 def test_a_refused_path_names_the_argument_it_came_from():
     """An OSError that no check caught is mapped back to the argument whose value the path is or lies under
-    (as given, made absolute, or inside a sqlite URI): bad input, exit 2; a path of no argument: exit 1."""
+    (as given, made absolute, or inside a sqlite URI): bad input, exit 2, where a bad path gives that error; a
+    full disk under it, or a path of no argument: exit 1."""
     import argparse
     import errno
 
@@ -189,3 +190,7 @@ def test_a_refused_path_names_the_argument_it_came_from():
     assert store.exit_code == 2 and store.lines()[0].startswith("--tracking-uri: got 'sqlite:///db/m.db'")
     other = path_problem(args, OSError(errno.EIO, os.strerror(errno.EIO), "/var/elsewhere"))
     assert other.exit_code == 1 and other.lines() == [f"path '/var/elsewhere': {os.strerror(errno.EIO)}"]
+    full = path_problem(args, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.abspath("runs/x")))
+    assert full.exit_code == 1 and full.lines()[0].startswith("--storage 'runs': path ")  # the machine's, not input
+    pipe = path_problem(args, BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)))
+    assert pipe.exit_code == 1 and pipe.lines() == [os.strerror(errno.EPIPE)]
