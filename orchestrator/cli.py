@@ -288,7 +288,7 @@ BAD_PATH_ERRNOS = ("ENAMETOOLONG", "ELOOP", "ENOTDIR", "EISDIR", "ENOENT", "EACC
                    "EEXIST", "ENXIO")  # what a bad path gives; ENOSPC, EIO, ... are the machine's trouble, not input
 
 
-def path_problem(args: argparse.Namespace, err: OSError) -> FractuneError:
+def path_problem(command: argparse.ArgumentParser, args: argparse.Namespace, err: OSError) -> FractuneError:
     """The argument behind a path the system refused (the one whose value, as given or made absolute, the
     refused path is or lies under): bad input naming that field, exit 2, where the error is one a bad path
     gives; otherwise (a full disk, an I/O error, a path of no argument) one line, exit 1."""
@@ -296,7 +296,7 @@ def path_problem(args: argparse.Namespace, err: OSError) -> FractuneError:
     import os
 
     from engine.errors import ConfigError, _short
-    from orchestrator.store import redact
+    from orchestrator.store import redact, sqlite_path
 
     reason = err.strerror or str(err) or type(err).__name__
     if err.filename is None:
@@ -304,15 +304,14 @@ def path_problem(args: argparse.Namespace, err: OSError) -> FractuneError:
         failed.exit_code = 1
         return failed
     name = err.filename if isinstance(err.filename, str) else os.fsdecode(err.filename)
-    flags = {a.dest: a.option_strings[-1] if a.option_strings else a.dest
-             for a in _command_parser(args.command)._actions}
+    flags = {a.dest: _arg_name(a) for a in command._actions}
     best = None
     for dest, value in vars(args).items():
         for v in value if isinstance(value, list) else [value]:
             if not isinstance(v, str) or not v or dest not in flags:
                 continue
-            path = v.split(":///", 1)[1] if v.startswith(("sqlite:///", "file:///")) else v  # a store's URI
-            path = "/" + path if v.startswith("file:///") else path
+            store = sqlite_path(v)  # a store's URI: the database file's path
+            path = str(store) if store is not None else v[len("file://"):] if v.startswith("file:///") else v
             for given in {path, os.path.abspath(path)}:
                 if name == given or name.startswith(given.rstrip(os.sep) + os.sep):
                     if best is None or len(given) > len(best[1]):
@@ -325,28 +324,31 @@ def path_problem(args: argparse.Namespace, err: OSError) -> FractuneError:
     return failed
 
 
-def empty_arguments(args: argparse.Namespace) -> list[str]:
+def empty_arguments(command: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """One error line per argument given as '' (e.g. ``--data-dir "$UNSET"``): never read as "the default"."""
     lines = []
-    for a in _command_parser(args.command)._actions:
+    for a in command._actions:
         value = getattr(args, a.dest, None)
         if a.nargs == 0 or a.dest == "help" or not (value == "" or (isinstance(value, list) and "" in value)):
             continue
         hint = " (leave the flag out for its default)" if a.option_strings and not a.required else ""
-        lines.append(f"{a.option_strings[-1] if a.option_strings else a.dest}: got ''; allowed: a non-empty value{hint}")
+        lines.append(f"{_arg_name(a)}: got ''; allowed: a non-empty value{hint}")
     return lines
 
 
-def _command_parser(command: str) -> argparse.ArgumentParser:
-    return build_parser()._subparsers._group_actions[0].choices[command]
+def _arg_name(action: argparse.Action) -> str:
+    """How errors name an argument: its long flag, or a positional's name."""
+    return action.option_strings[-1] if action.option_strings else action.dest
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = parser._subparsers._group_actions[0].choices[args.command]  # the subcommand's own parser
     import os
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no INFO chatter (table creation) on stderr
-    empty = empty_arguments(args)
+    empty = empty_arguments(command, args)
     if empty:
         for line in empty:
             print(f"fractune {args.command}: error: {line}", file=sys.stderr)
@@ -362,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fractune {args.command}: error: {safe_line(line)}", file=sys.stderr)
         return err.exit_code
     except OSError as err:  # a path the system refuses where no check caught it (too long a name, ...)
-        problem = path_problem(args, err)
+        problem = path_problem(command, args, err)
         print(f"fractune {args.command}: error: {safe_line(problem.lines()[0])}", file=sys.stderr)
         return problem.exit_code
     except KeyboardInterrupt:

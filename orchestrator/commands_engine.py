@@ -19,17 +19,23 @@ EPOCH_KEYS = ("epoch", "loss", "train_accuracy", "val_accuracy", "accuracy", "va
               "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
 
 
+def config_overrides(args) -> list[str]:
+    """``--set`` values, then ``--data-dir`` (checked, naming the flag) as the override of ``data.data_dir``."""
+    from engine.config import check_path
+
+    if not args.data_dir:
+        return list(args.overrides)
+    check_path("--data-dir", args.data_dir)
+    return [*args.overrides, f"data.data_dir={args.data_dir}"]
+
+
 def cmd_train(args) -> int:
-    from engine.config import check_path, load_config
+    from engine.config import load_config
     from engine.data import check_available
     from engine.train import train_and_evaluate
     from orchestrator import lineage
 
-    overrides = list(args.overrides)
-    if args.data_dir:
-        check_path("--data-dir", args.data_dir)
-        overrides.append(f"data.data_dir={args.data_dir}")
-    cfg = lineage.resolve_config(load_config(args.config, overrides), args.tracking_uri)
+    cfg = lineage.resolve_config(load_config(args.config, config_overrides(args)), args.tracking_uri)
     check_available(cfg.data)
     # every output path and the checkpoint to resume from are checked before any work; files are opened only
     # once the first epoch is done (a refused resume leaves --history as it was); history is appended to
@@ -258,13 +264,11 @@ def cmd_schedule(args) -> int:
 
 
 def cmd_prt(args) -> int:
-    from engine.config import check_path, load_config
+    from engine.config import load_config
     from engine.data import check_available, load_data
     from engine.train import pick_device, run_prt
 
-    if args.data_dir:
-        check_path("--data-dir", args.data_dir)
-    cfg = load_config(args.config, list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else []))
+    cfg = load_config(args.config, config_overrides(args))
     if cfg.schedule.kind != "cpt":
         raise ConfigError.single("schedule.kind", cfg.schedule.kind, "allowed: cpt (the test picks CPT's fw_min)")
     check_available(cfg.data)

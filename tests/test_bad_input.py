@@ -179,18 +179,19 @@ def test_a_refused_path_names_the_argument_it_came_from():
     import argparse
     import errno
 
-    from orchestrator.cli import path_problem
+    from orchestrator.cli import build_parser, path_problem
 
+    sweep = build_parser()._subparsers._group_actions[0].choices["sweep"]
     args = argparse.Namespace(command="sweep", spec="s.yaml", storage="runs", report_dir=None,
                               tracking_uri="sqlite:///db/m.db", overrides=[])
     too_long = os.strerror(errno.ENAMETOOLONG)
-    inside = path_problem(args, OSError(errno.ENAMETOOLONG, too_long, os.path.abspath("runs/sweep-1/x")))
+    inside = path_problem(sweep, args, OSError(errno.ENAMETOOLONG, too_long, os.path.abspath("runs/sweep-1/x")))
     assert inside.exit_code == 2 and inside.lines()[0].startswith("--storage: got 'runs'; File name too long")
-    store = path_problem(args, OSError(errno.ELOOP, os.strerror(errno.ELOOP), "db/m.db"))
+    store = path_problem(sweep, args, OSError(errno.ELOOP, os.strerror(errno.ELOOP), "db/m.db"))
     assert store.exit_code == 2 and store.lines()[0].startswith("--tracking-uri: got 'sqlite:///db/m.db'")
-    other = path_problem(args, OSError(errno.EIO, os.strerror(errno.EIO), "/var/elsewhere"))
+    other = path_problem(sweep, args, OSError(errno.EIO, os.strerror(errno.EIO), "/var/elsewhere"))
     assert other.exit_code == 1 and other.lines() == [f"path '/var/elsewhere': {os.strerror(errno.EIO)}"]
-    full = path_problem(args, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.abspath("runs/x")))
+    full = path_problem(sweep, args, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.abspath("runs/x")))
     assert full.exit_code == 1 and full.lines()[0].startswith("--storage 'runs': path ")  # the machine's, not input
-    pipe = path_problem(args, BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)))
+    pipe = path_problem(sweep, args, BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)))
     assert pipe.exit_code == 1 and pipe.lines() == [os.strerror(errno.EPIPE)]
