@@ -21,7 +21,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from engine import quant, scratch
+from engine import fused, quant, scratch
 from engine.precision import FULL_BITS
 
 
@@ -187,8 +187,12 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     if quant.ranges_on_device(x):
         return _q_rows_device(x, groups, sizes, gid, bits, lo, hi, stochastic, out)
     rows = x.reshape(x.shape[0], -1)
+    fuse = fused.usable(x, out)
     if lo is None:  # each group's own (lo, hi): per-row min/max, reduced per group on the host (one read)
-        row_lo, row_hi = rows.amin(1).tolist(), rows.amax(1).tolist()  # two passes: aminmax(dim=1) is ~15x slower
+        if fuse:
+            row_lo, row_hi = fused.row_range(rows)
+        else:  # two passes: aminmax(dim=1) is ~15x slower
+            row_lo, row_hi = rows.amin(1).tolist(), rows.amax(1).tolist()
         ranges = [(min(row_lo[s:e]), max(row_hi[s:e])) for s, e, _ in groups]
     else:
         ranges = [(lo, hi)] * len(groups)
@@ -196,7 +200,10 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     for b, (g_lo, g_hi) in zip(bits, ranges):
         params.append((0.0,) * 5 if b >= FULL_BITS
                       else (*quant.tensor_affine(b, g_lo, g_hi, stochastic), float(quant.levels(b)), g_lo))
-    per_row = torch.tensor(params, dtype=x.dtype).index_select(0, gid)
+    table = torch.tensor(params, dtype=x.dtype)
+    if fuse:  # every group's chain in one pass over the rows, the same bits (methods.md §1)
+        return fused.rows(rows, out, quant.noise_words(out, reuse=True) if stochastic else None, gid, table)
+    per_row = table.index_select(0, gid)
     inv_r, offset_r, step_r, qmax_r, lo_r = per_row.t().unsqueeze(2)  # each (rows, 1)
     flat = out.view(x.shape[0], -1)  # ``out`` is contiguous
     u = torch.mul(rows, inv_r, out=flat).add_(offset_r)  # mul + add: addcmul is ~4x slower

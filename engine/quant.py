@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from engine import scratch
+from engine import fused, scratch
 
 STEP_FLOOR = 1e-8
 NOISE_LEVELS = 1 << 16
@@ -65,7 +65,10 @@ def noise_words(like: torch.Tensor, reuse: bool = False) -> torch.Tensor:
     words = scratch.buffer("noise", ((n + 3) // 4,), torch.int64, like.device) if reuse else None
     if words is None:
         words = torch.empty((n + 3) // 4, dtype=torch.int64, device=like.device)
-    words.random_(-(2**63), None)
+    if like.device.type == "cpu" and fused.usable():
+        fused.random_words(words)  # the same draw, stepped in C (methods.md §1, "Fused kernels")
+    else:
+        words.random_(-(2**63), None)
     return words.view(torch.int16)[:n].view(like.shape)
 
 
@@ -107,6 +110,10 @@ def quantize(
             u.add_(0.5 / NOISE_LEVELS)
     else:  # per-tensor: u = x * (1/s) - lo/s in one pass (torch.add: addcmul with 0-d tensors is ~5x slower)
         inv, offset, step = tensor_affine(bits, lo, hi, drawn)
+        if (noise is None or not stochastic) and fused.usable(x, out):  # the whole chain in one pass, same bits
+            words = noise_words(x, reuse=True) if drawn else None
+            return fused.tensor(x.detach(), torch.empty_like(x) if out is None else out, words, inv, offset,
+                                float(qmax), step, lo)
         u = torch.add(x.new_full((), offset), x.detach(), alpha=inv, out=out)
     if noise is not None and stochastic:
         u.add_(noise)
