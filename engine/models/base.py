@@ -83,6 +83,22 @@ class ResidualBlock(nn.Module):
         return [] if self.proj is None else [self.proj, self.proj_bn]
 
 
+class SpatialMean(torch.autograd.Function):
+    """``h.mean(dim=(2, 3))`` whose backward hands on ``g / (H W)`` broadcast over H and W, without writing it
+    out: autograd adds it into the block input's gradient in the pass it makes anyway (mean's own backward
+    writes the full (B, C, H, W) tensor first). The same values: each element is the same ``g / (H W)``."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.shape = h.shape
+        return h.mean(dim=(2, 3))
+
+    @staticmethod
+    def backward(ctx, g):
+        b, c, hh, ww = ctx.shape
+        return (g / (hh * ww)).view(b, c, 1, 1).expand(b, c, hh, ww)
+
+
 class QModel(nn.Module):
     """Base class: subclasses build ``stem``/``stem_bn``, ``self.blocks`` (an nn.ModuleList) and ``fc``; the
     forward pass is ``head(blocks(features(x)))`` with the layer map deciding each role's precision."""
@@ -110,7 +126,7 @@ class QModel(nn.Module):
 
     def gate_summary(self, h: torch.Tensor) -> torch.Tensor:
         """What DFQ's gate reads of a block input (methods.md §6.1): the global average pool, (B, C)."""
-        return h.mean(dim=(2, 3))
+        return SpatialMean.apply(h)
 
     def forward(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
         x = self.features(x, prec)

@@ -65,40 +65,76 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vecdot(a.reshape(n, -1), b.reshape(n, -1))
 
 
+class Permute(torch.autograd.Function):
+    """``x.index_select(0, order)`` for a permutation ``order`` of x's rows (``inverse`` its inverse): the
+    backward gathers by the inverse, one pass, where index_select's backward scatters into zeros, two. The same
+    gradient bit for bit (up to the sign of a zero)."""
+
+    @staticmethod
+    def forward(ctx, x, order, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, order)
+
+    @staticmethod
+    def backward(ctx, g):
+        (inverse,) = ctx.saved_tensors
+        return g.index_select(0, inverse), None, None
+
+
+def _inverse(order: torch.Tensor) -> torch.Tensor:
+    """The inverse of a permutation ``order`` (1-D int64)."""
+    return torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=order.device))
+
+
 class RoutedOutput(torch.autograd.Function):
     """A routed block's output and the gate's CE gradient in one step (methods.md §6.3).
 
-    Forward: ``h`` = ``y_skip`` with the computed samples' rows (``computed``, in ``y_run``'s row order)
-    replaced by their chosen outputs ``y_run`` (the mask is one-hot in value). Backward, with ``g = dL/dh`` and
-    per-row inner products ``<.,.>``, the gradient on the mask is what ``h = sum_k m_k G_k`` gives for
-    per-option stand-ins ``G_k``: the skip option reads ``y_skip``; every non-skip option reads the sample's own
-    output (the chosen one, or ``y_skip`` for a sample that skipped: the ``skip`` estimator). Each forward-only
-    alternative ``(y_alt, rows, w)`` (outputs of samples ``rows`` at some other option, and an (n, K) weight)
-    then adds ``w[:, k] <g, y_alt - y_own>`` to option k of those samples: with ``w`` from ``GatedModel``'s
-    estimators this is unbiased for (``sampled``, ``grouped``) or equal to (``exact``) masked's ``<g, y_k>``
-    (tested). Written as one function instead of mask products so each block costs one copy forward and a few
-    row reductions backward instead of a dozen passes over its output."""
+    Forward: ``h`` = ``y_skip`` with the computed samples' rows replaced by their chosen outputs (the mask is
+    one-hot in value). The chosen outputs are rows of a pass's outputs ``y_out``, which belong to the batch's
+    rows ``out_rows``: all of them (``split`` None), or, where the pass ran every sample (the skipped ones at an
+    alternative, ``routed_statistics: batch``), the positions ``take`` of ``split = (take, rest)``: ``h`` is
+    then written from the pass in one copy and the skipped rows (``rest``) from ``y_skip``, and the chosen rows
+    are never copied apart. Backward, with ``g = dL/dh`` and per-row inner products ``<.,.>``, the gradient on the mask is
+    what ``h = sum_k m_k G_k`` gives for per-option stand-ins ``G_k``: the skip option reads ``y_skip``; every
+    non-skip option reads the sample's own output (the chosen one, or ``y_skip`` for a sample that skipped: the
+    ``skip`` estimator). Each forward-only alternative ``(y_alt, rows, w)`` (outputs of samples ``rows`` at some
+    other option, and an (n, K) weight) then adds ``w[:, k] <g, y_alt - y_own>`` to option k of those samples:
+    with ``w`` from ``GatedModel``'s estimators this is unbiased for (``sampled``, ``grouped``) or equal to
+    (``exact``) masked's ``<g, y_k>`` (tested). Written as one function instead of mask products so each block
+    costs one copy forward and a few row reductions backward instead of a dozen passes over its output."""
 
     @staticmethod
-    def forward(ctx, y_run, y_skip, mask, computed, skip_k, alts):
-        h = y_skip.index_copy(0, computed, y_run)
-        ctx.skip_k, ctx.k, ctx.alts = skip_k, mask.shape[1], alts
-        ctx.save_for_backward(y_run, y_skip, computed)
+    def forward(ctx, y_out, y_skip, mask, out_rows, split, skip_k, alts):
+        if split is None:
+            computed = out_rows
+            h = y_skip.index_copy(0, out_rows, y_out)
+        else:  # the pass covers the batch: its rows gathered into the batch's order, then the skipped rows
+            take, rest = split
+            computed, skipped = out_rows.index_select(0, take), out_rows.index_select(0, rest)
+            h = y_out.index_select(0, _inverse(out_rows))
+            h.index_copy_(0, skipped, y_skip.index_select(0, skipped))
+        ctx.skip_k, ctx.k, ctx.alts, ctx.split = skip_k, mask.shape[1], alts, split
+        ctx.save_for_backward(y_out, y_skip, out_rows, computed)
         return h
 
     @staticmethod
     def backward(ctx, g):
-        y_run, y_skip, computed = ctx.saved_tensors
+        y_out, y_skip, out_rows, computed = ctx.saved_tensors
         d_skip = _row_dot(g, y_skip)
-        g_run = g.index_select(0, computed)
-        d_own = d_skip.index_copy(0, computed, _row_dot(g_run, y_run))  # <g, the sample's own output>
+        g_out = g.index_select(0, out_rows)
+        own = _row_dot(g_out, y_out)
+        if ctx.split is not None:  # the chosen rows' dot products; the other rows' outputs get no gradient
+            take, rest = ctx.split
+            own = own.index_select(0, take)
+            g_out.index_fill_(0, rest, 0.0)
+        d_own = d_skip.index_copy(0, computed, own)  # <g, the sample's own output>
         g_mask = d_own.unsqueeze(1).repeat(1, ctx.k)
         g_mask[:, ctx.skip_k] = d_skip
         for y_alt, rows, w in ctx.alts:
             contrast = _row_dot(g.index_select(0, rows), y_alt) - d_own.index_select(0, rows)  # <g, y_a - y_own>
             g_mask.index_add_(0, rows, w * contrast.unsqueeze(1))
         g_skip = g.index_fill(0, computed, 0.0) if ctx.needs_input_grad[1] else None
-        return g_run if ctx.needs_input_grad[0] else None, g_skip, g_mask, None, None, None
+        return g_out if ctx.needs_input_grad[0] else None, g_skip, g_mask, None, None, None, None
 
 
 class GatedModel(nn.Module):
@@ -227,7 +263,10 @@ class GatedModel(nn.Module):
         if not start:
             return None
         rows = order[:start]
-        return block(h.index_select(0, rows), MixedPrecision(tuple(groups), self.weight_bits)), rows
+        prec = MixedPrecision(tuple(groups), self.weight_bits)
+        if start == len(h) and torch.is_grad_enabled() and h.requires_grad:  # every sample: a permutation
+            return block(Permute.apply(h, rows, _inverse(rows)), prec), rows
+        return block(h.index_select(0, rows), prec), rows
 
     def _nonskip(self, i: int) -> torch.Tensor:
         """(K,) bool: the non-skip options block ``i`` allows (a forward group's options: ``same_fw``'s diagonal)."""
@@ -326,14 +365,13 @@ class GatedModel(nn.Module):
             order = torch.argsort(split.to(torch.uint8), stable=True)
             n = len(rows_all) - int(split.sum())
             run, rest = order[:n], order[n:]
-            y_run, computed = y_all.index_select(0, run), rows_all.index_select(0, run)
             pool, ready = ~skipped, (y_all.index_select(0, rest), rows_all.index_select(0, rest))
-        else:
-            drawn = pool = ready = None
-            run = self._run_sorted(block, h, choice, ~skipped)
-            y_run, computed = run if run is not None else (y_skip[:0], choice.new_zeros(0))
-        alts = self._estimates(i, block, h, choice, drawn, pool, ready) if estimate else []
-        return RoutedOutput.apply(y_run, y_skip, mask, computed, skip_k, alts)
+            alts = self._estimates(i, block, h, choice, drawn, pool, ready) if estimate else []
+            return RoutedOutput.apply(y_all, y_skip, mask, rows_all, (run, rest), skip_k, alts)
+        run = self._run_sorted(block, h, choice, ~skipped)
+        y_run, computed = run if run is not None else (y_skip[:0], choice.new_zeros(0))
+        alts = self._estimates(i, block, h, choice) if estimate else []
+        return RoutedOutput.apply(y_run, y_skip, mask, computed, None, skip_k, alts)
 
     # -- forward ----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, GateTrace]:
