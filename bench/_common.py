@@ -26,15 +26,29 @@ def cpu_model() -> str:
 def machine() -> dict:
     import torch
 
+    from engine import fused
+
     return {
         "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "fused_kernels": fused.status(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def fused_off(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with the quantizers' torch passes instead of the fused CPU kernels (engine/fused.py): the same
+    numbers, the speed of the engine without the kernels, for side-by-side figures."""
+    from engine import fused
+
+    def run() -> None:
+        with fused.disabled():
+            step()
+    return run
 
 
 def interleaved(fns: dict[str, Callable[[], None]], rounds: int, steps: int, warmup: int = 2,

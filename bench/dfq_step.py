@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench._common import dfq_train_step, emit, host_syncs, interleaved, machine, plain_train_step  # noqa: E402
+from bench._common import dfq_train_step, emit, fused_off, host_syncs, interleaved, machine, plain_train_step  # noqa: E402
+from engine import fused  # noqa: E402
 from engine.precision import FP32  # noqa: E402
 from engine.schedule_config import OPTION_PRESETS, default_routed_sample_fraction, default_routed_statistics  # noqa: E402
 
@@ -59,6 +60,8 @@ def main() -> None:
              "routed_batch_whole": gated("routed", fraction=1.0, statistics="batch"),
              "routed_computed_whole": gated("routed", fraction=1.0, statistics="computed"),
              "routed_skip": gated("routed", "skip"), "routed_exact": gated("routed", "exact")}
+    if dev.type == "cpu" and fused.status() == "on":  # the default once more with the torch passes instead
+        steps["routed_unfused"] = fused_off(gated("routed"))
     t = interleaved(steps, args.rounds, args.steps, warmup=1, sync=sync)
     syncs = host_syncs(steps, dev)
     out = {"bench": "dfq_step", "model": args.model, "batch": args.batch, "options": len(options),
@@ -72,7 +75,9 @@ def main() -> None:
              "routed_computed_half": "routed, half batch, computed statistics",
              "routed_batch_whole": "routed, whole batch, batch statistics",
              "routed_computed_whole": "routed, whole batch, computed statistics",
-             "routed_skip": "routed, skip estimator", "routed_exact": "routed, exact estimator"}
+             "routed_skip": "routed, skip estimator", "routed_exact": "routed, exact estimator",
+             "routed_unfused": "routed (default) with the torch passes instead of the fused kernels"}
+    names = {k: v for k, v in names.items() if k in t}
     print(f"{args.model} batch {args.batch}, {len(options)} options: FP32 {t['fp32'] * 1e3:.0f} ms; " + "; ".join(
         f"{name} {t[k] * 1e3:.0f} ms ({out[k + '_ratio']:.2f}x)" for k, name in names.items()))
     if syncs is not None:

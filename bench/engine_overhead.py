@@ -5,8 +5,9 @@ of ``--seq-len`` tokens over a ``--vocab``-word vocabulary, Adam, the output lay
 
 ratio = median step time at FW8/BW8 / median step time at FP32 (target <= 1.2 on CPU; the reference
 implementation measures about 1.65 on this machine). Steps alternate in blocks so drift hits both alike.
-Last stdout line: one JSON object with ``ratio`` (on CUDA also ``host_syncs_per_step``: how often a step makes the
-host wait for the GPU).
+Last stdout line: one JSON object with ``ratio``, on CPU ``fw8bw8_unfused_ratio`` (FW8/BW8 with the quantizers'
+torch passes instead of the fused kernels, engine/fused.py) where the kernels are on, on CUDA
+``host_syncs_per_step`` (how often a step makes the host wait for the GPU).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench._common import emit, host_syncs, interleaved, machine  # noqa: E402
+from bench._common import emit, fused_off, host_syncs, interleaved, machine  # noqa: E402
+from engine import fused  # noqa: E402
 from engine.models import LayerMap, build_model, is_language_model  # noqa: E402
 from engine.precision import FP32, Precision  # noqa: E402
 
@@ -59,14 +61,18 @@ def main() -> None:
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     steps = {"fp32": step(FP32), "fw8bw8": step(Precision.fwbw(8, 8))}
+    if dev.type == "cpu" and fused.status() == "on":  # FW8/BW8 once more with the torch passes (engine/fused.py)
+        steps["fw8bw8_unfused"] = fused_off(steps["fw8bw8"])
     t = interleaved(steps, args.rounds, args.steps, sync=sync)
     syncs = host_syncs(steps, dev)
     ratio = t["fw8bw8"] / t["fp32"]
+    unfused = {"fw8bw8_unfused_ratio": t["fw8bw8_unfused"] / t["fp32"]} if "fw8bw8_unfused" in t else {}
     print(f"{args.model} batch {args.batch} on {dev}: FP32 {t['fp32']*1e3:.1f} ms/step, "
-          f"FW8/BW8 {t['fw8bw8']*1e3:.1f} ms/step, ratio {ratio:.3f} (target <= 1.2)")
+          f"FW8/BW8 {t['fw8bw8']*1e3:.1f} ms/step, ratio {ratio:.3f} (target <= 1.2)"
+          + (f"; without the fused kernels {unfused['fw8bw8_unfused_ratio']:.3f}" if unfused else ""))
     extra = {"seq_len": args.seq_len, "vocab": args.vocab} if is_language_model(args.model) else {}
     emit({"bench": "engine_overhead", "model": args.model, "batch": args.batch, "device": str(dev), **extra,
-          "fp32_step_s": t["fp32"], "fw8bw8_step_s": t["fw8bw8"], "ratio": ratio, "target": 1.2,
+          "fp32_step_s": t["fp32"], "fw8bw8_step_s": t["fw8bw8"], "ratio": ratio, "target": 1.2, **unfused,
           "host_syncs_per_step": syncs, **machine()})
 
 
