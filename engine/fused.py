@@ -141,6 +141,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.fq_mt_words.argtypes = [ptr, ptr, i64]
     lib.fq_row_range.argtypes = [ptr, i64, i64, ptr, ptr]
     lib.fq_row_range.restype = None
+    lib.fq_minmax.argtypes = [ptr, i64, ptr]
+    lib.fq_minmax.restype = None
     lib.fq_mt_words.restype = ctypes.c_int
     problem = _self_check(lib)
     if problem:
@@ -187,6 +189,12 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
     if not (torch.equal(lo_r.nan_to_num(7.0), x.amin(1).nan_to_num(7.0))
             and torch.equal(hi_r.nan_to_num(7.0), x.amax(1).nan_to_num(7.0))):
         return "fq_row_range differs from torch"
+    for t in (x[1:], x, x[1:, :0]):
+        pair = (ctypes.c_float * 2)()
+        lib.fq_minmax(t.data_ptr(), t.numel(), pair)
+        want = torch.aminmax(t) if t.numel() else (torch.tensor(float("inf")), torch.tensor(float("-inf")))
+        if not all(a == float(b) or (a != a and b != b) for a, b in zip(pair, want)):
+            return "fq_minmax differs from torch"
     saved = torch.get_rng_state()
     try:
         for seed, before, n in ((1, 0, 3), (2, 5, 700), (3, 1, 1249)):  # from a fresh seed, mid-block, across blocks
@@ -247,6 +255,13 @@ def random_words(words: torch.Tensor) -> torch.Tensor:
         return words.random_(-(2**63), None)  # a state this code does not know: torch's own draw
     torch.set_rng_state(state)
     return words
+
+
+def minmax(x: torch.Tensor) -> tuple[float, float]:
+    """``torch.aminmax(x)`` of a contiguous float32 CPU tensor as Python floats, in one pass and one call."""
+    pair = (ctypes.c_float * 2)()
+    _state["lib"].fq_minmax(x.data_ptr(), x.numel(), pair)
+    return pair[0], pair[1]
 
 
 def row_range(rows: torch.Tensor) -> tuple[list[float], list[float]]:

@@ -26,13 +26,13 @@ static inline float level(float u, float qmax) {
 void fq_tensor(const float *x, float *out, const int16_t *noise, int64_t n,
                float inv, float off, float qmax, float step, float lo) {
     if (noise) {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for simd schedule(static) if (n > PARALLEL_MIN)
         for (int64_t i = 0; i < n; i++) {
             float u = fmaf(x[i], inv, off) + (float)noise[i] * NOISE_SCALE;
             out[i] = fmaf(level(u, qmax), step, lo);
         }
     } else {
-#pragma omp parallel for schedule(static) if (n > PARALLEL_MIN)
+#pragma omp parallel for simd schedule(static) if (n > PARALLEL_MIN)
         for (int64_t i = 0; i < n; i++)
             out[i] = fmaf(level(fmaf(x[i], inv, off), qmax), step, lo);
     }
@@ -53,6 +53,7 @@ void fq_rows(const float *x, float *out, const int16_t *noise, int64_t rows, int
             for (int64_t i = 0; i < k; i++) o[i] = xr[i];
         } else if (noise) {
             const int16_t *v = noise + r * k;
+#pragma omp simd
             for (int64_t i = 0; i < k; i++) {
                 float u = xr[i] * inv;
                 u = u + off;
@@ -61,6 +62,7 @@ void fq_rows(const float *x, float *out, const int16_t *noise, int64_t rows, int
                 o[i] = u + lo;
             }
         } else {
+#pragma omp simd
             for (int64_t i = 0; i < k; i++) {
                 float u = xr[i] * inv;
                 u = u + off;
@@ -145,6 +147,7 @@ void fq_row_range(const float *x, int64_t rows, int64_t k, float *lo, float *hi)
         const float *xr = x + r * k;
         float mn = INFINITY, mx = -INFINITY;
         int nan = 0;
+#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(| : nan)
         for (int64_t i = 0; i < k; i++) {
             float v = xr[i];
             mn = v < mn ? v : mn;
@@ -154,4 +157,21 @@ void fq_row_range(const float *x, int64_t rows, int64_t k, float *lo, float *hi)
         lo[r] = nan ? NAN : mn;
         hi[r] = nan ? NAN : mx;
     }
+}
+
+/* quant.tensor_range on the host: torch.aminmax of n values into out[0], out[1] (NaN for both where one is NaN,
+ * as aminmax gives). */
+void fq_minmax(const float *x, int64_t n, float *out) {
+    float mn = INFINITY, mx = -INFINITY;
+    int nan = 0;
+#pragma omp parallel for simd schedule(static) reduction(min : mn) reduction(max : mx) reduction(| : nan) \
+    if (n > PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        mn = v < mn ? v : mn;
+        mx = v > mx ? v : mx;
+        nan |= v != v;
+    }
+    out[0] = nan ? NAN : mn;
+    out[1] = nan ? NAN : mx;
 }

@@ -39,6 +39,8 @@ def ranges_on_device(x: torch.Tensor) -> bool:
 
 def tensor_range(x: torch.Tensor) -> tuple[float, float] | tuple[torch.Tensor, torch.Tensor]:
     """Global (lo, hi) of a tensor (one pass): Python floats, or 0-d tensors where ``ranges_on_device``."""
+    if not ranges_on_device(x) and x.numel() and fused.usable(x):
+        return fused.minmax(x.detach())
     lo, hi = torch.aminmax(x.detach())
     if ranges_on_device(x):
         return lo, hi

@@ -100,7 +100,8 @@ class RoutedOutput(torch.autograd.Function):
     ``skip`` estimator). Each forward-only alternative ``(y_alt, rows, w)`` (outputs of samples ``rows`` at some
     other option, and an (n, K) weight) then adds ``w[:, k] <g, y_alt - y_own>`` to option k of those samples:
     with ``w`` from ``GatedModel``'s estimators this is unbiased for (``sampled``, ``grouped``) or equal to
-    (``exact``) masked's ``<g, y_k>`` (tested). Written as one function instead of mask products so each block
+    (``exact``) masked's ``<g, y_k>`` (tested); ``y_alt`` None stands for the pass's own rows ``rest``, whose
+    products the backward has already taken. Written as one function instead of mask products so each block
     costs one copy forward and a few row reductions backward instead of a dozen passes over its output."""
 
     @staticmethod
@@ -123,17 +124,24 @@ class RoutedOutput(torch.autograd.Function):
         d_skip = _row_dot(g, y_skip)
         g_out = g.index_select(0, out_rows)
         own = _row_dot(g_out, y_out)
+        ready = None
         if ctx.split is not None:  # the chosen rows' dot products; the other rows' outputs get no gradient
             take, rest = ctx.split
-            own = own.index_select(0, take)
+            own, ready = own.index_select(0, take), own.index_select(0, rest)  # ready: <g, y_a> of the rest
             g_out.index_fill_(0, rest, 0.0)
         d_own = d_skip.index_copy(0, computed, own)  # <g, the sample's own output>
         g_mask = d_own.unsqueeze(1).repeat(1, ctx.k)
         g_mask[:, ctx.skip_k] = d_skip
-        for y_alt, rows, w in ctx.alts:
-            contrast = _row_dot(g.index_select(0, rows), y_alt) - d_own.index_select(0, rows)  # <g, y_a - y_own>
+        for y_alt, rows, w in ctx.alts:  # y_alt None: the pass's rows ``rest``, whose <g, y_a> is ``ready``
+            dot = ready if y_alt is None else _row_dot(g.index_select(0, rows), y_alt)
+            contrast = dot - d_own.index_select(0, rows)  # <g, y_a - y_own>
             g_mask.index_add_(0, rows, w * contrast.unsqueeze(1))
-        g_skip = g.index_fill(0, computed, 0.0) if ctx.needs_input_grad[1] else None
+        g_skip = None
+        if ctx.needs_input_grad[1] and ctx.split is None:
+            g_skip = g.index_fill(0, computed, 0.0)
+        elif ctx.needs_input_grad[1]:  # g on the skipped rows (known here), 0 elsewhere: written once
+            skipped = out_rows.index_select(0, ctx.split[1])
+            g_skip = torch.zeros_like(g).index_copy_(0, skipped, g.index_select(0, skipped))
         return g_out if ctx.needs_input_grad[0] else None, g_skip, g_mask, None, None, None, None
 
 
@@ -305,8 +313,8 @@ class GatedModel(nn.Module):
         """The forward-only alternatives of ``routed_estimator`` for ``RoutedOutput``: (outputs, rows, (n, K)
         weight on ``<g, y_alt - y_own>`` per option), methods.md §6.3. ``drawn``: the alternatives, if already
         drawn; ``pool``: (B,) bool, the samples that still need theirs run (default: every sample); ``ready``:
-        (outputs, rows) of the drawn alternatives already run for the other samples (``exact`` runs its own for
-        all)."""
+        (outputs, rows) of the drawn alternatives already run for the other samples, outputs None where they are
+        the rows ``rest`` of ``RoutedOutput``'s pass (``exact`` runs its own for all)."""
         alts = []
         with torch.no_grad(), frozen_state(block):
             if self.routed_estimator == "exact":  # every other forward group, for every sample: masked's gradient
@@ -319,7 +327,8 @@ class GatedModel(nn.Module):
             alt, candidates = self._alternatives(i, choice) if drawn is None else drawn
             if ready is not None and len(ready[1]):
                 y, rows = ready
-                alts.append((y.detach(), rows, self._alt_weight(i, choice, alt, candidates, rows, h.dtype)))
+                alts.append((None if y is None else y.detach(), rows,
+                             self._alt_weight(i, choice, alt, candidates, rows, h.dtype)))
             keep = candidates > 0  # a sample whose choice is the block's only option has no contrast
             keep = keep if pool is None else keep & pool
             scale = 1.0
@@ -365,7 +374,7 @@ class GatedModel(nn.Module):
             order = torch.argsort(split.to(torch.uint8), stable=True)
             n = len(rows_all) - int(split.sum())
             run, rest = order[:n], order[n:]
-            pool, ready = ~skipped, (y_all.index_select(0, rest), rows_all.index_select(0, rest))
+            pool, ready = ~skipped, (None, rows_all.index_select(0, rest))  # None: the pass's rows ``rest``
             alts = self._estimates(i, block, h, choice, drawn, pool, ready) if estimate else []
             return RoutedOutput.apply(y_all, y_skip, mask, rows_all, (run, rest), skip_k, alts)
         run = self._run_sorted(block, h, choice, ~skipped)
