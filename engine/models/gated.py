@@ -94,10 +94,10 @@ class RoutedOutput(torch.autograd.Function):
     rows ``out_rows``: all of them (``split`` None), or, where the pass ran every sample (the skipped ones at an
     alternative, ``routed_statistics: batch``), the positions ``take`` of ``split = (take, rest)``: ``h`` is
     then written from the pass in one copy and the skipped rows (``rest``) from ``y_skip``, and the chosen rows
-    are never copied apart. Backward, with ``g = dL/dh`` and per-row inner products ``<.,.>``, the gradient on the mask is
-    what ``h = sum_k m_k G_k`` gives for per-option stand-ins ``G_k``: the skip option reads ``y_skip``; every
-    non-skip option reads the sample's own output (the chosen one, or ``y_skip`` for a sample that skipped: the
-    ``skip`` estimator). Each forward-only alternative ``(y_alt, rows, w)`` (outputs of samples ``rows`` at some
+    are never copied apart. Backward, with ``g = dL/dh`` and per-row inner products ``<.,.>``, the gradient on
+    the mask is what ``h = sum_k m_k G_k`` gives for per-option stand-ins ``G_k``: the skip option reads
+    ``y_skip``; every non-skip option reads the sample's own output (the chosen one, or ``y_skip`` for a sample
+    that skipped: the ``skip`` estimator). Each forward-only alternative ``(y_alt, rows, w)`` (outputs of samples ``rows`` at some
     other option, and an (n, K) weight) then adds ``w[:, k] <g, y_alt - y_own>`` to option k of those samples:
     with ``w`` from ``GatedModel``'s estimators this is unbiased for (``sampled``, ``grouped``) or equal to
     (``exact``) masked's ``<g, y_k>`` (tested); ``y_alt`` None stands for the pass's own rows ``rest``, whose
