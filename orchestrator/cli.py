@@ -348,14 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no INFO chatter (table creation) on stderr
-    empty = empty_arguments(command, args)
+    problems = empty_arguments(command, args)
     if "FRACTUNE_FUSED" in os.environ:  # the engine's kernel switch (engine/fused.py), checked before any work
         from engine.fused import environment_problem
 
         problem = environment_problem()
-        empty = empty + ([problem] if problem else [])
-    if empty:
-        for line in empty:
+        problems = problems + ([problem] if problem else [])
+    if problems:
+        for line in problems:
             print(f"fractune {args.command}: error: {safe_line(line)}", file=sys.stderr)
         return 2
     module_name, func_name = args.func.split(":")
