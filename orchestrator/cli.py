@@ -288,6 +288,12 @@ BAD_PATH_ERRNOS = ("ENAMETOOLONG", "ELOOP", "ENOTDIR", "EISDIR", "ENOENT", "EACC
                    "EEXIST", "ENXIO")  # what a bad path gives; ENOSPC, EIO, ... are the machine's trouble, not input
 
 
+class SystemTrouble(FractuneError):
+    """The machine's trouble rather than bad input (a full disk, an I/O error): one line, exit 1."""
+
+    exit_code = 1
+
+
 def path_problem(command: argparse.ArgumentParser, args: argparse.Namespace, err: OSError) -> FractuneError:
     """The argument behind a path the system refused (the one whose value, as given or made absolute, the
     refused path is or lies under): bad input naming that field, exit 2, where the error is one a bad path
@@ -300,9 +306,7 @@ def path_problem(command: argparse.ArgumentParser, args: argparse.Namespace, err
 
     reason = err.strerror or str(err) or type(err).__name__
     if err.filename is None:
-        failed = FractuneError(reason)
-        failed.exit_code = 1
-        return failed
+        return SystemTrouble(reason)
     name = err.filename if isinstance(err.filename, str) else os.fsdecode(err.filename)
     flags = {a.dest: _arg_name(a) for a in command._actions}
     best = None
@@ -319,9 +323,7 @@ def path_problem(command: argparse.ArgumentParser, args: argparse.Namespace, err
     if best is not None and err.errno in {getattr(errno, e) for e in BAD_PATH_ERRNOS}:
         return ConfigError.single(flags[best[0]], redact(best[2]), f"{reason}; allowed: a path this system accepts")
     where = f"{flags[best[0]]} {_short(redact(best[2]))}: " if best is not None else ""
-    failed = FractuneError(f"{where}path {_short(name)}: {reason}")
-    failed.exit_code = 1
-    return failed
+    return SystemTrouble(f"{where}path {_short(name)}: {reason}")
 
 
 def empty_arguments(command: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:

@@ -107,14 +107,14 @@ class RoutedOutput(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y_out, y_skip, mask, out_rows, split, skip_k, alts):
         if split is None:
-            computed = out_rows
+            computed, skipped = out_rows, None
             h = y_skip.index_copy(0, out_rows, y_out)
         else:  # the pass covers the batch: its rows gathered into the batch's order, then the skipped rows
             take, rest = split
             computed, skipped = out_rows.index_select(0, take), out_rows.index_select(0, rest)
             h = y_out.index_select(0, _inverse(out_rows))
             h.index_copy_(0, skipped, y_skip.index_select(0, skipped))
-        ctx.skip_k, ctx.k, ctx.alts, ctx.split = skip_k, mask.shape[1], alts, split
+        ctx.skip_k, ctx.k, ctx.alts, ctx.split, ctx.skipped = skip_k, mask.shape[1], alts, split, skipped
         ctx.save_for_backward(y_out, y_skip, out_rows, computed)
         return h
 
@@ -140,8 +140,7 @@ class RoutedOutput(torch.autograd.Function):
         if ctx.needs_input_grad[1] and ctx.split is None:
             g_skip = g.index_fill(0, computed, 0.0)
         elif ctx.needs_input_grad[1]:  # g on the skipped rows (known here), 0 elsewhere: written once
-            skipped = out_rows.index_select(0, ctx.split[1])
-            g_skip = torch.zeros_like(g).index_copy_(0, skipped, g.index_select(0, skipped))
+            g_skip = torch.zeros_like(g).index_copy_(0, ctx.skipped, g.index_select(0, ctx.skipped))
         return g_out if ctx.needs_input_grad[0] else None, g_skip, g_mask, None, None, None, None
 
 
