@@ -21,15 +21,23 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from engine import fused, quant, scratch
+from engine import fused, gpu_kernels, quant, scratch
 from engine.precision import FULL_BITS
 
 
-def _q_input(x: torch.Tensor, bits: int, act_range: tuple[float, float] | None) -> torch.Tensor:
+class Observed(tuple):
+    """An activation range still to be taken: ``(run_lo, run_range, momentum)`` of a layer in training whose
+    input quantizer is the GPU kernels' (``gpu_kernels.quantize_observed``: the batch range, the running range
+    updated and the quantized input in one op instead of a range pass, an EMA of six small ops and a quantizer)."""
+
+
+def _q_input(x: torch.Tensor, bits: int, act_range) -> torch.Tensor:
     if bits >= FULL_BITS:
         return x
     if act_range is None:
         return quant.quantize_tensor(x, bits)
+    if isinstance(act_range, Observed):
+        return gpu_kernels.quantize_observed(x, bits, *act_range)
     return quant.quantize(x, bits, act_range[0], act_range[1])
 
 
@@ -237,6 +245,14 @@ def _q_rows_device(x: torch.Tensor, groups, sizes: list[int], gid: torch.Tensor,
     device, with ``quant.quantize``'s arithmetic for a range kept there (``u = (x - lo) / step``), so a
     mixed-precision layer makes the host wait for nothing (methods.md §1, "Devices")."""
     n = x.shape[0]
+    if gpu_kernels.usable(x) and n <= gpu_kernels.MAX_ROWS:  # one kernel (two with the groups' own ranges)
+        key = (groups, tuple(bits), x.dtype, x.device, "levels")
+        levels = _LAYOUTS.get(key)
+        if levels is None:  # per row: its group's level count, 0 where the group is at 32 bits (copied)
+            per_group = [float(quant.levels(b)) if b < FULL_BITS else 0.0 for b in bits]
+            levels = _LAYOUTS[key] = _host_table([per_group[g] for g, size in enumerate(sizes) for _ in range(size)],
+                                                 x.dtype, x.device)
+        return gpu_kernels.quantize_rows(x, gid, levels, lo, hi, stochastic)  # in place of ``out``
     rows, flat = x.reshape(n, -1), out.view(n, -1)
     key = (groups, tuple(bits), x.dtype, x.device)  # the pass's layers share it, as they share the layout
     qmax_r = _LAYOUTS.get(key)

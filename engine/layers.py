@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import autograd, quant
+from engine import autograd, gpu_kernels, quant
 from engine.errors import ConfigError
 from engine.precision import FP32, FULL_BITS, MixedPrecision, Precision
 
@@ -78,15 +78,18 @@ class _Quantized:
         self.register_buffer("run_lo", torch.zeros(()))
         self.register_buffer("run_range", torch.zeros(()))
 
-    def _act_range(self, x: torch.Tensor, bits: int, suffix: str = "") -> tuple | None:
+    def _act_range(self, x: torch.Tensor, bits: int, suffix: str = "", observed: bool = True) -> tuple | None:
         """(lo, hi) for the input quantizer: the batch range in train mode (updating the running range),
         the running range in eval mode; Python floats, or 0-d tensors on an accelerator (``quant.tensor_range``).
-        ``suffix`` names another pair of buffers (QMatmul's second operand)."""
+        ``suffix`` names another pair of buffers (QMatmul's second operand). In train mode with the GPU kernels
+        (``observed``): an ``autograd.Observed`` that the quantizer takes the range and updates the EMA with."""
         if bits >= FULL_BITS:
             return None
         if self.training and _frozen_ranges.on:  # a forward-only probe: the batch range, the EMA untouched
             return quant.tensor_range(x)
         run_lo, run_range = getattr(self, "run_lo" + suffix), getattr(self, "run_range" + suffix)
+        if self.training and observed and gpu_kernels.usable(x):
+            return autograd.Observed((run_lo, run_range, self.act_momentum))
         if self.training:
             lo, hi = quant.tensor_range(x)
             with torch.no_grad():
@@ -102,7 +105,7 @@ class _Quantized:
     def _mixed_range(self, x: torch.Tensor, prec: MixedPrecision, suffix: str = "") -> tuple[float, float] | None:
         """One activation range for every group of a mixed-precision batch (as every option of masked
         execution sees the whole batch's range); the running range is updated once."""
-        return self._act_range(x, min(p.act for _, _, p in prec.groups), suffix)
+        return self._act_range(x, min(p.act for _, _, p in prec.groups), suffix, observed=False)
 
     def _check(self, prec: Precision | MixedPrecision) -> None:
         if prec.skip:

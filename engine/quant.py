@@ -16,13 +16,15 @@ one C pass with the same float operations (and the noise the same draw of torch'
 not depend on whether they are (methods.md §1, "Fused kernels"). On an accelerator the per-tensor ranges stay 0-d
 tensors on the device (``ranges_on_device``): a Python float would make the host wait for the device at every
 quantized tensor, and a GPU step of a small network is bound by how fast the host issues its kernels (methods.md §1, "Devices").
+On a CUDA device each quantizer is ``engine/gpu_kernels.py``'s Triton kernel, the device form's arithmetic in one
+kernel (two where the range is the tensor's own; methods.md §1, "GPU kernels").
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine import fused, scratch
+from engine import fused, gpu_kernels, scratch
 
 STEP_FLOOR = 1e-8
 NOISE_LEVELS = 1 << 16
@@ -36,7 +38,7 @@ def levels(bits: int) -> int:
 def ranges_on_device(x: torch.Tensor) -> bool:
     """Whether ``x``'s per-tensor ranges stay 0-d tensors on its device (an accelerator) instead of Python
     floats (the CPU): reading a float from a GPU waits for every kernel queued before it."""
-    return x.device.type != "cpu"
+    return x.device.type != "cpu" or gpu_kernels.usable(x)
 
 
 def tensor_range(x: torch.Tensor) -> tuple[float, float] | tuple[torch.Tensor, torch.Tensor]:
@@ -107,6 +109,8 @@ def quantize(
     """
     qmax = levels(bits)
     drawn = stochastic and noise is None
+    if noise is None and isinstance(lo, torch.Tensor) and lo.numel() == 1 and gpu_kernels.usable(x):
+        return gpu_kernels.quantize(x, bits, lo, hi, stochastic)  # the whole chain in one kernel, same bits
     if isinstance(lo, torch.Tensor):  # per-channel ranges (weights: small tensors), or a range on the device
         step = ((hi - lo) / qmax).clamp_min(STEP_FLOOR)
         u = torch.sub(x.detach(), lo, out=out).div_(step)
@@ -131,6 +135,8 @@ def quantize(
 
 def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
     """Weights: per output channel, nearest rounding, range taken fresh at every call (1.2)."""
+    if gpu_kernels.usable(w):
+        return gpu_kernels.quantize_weight(w, bits)
     lo, hi = channel_range(w)
     return quantize(w, bits, lo, hi)
 
@@ -138,5 +144,7 @@ def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
 def quantize_tensor(x: torch.Tensor, bits: int, stochastic: bool = False, out: torch.Tensor | None = None
                     ) -> torch.Tensor:
     """Per-tensor min/max quantization (activations in train mode, gradients in backward)."""
+    if gpu_kernels.usable(x):
+        return gpu_kernels.quantize_tensor(x, bits, stochastic)
     lo, hi = tensor_range(x)
     return quantize(x, bits, lo, hi, stochastic=stochastic, out=out)

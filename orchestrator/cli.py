@@ -347,22 +347,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     command = parser._subparsers._group_actions[0].choices[args.command]  # the subcommand's own parser
+    import importlib
     import os
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no INFO chatter (table creation) on stderr
     problems = empty_arguments(command, args)
-    if "FRACTUNE_FUSED" in os.environ:  # the engine's kernel switch (engine/fused.py), checked before any work
-        from engine.fused import environment_problem
-
-        problem = environment_problem()
-        problems = problems + ([problem] if problem else [])
+    # the engine's kernel switches (engine/fused.py, engine/gpu_kernels.py), checked before any work
+    for switch, module in (("FRACTUNE_FUSED", "engine.fused"), ("FRACTUNE_GPU_KERNELS", "engine.gpu_kernels")):
+        if switch in os.environ:
+            problem = importlib.import_module(module).environment_problem()
+            problems = problems + ([problem] if problem else [])
     if problems:
         for line in problems:
             print(f"fractune {args.command}: error: {safe_line(line)}", file=sys.stderr)
         return 2
     module_name, func_name = args.func.split(":")
-    import importlib
-
     try:
         func = getattr(importlib.import_module(module_name), func_name)
         return int(func(args) or 0)
