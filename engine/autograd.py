@@ -46,7 +46,8 @@ class _FixedWeights(threading.local):
     (``table``: (id, bits) -> (weight, copy); None when off). Per thread, so a forward in another thread
     never sees, or ends, this one's table."""
 
-    table: dict | None = None
+    def __init__(self):
+        self.table: dict | None = None  # set in each thread: a compiled step's guard never sees it appear
 
 
 _fixed = _FixedWeights()

@@ -44,6 +44,14 @@ class DebugConfig(Strict):
     sleep_per_iteration: float = Field(0.0, ge=0.0, le=10.0)  # slow a run down (to kill it mid-epoch)
 
 
+class EngineConfig(Strict):
+    """How the training step runs (docs/methods.md §1, "Captured steps"): ``compile`` off (eager), ``default``
+    (``torch.compile``: two graphs for any number of precisions, quantizers as the GPU kernels' custom ops) or
+    ``reduce-overhead`` (the same, replayed as CUDA graphs on a GPU)."""
+
+    compile: Literal["off", "default", "reduce-overhead"] = "off"
+
+
 class ModelConfig(Strict):
     name: str = "resnet20"
 
@@ -262,6 +270,18 @@ class ExperimentConfig(Strict):
     cost: CostConfig = CostConfig()
     debug: DebugConfig = DebugConfig()
     init: InitConfig | None = None  # start from a pretrained model's weights
+    engine: EngineConfig = EngineConfig()
+
+    @field_validator("engine")
+    @classmethod
+    def _compiled_kinds(cls, v: EngineConfig, info) -> EngineConfig:
+        schedule = info.data.get("schedule")
+        if v.compile != "off" and schedule is not None and schedule.kind in GATED_KINDS:
+            raise PydanticCustomError(
+                "engine_compile", "compile {c} with schedule kind {k}; allowed: off for dfq and fractrain (their "
+                "routed groups change shape every step), any value for fp32, static, pfq and cpt",
+                {"c": v.compile, "k": schedule.kind})
+        return v
 
     @property
     def gated(self) -> bool:

@@ -240,7 +240,10 @@ def disabled():
 
 
 def usable(*tensors: torch.Tensor | None) -> bool:
-    """Whether the kernels can run on these tensors: CPU, float32, contiguous, and the library loaded."""
+    """Whether the kernels can run on these tensors: CPU, float32, contiguous, and the library loaded; never
+    inside a step being compiled (a ctypes call is opaque to ``torch.compile``: the torch passes are traced)."""
+    if torch.compiler.is_compiling():
+        return False
     for t in tensors:
         if t is not None and (t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous()):
             return False

@@ -36,7 +36,8 @@ class _FrozenRanges:
     """While on, train-mode layers quantize with the batch range but leave their running range alone (a
     forward-only probe must not change the model's state: DFQ's sampled alternatives, methods.md §6.3)."""
 
-    on = False
+    def __init__(self):
+        self.on = False  # on the instance from the start: a compiled step's guard then never sees it appear
 
 
 _frozen_ranges = _FrozenRanges()

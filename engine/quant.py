@@ -37,8 +37,9 @@ def levels(bits: int) -> int:
 
 def ranges_on_device(x: torch.Tensor) -> bool:
     """Whether ``x``'s per-tensor ranges stay 0-d tensors on its device (an accelerator) instead of Python
-    floats (the CPU): reading a float from a GPU waits for every kernel queued before it."""
-    return x.device.type != "cpu" or gpu_kernels.usable(x)
+    floats (the CPU): reading a float from a GPU waits for every kernel queued before it, and a step being
+    compiled (``torch.compile``, methods.md §1 "Captured steps") keeps every value in its graph."""
+    return x.device.type != "cpu" or gpu_kernels.usable(x) or torch.compiler.is_compiling()
 
 
 def tensor_range(x: torch.Tensor) -> tuple[float, float] | tuple[torch.Tensor, torch.Tensor]:
@@ -68,6 +69,8 @@ def noise_words(like: torch.Tensor, reuse: bool = False) -> torch.Tensor:
     The full 64-bit range (``to=None``) is a plain mt19937 draw; an explicit ``to`` costs a 64-bit modulo.
     """
     n = like.numel()
+    if torch.compiler.is_compiling():  # in a graph: an out-of-place draw (the compiler has its own generator)
+        return torch.randint(-(2**15), 2**15, like.shape, dtype=torch.int16, device=like.device)
     words = scratch.buffer("noise", ((n + 3) // 4,), torch.int64, like.device) if reuse else None
     if words is None:
         words = torch.empty((n + 3) // 4, dtype=torch.int64, device=like.device)

@@ -31,25 +31,51 @@ def sgd_step(opt: torch.optim.Optimizer, loss: torch.Tensor, ce: torch.Tensor) -
     return value
 
 
-def make_step(model, opt: torch.optim.Optimizer):
-    """One SGD iteration at ``prec``: returns (CE loss value, number correct). Raises on a NaN/inf loss."""
+def make_step(model, opt: torch.optim.Optimizer, graphs: bool = False):
+    """One SGD iteration at ``prec``: returns (CE loss value, number correct). Raises on a NaN/inf loss.
+    ``graphs``: ``model`` replays CUDA graphs (``engine.compile: reduce-overhead``); each step starts a new
+    iteration of them, so a replay may reuse the memory of the last step's outputs."""
 
     def step(x: torch.Tensor, y: torch.Tensor, prec: Precision) -> tuple[float, int]:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         logits = model(x, prec)
         loss = F.cross_entropy(logits, y)
-        try:
-            value = sgd_step(opt, loss, loss)
-        except TrainingDiverged as err:
-            raise TrainingDiverged(f"{err} at precision {prec}") from None
-        return value, int((logits.argmax(1) == y).sum())
+        # the loss and the count in one read: each read makes the host wait for the device
+        value, correct = torch.stack([loss.detach(), (logits.argmax(1) == y).sum().to(loss.dtype)]).tolist()
+        if not math.isfinite(value):
+            raise TrainingDiverged(f"training loss is {value} at precision {prec}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return value, int(correct)
 
     return step
 
 
+RECOMPILE_LIMIT = 64  # a guard on a bypassed (32-bit) component, a batch shape: each may add a graph
+
+
+def compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """``model`` for the training step under ``engine.compile`` (methods.md §1, "Captured steps"): itself when
+    off, else ``torch.compile``d (``reduce-overhead``: replayed as CUDA graphs on a GPU). The first precision
+    compiles a graph specialised on its bit-widths; the first change of a bit-width compiles one more, in which
+    the bit-widths are symbolic integers (torch.compile's automatic dynamic), and every later precision reuses
+    it: a CPT cycle or PFQ's stages compile two graphs, not one per bit-width."""
+    if mode == "off":
+        return model
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # older torch
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    return torch.compile(model, mode=None if mode == "default" else mode)
+
+
 class StaticRunner:
-    def __init__(self, schedule, model, counter: BitOpsCounter, opt: torch.optim.Optimizer):
+    def __init__(self, schedule, model, counter: BitOpsCounter, opt: torch.optim.Optimizer, compile: str = "off"):
         self.schedule, self.model, self.counter = schedule, model, counter
-        self._step = make_step(model, opt)
+        self._step = make_step(compiled(model, compile), opt, graphs=compile == "reduce-overhead")
         self.last_bitops, self.last_fw, self.last_bw = 0, 0.0, 0.0
         self.last_costs: dict[str, float] = {}
         self._last_iteration = 0

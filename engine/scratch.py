@@ -17,8 +17,9 @@ _local = threading.local()  # autograd may run backward on other threads: one po
 
 def buffer(tag: str, shape: torch.Size | tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
     """A contiguous buffer of ``shape`` for ``tag``, or None off CPU (the caching allocator of an
-    accelerator already makes fresh tensors cheap, and reuse across streams would not be safe)."""
-    if device.type != "cpu":
+    accelerator already makes fresh tensors cheap, and reuse across streams would not be safe) and in a step
+    being compiled."""
+    if device.type != "cpu" or torch.compiler.is_compiling():  # a compiled step plans its own buffers
         return None
     pool = _local.__dict__.setdefault("pool", {})
     flat = pool.get((tag, dtype))

@@ -197,7 +197,7 @@ class Trainer:
         else:
             resolved = {} if prt_info is None else {"fw_min": int(prt_info["fw_min"])}
             self.runner = StaticRunner(build_schedule(cfg.schedule, self.run, **resolved), self.model, self.counter,
-                                       self.opt)
+                                       self.opt, cfg.engine.compile)
         self.history: list[dict] = []
         self.epoch = self.iteration = 0
         self.bar = None

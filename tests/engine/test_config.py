@@ -83,3 +83,16 @@ def test_bad_override_syntax(tmp_path):
 def test_name_pattern_blocks_path_tricks():
     (line,) = _problems({"name": "../../etc"})
     assert line.startswith("name: got '../../etc'")
+
+
+def test_engine_compile_takes_its_modes_and_refuses_gated_kinds():
+    assert parse_config({}).engine.compile == "off"
+    for mode in ("off", "default", "reduce-overhead"):
+        for kind in ("fp32", "static", "pfq", "cpt"):
+            assert parse_config({"engine": {"compile": mode}, "schedule": {"kind": kind}}).engine.compile == mode
+    with pytest.raises(ConfigError, match=r"engine.compile: got 'fast'; allowed: 'off', 'default' or 'reduce-overhead'"):
+        parse_config({"engine": {"compile": "fast"}})
+    for kind in ("dfq", "fractrain"):
+        with pytest.raises(ConfigError, match=rf"compile default with schedule kind {kind}; allowed: off for dfq"):
+            parse_config({"engine": {"compile": "default"}, "schedule": {"kind": kind}})
+        assert parse_config({"engine": {"compile": "off"}, "schedule": {"kind": kind}}).engine.compile == "off"

@@ -2,10 +2,11 @@
 interpreter: nearest rounding gives the torch passes' bits (per tensor, per channel, per row group), stochastic
 rounding is unbiased with the right variance and reproduces itself from torch's seed, the running range is
 updated as the torch ops update it, the custom ops pass torch's own op checks (fake implementations included),
-and a model trains through them."""
+and a model trains through them eagerly and compiled."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -17,7 +18,7 @@ import torch  # noqa: E402
 from engine import autograd, gpu_kernels, quant  # noqa: E402
 from engine.layers import QConv2d, QLinear  # noqa: E402
 from engine.precision import FP32, MixedPrecision, Precision  # noqa: E402
-from engine.runners import make_step  # noqa: E402
+from engine.runners import compiled, make_step  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gpu_kernels.interpreting() or gpu_kernels._triton_version() is None,
@@ -177,10 +178,10 @@ class _Tiny(torch.nn.Module):
         return self.fc(torch.relu(self.conv(x, prec)).flatten(1), prec)
 
 
-def _train(model, prec_at, steps: int) -> list[float]:
+def _train(model, prec_at, steps: int, compile: str = "off") -> list[float]:
     torch.manual_seed(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    step = make_step(model, opt)
+    step = make_step(compiled(model, compile), opt)
     gen = torch.Generator().manual_seed(1)
     losses = []
     for i in range(steps):
@@ -206,6 +207,44 @@ def test_a_model_trains_through_the_kernels_as_through_the_torch_passes():
     with gpu_kernels.on_cpu():  # stochastic gradients too: the step runs and learns
         sr = _train(_Tiny(), lambda i: Precision.fwbw(8, 8), 12)
     assert all(math.isfinite(v) for v in sr)
+
+
+def test_a_compiled_step_runs_the_kernels_as_custom_ops_without_graph_breaks():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(3)
+    eager, comp = _Tiny(), _Tiny()
+    comp.load_state_dict(eager.state_dict())
+    prec = Precision(act=8, weight=8, grad=32)
+    with gpu_kernels.on_cpu():
+        want = _train(eager, lambda i: prec, 4)
+        got = _train(comp, lambda i: prec, 4, compile="default")
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert got == pytest.approx(want, rel=1e-4)
+    assert float(comp.conv.run_lo) == pytest.approx(float(eager.conv.run_lo), rel=1e-4)  # the op's mutation kept
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_a_compiled_step_compiles_two_graphs_for_a_whole_cpt_cycle(kernels):
+    """Bit-widths that change at every step (CPT) do not recompile the step at every change: the first precision
+    compiles a graph, the first change one more with symbolic bit-widths, and the rest reuse it; each step
+    computes at its own bit-widths (the losses follow eager training)."""
+    from torch._dynamo.utils import counters
+
+    cycle = [Precision(act=b, weight=b, grad=32) for b in (3, 5, 8, 4, 6)]
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(3)
+    eager, comp = _Tiny(), _Tiny()
+    comp.load_state_dict(eager.state_dict())
+    with gpu_kernels.on_cpu() if kernels else contextlib.nullcontext():
+        want = _train(eager, lambda i: cycle[i % 5], 10)
+        got = _train(comp, lambda i: cycle[i % 5], 10, compile="default")
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert got == pytest.approx(want, rel=1e-4)
 
 
 def test_mixed_precision_layers_take_the_row_kernel():
