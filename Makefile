@@ -9,7 +9,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # apt-get waits up to 10 minutes for the dpkg lock (another install running) instead of failing at once
 APT_GET := env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: install data browser docker-tools docker-engine compose-test demo test test-fast bench lint clean
+.PHONY: install data browser docker-tools docker-engine compose-test demo test test-fast bench bench-gpu lint clean
 
 install: $(STAMP) data
 
@@ -92,6 +92,11 @@ bench: install
 	$(BIN)/python bench/dfq_modes_accuracy.py
 	$(BIN)/python bench/sweep_overhead.py
 	$(BIN)/python bench/cuda_check.py
+
+# The GPU suite (needs a CUDA GPU; under 8 minutes on one H100/H200): every quantized path against FP32, eager and
+# compiled, host syncs, and every schedule kind's accuracy on the GPU kernels (docs/benchmarks.md).
+bench-gpu: install
+	$(BIN)/python bench/gpu_suite.py
 
 lint: install
 	$(BIN)/ruff check .

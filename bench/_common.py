@@ -26,12 +26,13 @@ def cpu_model() -> str:
 def machine() -> dict:
     import torch
 
-    from engine import fused
+    from engine import fused, gpu_kernels
 
     return {
         "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "fused_kernels": fused.status(),
+        "gpu_kernels": gpu_kernels.status(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -91,11 +92,13 @@ def plain_train_step(model_name: str, x, y, prec) -> Callable[[], None]:
 
 
 def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: str = "sampled",
-                   fraction: float | None = None, statistics: str | None = None) -> Callable[[], None]:
+                   fraction: float | None = None, statistics: str | None = None, channels: int = 3,
+                   classes: int = 10) -> Callable[[], None]:
     """One DFQ training step of a gated ``model_name`` on ``x``'s device, as dfq_step.py and gpu_sharing.py time
     it: the paper's seven options at 4-bit weights, the choices drawn uniformly per sample and block (fixed
     seed), CE + 0.128 * cost, SGD; ``option_state`` and (where None) ``routed_sample_fraction`` and
-    ``routed_statistics`` the config's defaults."""
+    ``routed_statistics`` the config's defaults. A language model (``channels`` 1, ``classes`` its vocabulary)
+    takes token rows ``x`` and decides per sequence."""
     import torch
     import torch.nn.functional as F
 
@@ -116,7 +119,7 @@ def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: 
     fraction = default_routed_sample_fraction(execution, estimator) if fraction is None else fraction
     options = [parse_option(o, 4) for o in OPTION_PRESETS["paper"]]
     torch.manual_seed(1)
-    backbone = build_model(model_name, 3, 10)
+    backbone = build_model(model_name, channels, classes)
     backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))
     model = GatedModel(backbone, options, execution, routed_estimator=estimator, sample_fraction=fraction,
                        option_state=default_option_state(execution), routed_statistics=statistics).to(dev)

@@ -15,6 +15,7 @@ last epoch (DFQ, FracTrain) and wall seconds. Last stdout line: one JSON object 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,40 @@ LM_SCHEDULES = {
 }
 
 
+def jobs(epochs: int, text_dir: str) -> dict[str, dict]:
+    """Each run's config sections but name and device, the language models' where the corpus is present."""
+    out = {name: {"model": {"name": "resnet8"}, "data": {"dataset": "digits", "batch_size": 64},
+                  "optim": {"epochs": epochs}, "schedule": schedule} for name, schedule in SCHEDULES.items()}
+    if Path(text_dir).is_dir():
+        lm_data = {"dataset": "fortunes", "data_dir": text_dir, "seq_len": 32, "vocab_size": 2048,
+                   "batch_size": 16, "train_subset": 480, "test_subset": 160}
+        out.update({name: {"model": {"name": "transformer_small"}, "data": lm_data,
+                           "optim": {"epochs": 1, "optimizer": "adam", "lr": 0.002, "weight_decay": 0.0},
+                           "schedule": schedule} for name, schedule in LM_SCHEDULES.items()})
+    return out
+
+
+def run(device: str, epochs: int, only: list[str] | None, text_dir: str, engine: dict | None = None,
+        deadline: float | None = None) -> dict[str, dict]:
+    """Train each run (``only``: these alone) and return its figures; ``engine``: the config's engine section
+    (``{"compile": "default"}``); past ``deadline`` (a ``time.perf_counter()`` value) no run starts."""
+    runs = {}
+    for name, job in jobs(epochs, text_dir).items():
+        if only and name not in only:
+            continue
+        if deadline is not None and time.perf_counter() > deadline:
+            runs[name] = {"skipped": "out of the time budget"}
+            continue
+        cfg = parse_config({"name": f"cuda_check_{name}", "device": device, **job, **({"engine": engine} if engine
+                                                                                     else {})})
+        started = time.perf_counter()
+        m = train_and_evaluate(cfg).metrics
+        runs[name] = {"accuracy": m.get("accuracy"), "perplexity": m.get("perplexity"),
+                      "cp_last_epoch": m.get("cp_last_epoch"), "wall_s": round(time.perf_counter() - started, 2)}
+        print(name, runs[name], flush=True)
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda where a GPU is visible")
@@ -55,30 +90,26 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", choices=sorted({**SCHEDULES, **LM_SCHEDULES}), help="these runs alone")
     ap.add_argument("--text-dir", default=str(FORTUNES_DIR),
                     help="the fortunes corpus for the language-model runs (left out where it is missing)")
+    ap.add_argument("--compile", default="off", choices=["off", "default", "reduce-overhead"],
+                    help="engine.compile for the runs of fp32, static, PFQ and CPT (DFQ and FracTrain run eager)")
+    ap.add_argument("--torch-passes", action="store_true",
+                    help="the quantizers' torch passes instead of the GPU kernels (engine/gpu_kernels.py)")
     args = ap.parse_args()
     if args.device == "auto":
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    jobs = {name: {"model": {"name": "resnet8"}, "data": {"dataset": "digits", "batch_size": 64},
-                   "optim": {"epochs": args.epochs}, "schedule": schedule} for name, schedule in SCHEDULES.items()}
-    if Path(args.text_dir).is_dir():
-        lm_data = {"dataset": "fortunes", "data_dir": args.text_dir, "seq_len": 32, "vocab_size": 2048,
-                   "batch_size": 16, "train_subset": 480, "test_subset": 160}
-        jobs.update({name: {"model": {"name": "transformer_small"}, "data": lm_data,
-                            "optim": {"epochs": 1, "optimizer": "adam", "lr": 0.002, "weight_decay": 0.0},
-                            "schedule": schedule} for name, schedule in LM_SCHEDULES.items()})
-    runs = {}
-    for name, job in jobs.items():
-        if args.only and name not in args.only:
-            continue
-        cfg = parse_config({"name": f"cuda_check_{name}", "device": args.device, **job})
-        started = time.perf_counter()
-        m = train_and_evaluate(cfg).metrics
-        runs[name] = {"accuracy": m.get("accuracy"), "perplexity": m.get("perplexity"),
-                      "cp_last_epoch": m.get("cp_last_epoch"), "wall_s": round(time.perf_counter() - started, 2)}
-        print(name, runs[name], flush=True)
-    emit({"bench": "cuda_check", "device": args.device, "epochs": args.epochs, "runs": runs, **machine()})
+    only = args.only
+    if args.compile != "off":  # the kinds that compile
+        only = [k for k in (only or jobs(args.epochs, args.text_dir)) if "dfq" not in k and "fractrain" not in k]
+    from engine import gpu_kernels
+
+    with gpu_kernels.disabled() if args.torch_passes else contextlib.nullcontext():
+        runs = run(args.device, args.epochs, only, args.text_dir,
+                   {"compile": args.compile} if args.compile != "off" else None)
+    emit({"bench": "cuda_check", "device": args.device, "epochs": args.epochs, "compile": args.compile,
+          "gpu_kernels": "off (--torch-passes)" if args.torch_passes else gpu_kernels.status(), "runs": runs,
+          **machine()})
 
 
 if __name__ == "__main__":
