@@ -345,8 +345,11 @@ def test_dockerfile_variant_and_pinned_install():
     # fractune's dependencies come from its metadata alone, so that a code change keeps that layer
     assert {x.get("source") for x in _mounts_of(deps_run)} >= {"pyproject.toml", "constraints.txt"}
     assert "--no-deps" in app_run and "--no-deps" not in deps_run
-    # triton (about 0.9 GB, torch.compile only) is removed by every step that may install it
-    assert all("pip uninstall --yes --quiet triton" in r for r in (torch_run, deps_run))
+    # triton (about 0.9 GB) stays in the cuda variant (the GPU quantizer kernels and engine.compile) and is
+    # removed from the cpu variant by every step that may install it; the build checks which it has
+    assert all('if [ "$VARIANT" = cpu ]; then pip uninstall --yes --quiet triton; fi' in r
+               for r in (torch_run, deps_run))
+    assert "gpu_kernels.status()" in app_run and '"$VARIANT"' in app_run
     env = " ".join(_args("ENV"))
     assert "VIRTUAL_ENV=/opt/venv" in env and "PATH=/opt/venv/bin:" in env and "$PATH" not in env
     assert any("apt-get install" in r and "dataset-fashion-mnist" in r for r in runs)
