@@ -24,6 +24,21 @@ def _step(lo, hi, qmax):
 
 
 @triton.jit
+def _key(seed_ptr, STOCHASTIC: tl.constexpr):
+    """The Philox key of this call (drawn from torch's generator by the caller); 0 for nearest rounding."""
+    seed = 0
+    if STOCHASTIC:
+        seed = tl.load(seed_ptr)
+    return seed
+
+
+@triton.jit
+def _fake_quant(x, lo, s, qmax, STOCHASTIC: tl.constexpr, seed, offs):
+    """x on the levels of [lo, lo + qmax * s] and back: the quantizer's whole chain on one block."""
+    return _round_levels(tl.math.div_rn(x - lo, s), qmax, STOCHASTIC, seed, offs) * s + lo
+
+
+@triton.jit
 def _nan_min_max(x, valid):
     """(min, max) of the valid elements, NaN where any is NaN (as torch.aminmax)."""
     has_nan = tl.sum(((x != x) & valid).to(tl.int32), axis=0) > 0
@@ -81,50 +96,44 @@ def quant_tensor(x_ptr, out_ptr, n, per_program, qmax, lo_ptr, hi_ptr, part_ptr,
         lo = tl.load(lo_ptr)
         hi = tl.load(hi_ptr)
     s = _step(lo, hi, qmax)
-    seed = 0
-    if STOCHASTIC:
-        seed = tl.load(seed_ptr)
+    seed = _key(seed_ptr, STOCHASTIC)
     start = pid.to(tl.int64) * per_program
     for i in range(0, per_program, BLOCK):
         offs = start + i + tl.arange(0, BLOCK)
         valid = (offs < n) & (i + tl.arange(0, BLOCK) < per_program)
         x = tl.load(x_ptr + offs, mask=valid, other=0.0)
-        u = _round_levels(tl.math.div_rn(x - lo, s), qmax, STOCHASTIC, seed, offs)
-        tl.store(out_ptr + offs, u * s + lo, mask=valid)
+        tl.store(out_ptr + offs, _fake_quant(x, lo, s, qmax, STOCHASTIC, seed, offs), mask=valid)
 
 
 @triton.jit
-def quant_channel(w_ptr, out_ptr, row_len, qmax, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = row * row_len
+def _row_min_max(ptr, base, row_len, BLOCK: tl.constexpr):
+    """(min, max) of the row_len values from ptr + base, NaN where any is NaN."""
     mn = tl.full([BLOCK], float("inf"), tl.float32)
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
     nans = tl.zeros([BLOCK], tl.int32)
     for i in range(0, row_len, BLOCK):
         cols = i + tl.arange(0, BLOCK)
         valid = cols < row_len
-        mn, mx, nans = _range_step(tl.load(w_ptr + base + cols, mask=valid, other=0.0), valid, mn, mx, nans)
-    lo, hi = _range_end(mn, mx, nans)
+        mn, mx, nans = _range_step(tl.load(ptr + base + cols, mask=valid, other=0.0), valid, mn, mx, nans)
+    return _range_end(mn, mx, nans)
+
+
+@triton.jit
+def quant_channel(w_ptr, out_ptr, row_len, qmax, BLOCK: tl.constexpr):
+    base = tl.program_id(0).to(tl.int64) * row_len
+    lo, hi = _row_min_max(w_ptr, base, row_len, BLOCK)
     s = _step(lo, hi, qmax)
     for i in range(0, row_len, BLOCK):
         cols = i + tl.arange(0, BLOCK)
         valid = cols < row_len
         w = tl.load(w_ptr + base + cols, mask=valid, other=0.0)
-        u = _round_levels(tl.math.div_rn(w - lo, s), qmax, False, 0, cols)
-        tl.store(out_ptr + base + cols, u * s + lo, mask=valid)
+        tl.store(out_ptr + base + cols, _fake_quant(w, lo, s, qmax, False, 0, cols), mask=valid)
 
 
 @triton.jit
 def row_range(x_ptr, rlo_ptr, rhi_ptr, row_len, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    mn = tl.full([BLOCK], float("inf"), tl.float32)
-    mx = tl.full([BLOCK], float("-inf"), tl.float32)
-    nans = tl.zeros([BLOCK], tl.int32)
-    for i in range(0, row_len, BLOCK):
-        cols = i + tl.arange(0, BLOCK)
-        valid = cols < row_len
-        mn, mx, nans = _range_step(tl.load(x_ptr + row * row_len + cols, mask=valid, other=0.0), valid, mn, mx, nans)
-    lo, hi = _range_end(mn, mx, nans)
+    lo, hi = _row_min_max(x_ptr, row * row_len, row_len, BLOCK)
     tl.store(rlo_ptr + row, lo)
     tl.store(rhi_ptr + row, hi)
 
@@ -148,10 +157,5 @@ def quant_rows(x_ptr, out_ptr, gid_ptr, qmax_ptr, n_rows, row_len, lo_ptr, hi_pt
         else:
             lo = tl.load(lo_ptr)
             hi = tl.load(hi_ptr)
-        s = _step(lo, hi, qmax)
-        seed = 0
-        if STOCHASTIC:
-            seed = tl.load(seed_ptr)
-        u = _round_levels(tl.math.div_rn(x - lo, s), qmax, STOCHASTIC, seed, offs)
-        x = u * s + lo
+        x = _fake_quant(x, lo, _step(lo, hi, qmax), qmax, STOCHASTIC, _key(seed_ptr, STOCHASTIC), offs)
     tl.store(out_ptr + offs, x, mask=valid)
