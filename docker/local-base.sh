@@ -88,6 +88,7 @@ else
   [ "$(id -u)" = 0 ] || { echo "local-base.sh: debootstrap needs root" >&2; exit 1; }
   step "$BASE_IMAGE: debootstrap --variant=minbase $SUITE ($MIRROR) + python3"
   ROOTFS=$(mktemp -d /tmp/fractune-rootfs.XXXXXX)
+  chmod 0755 "$ROOTFS"  # it becomes the image's /: mktemp's 0700 would lock every user but root out of it
   trap 'rm -rf "$ROOTFS"' EXIT INT TERM
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,netbase \
     "$SUITE" "$ROOTFS" "$MIRROR" > "$ROOTFS.log" 2>&1 || { tail -20 "$ROOTFS.log" >&2; exit 1; }

@@ -633,6 +633,9 @@ def test_local_base_script_options():
     # builds run on the host's network: a --bridge=none daemon has no default bridge
     text = LOCAL_BASE.read_text()
     assert text.count("build --network host") == 2 and "debootstrap --variant=minbase" in text
+    # the bootstrapped folder becomes the image's /, which the image's non-root user must be able to enter
+    made, opened, packed = (text.index(s) for s in ("ROOTFS=$(mktemp -d", 'chmod 0755 "$ROOTFS"', 'tar -C "$ROOTFS"'))
+    assert made < opened < packed
 
 
 def test_compose_test_is_opt_in():
