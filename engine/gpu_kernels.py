@@ -203,9 +203,7 @@ def _(x, bits, run_lo, run_range, momentum):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("fractune::quant_channel", mutates_args=())
-def quant_channel_op(w: torch.Tensor, bits: int) -> torch.Tensor:
-    """A weight quantized per output channel (dim 0) over each channel's own range, nearest rounding."""
+def _quant_channel_impl(w, bits):
     w = w.contiguous()
     out = torch.empty_like(w)
     if w.numel():
@@ -215,16 +213,18 @@ def quant_channel_op(w: torch.Tensor, bits: int) -> torch.Tensor:
     return out
 
 
+@torch.library.custom_op("fractune::quant_channel", mutates_args=())
+def quant_channel_op(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """A weight quantized per output channel (dim 0) over each channel's own range, nearest rounding."""
+    return _quant_channel_impl(w, bits)
+
+
 @quant_channel_op.register_fake
 def _(w, bits):
     return torch.empty_like(w, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("fractune::quant_rows", mutates_args=())
-def quant_rows_op(x: torch.Tensor, gid: torch.Tensor, qmax: torch.Tensor, lo: torch.Tensor | None,
-                  hi: torch.Tensor | None, seed: torch.Tensor | None) -> torch.Tensor:
-    """Row r of x (dim 0) at the level count ``qmax[r]`` (float; 0: the row copied unquantized), over [lo, hi]
-    (0-d tensors) or, where they are None, over the range of the rows that share its group id ``gid[r]``."""
+def _quant_rows_impl(x, gid, qmax, lo, hi, seed):
     k = _kernels()
     x = x.contiguous()
     out = torch.empty_like(x)
@@ -245,39 +245,57 @@ def quant_rows_op(x: torch.Tensor, gid: torch.Tensor, qmax: torch.Tensor, lo: to
     return out
 
 
+@torch.library.custom_op("fractune::quant_rows", mutates_args=())
+def quant_rows_op(x: torch.Tensor, gid: torch.Tensor, qmax: torch.Tensor, lo: torch.Tensor | None,
+                  hi: torch.Tensor | None, seed: torch.Tensor | None) -> torch.Tensor:
+    """Row r of x (dim 0) at the level count ``qmax[r]`` (float; 0: the row copied unquantized), over [lo, hi]
+    (0-d tensors) or, where they are None, over the range of the rows that share its group id ``gid[r]``."""
+    return _quant_rows_impl(x, gid, qmax, lo, hi, seed)
+
+
 @quant_rows_op.register_fake
 def _(x, gid, qmax, lo, hi, seed):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 # ---------------------------------------------------------------------------------------------------
-# what quant.py and autograd.py call
+# what quant.py and autograd.py call: the custom ops inside a step being compiled, their bodies in eager
+# execution (the dispatcher's round of a Python custom op costs more host time than the kernel's launch)
+
+
+def _eager(op, body):
+    return op if torch.compiler.is_compiling() else body
 
 
 def quantize_tensor(x: torch.Tensor, bits: int, stochastic: bool = False) -> torch.Tensor:
     """``quant.quantize_tensor`` in one or two kernels: per tensor over x's own range."""
-    return quant_tensor_op(x.detach(), bits, None, None, _seed(x, stochastic)).view(x.shape)
+    seed = _seed(x, stochastic)
+    return _eager(quant_tensor_op, _quant_tensor_impl)(x.detach(), bits, None, None, seed).view(x.shape)
 
 
 def quantize(x: torch.Tensor, bits: int, lo: torch.Tensor, hi: torch.Tensor, stochastic: bool = False
              ) -> torch.Tensor:
     """``quant.quantize`` over a per-tensor range held on the device (0-d tensors), in one kernel."""
-    return quant_tensor_op(x.detach(), bits, lo.reshape(()), hi.reshape(()), _seed(x, stochastic)).view(x.shape)
+    seed = _seed(x, stochastic)
+    return _eager(quant_tensor_op, _quant_tensor_impl)(x.detach(), bits, lo.reshape(()), hi.reshape(()), seed
+                                                       ).view(x.shape)
 
 
 def quantize_observed(x: torch.Tensor, bits: int, run_lo: torch.Tensor, run_range: torch.Tensor,
                       momentum: float) -> torch.Tensor:
     """A layer's activation quantizer in training: x over its own range, the running range updated."""
-    return quant_observe_op(x.detach(), bits, run_lo, run_range, momentum).view(x.shape)
+    if torch.compiler.is_compiling():
+        return quant_observe_op(x.detach(), bits, run_lo, run_range, momentum).view(x.shape)
+    return _quant_tensor_impl(x.detach(), bits, None, None, None, run_lo, run_range, momentum).view(x.shape)
 
 
 def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
     """``quant.quantize_weight`` in one kernel."""
-    return quant_channel_op(w.detach(), bits).view(w.shape)
+    return _eager(quant_channel_op, _quant_channel_impl)(w.detach(), bits).view(w.shape)
 
 
 def quantize_rows(x: torch.Tensor, gid: torch.Tensor, qmax: torch.Tensor, lo, hi, stochastic: bool) -> torch.Tensor:
     """``autograd._q_rows_device`` in one or two kernels (``qmax``: per-row levels, 0 for a 32-bit row)."""
     if lo is not None:
         lo, hi = lo.reshape(()), hi.reshape(())
-    return quant_rows_op(x.detach(), gid, qmax, lo, hi, _seed(x, stochastic)).view(x.shape)
+    return _eager(quant_rows_op, _quant_rows_impl)(x.detach(), gid, qmax, lo, hi, _seed(x, stochastic)).view(x.shape)
