@@ -180,3 +180,24 @@ def test_a_routed_step_reads_only_its_option_counts_on_the_host(device_ranges, h
     logits.sum().backward()
     passes = 2 * len(backbone.blocks)  # the training pass and the sampled alternatives' pass of each block
     assert host_reads == {"tolist": passes, "bool": 1}
+
+
+@pytest.mark.parametrize("schedule", [{"kind": "fp32"}, {"kind": "static", "fw": 4, "bw": 8}, {"kind": "pfq"},
+                                      {"kind": "cpt", "fw_min": 3, "fw_max": 8, "num_cycles": 2}])
+def test_a_static_kinds_training_iteration_reads_the_host_once(schedule, device_ranges, host_reads):
+    """The engine's own iteration (schedule, step, cost bookkeeping): the loss and the count of correct
+    predictions in one read, nothing else, so a GPU waits once per step (bench/gpu_suite.py counts it there)."""
+    from engine.cost import CostTotals
+    from engine.data import load_data
+    from engine.train import Trainer
+
+    cfg = parse_config({"name": "reads", "device": "cpu", "model": {"name": "tiny"}, "schedule": schedule,
+                        "data": {"dataset": "digits", "batch_size": 16, "train_subset": 64, "test_subset": 32}})
+    data = load_data(cfg.data)
+    trainer = Trainer(cfg, data, torch.device("cpu"), CostTotals(), None)
+    x, y = next(iter(data.train.batches(16, True, False, torch.Generator().manual_seed(0), torch.device("cpu"))))
+    trainer._step(x, y)  # the first iteration builds what later ones reuse
+    trainer.iteration += 1
+    host_reads.clear()
+    trainer._step(x, y)
+    assert host_reads == {"tolist": 1}
