@@ -19,10 +19,11 @@ from engine.errors import TrainingDiverged
 from engine.precision import Precision
 
 
-def sgd_step(opt: torch.optim.Optimizer, loss: torch.Tensor, ce: torch.Tensor) -> float:
-    """The optimizer block of every method: backward of ``loss``, one step; returns the CE's value. Raises
-    ``TrainingDiverged`` on a NaN/inf CE before touching the parameters."""
-    value = ce.item()
+def sgd_step(opt: torch.optim.Optimizer, loss: torch.Tensor, ce: torch.Tensor | float) -> float:
+    """The optimizer block of every method: backward of ``loss``, one step; returns the CE's value (``ce``: the
+    tensor, or its value already read). Raises ``TrainingDiverged`` on a NaN/inf CE before touching the
+    parameters."""
+    value = ce.item() if isinstance(ce, torch.Tensor) else ce
     if not math.isfinite(value):
         raise TrainingDiverged(f"training loss is {value}")
     opt.zero_grad(set_to_none=True)
@@ -43,11 +44,10 @@ def make_step(model, opt: torch.optim.Optimizer, graphs: bool = False):
         loss = F.cross_entropy(logits, y)
         # the loss and the count in one read: each read makes the host wait for the device
         value, correct = torch.stack([loss.detach(), (logits.argmax(1) == y).sum().to(loss.dtype)]).tolist()
-        if not math.isfinite(value):
-            raise TrainingDiverged(f"training loss is {value} at precision {prec}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        try:
+            sgd_step(opt, loss, value)
+        except TrainingDiverged as err:
+            raise TrainingDiverged(f"{err} at precision {prec}") from None
         return value, int(correct)
 
     return step
