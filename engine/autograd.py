@@ -239,6 +239,18 @@ def _host_table(values: list, dtype: torch.dtype, device: torch.device) -> torch
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
+def _row_levels(groups, sizes: list[int], bits: list[int], x: torch.Tensor, full: int) -> torch.Tensor:
+    """Each row's level count ``2^b - 1`` at its group's bits (``full`` for a 32-bit group), on ``x``'s device
+    without a wait, made once per distinct pass (a pass's layers share it, as they share the layout)."""
+    key = (groups, tuple(bits), x.dtype, x.device, full)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        per_group = [float(quant.levels(b) if b < FULL_BITS else full) for b in bits]
+        hit = _LAYOUTS[key] = _host_table([per_group[g] for g, size in enumerate(sizes) for _ in range(size)],
+                                          x.dtype, x.device)
+    return hit
+
+
 def _q_rows_device(x: torch.Tensor, groups, sizes: list[int], gid: torch.Tensor, bits: list[int], lo, hi,
                    stochastic: bool, out: torch.Tensor) -> torch.Tensor:
     """``_q_rows`` where ranges stay on the device (``quant.ranges_on_device``): the per-row level counts and
@@ -247,20 +259,10 @@ def _q_rows_device(x: torch.Tensor, groups, sizes: list[int], gid: torch.Tensor,
     mixed-precision layer makes the host wait for nothing (methods.md §1, "Devices")."""
     n = x.shape[0]
     if gpu_kernels.usable(x) and n <= gpu_kernels.MAX_ROWS:  # one kernel (two with the groups' own ranges)
-        key = (groups, tuple(bits), x.dtype, x.device, "levels")
-        levels = _LAYOUTS.get(key)
-        if levels is None:  # per row: its group's level count, 0 where the group is at 32 bits (copied)
-            per_group = [float(quant.levels(b)) if b < FULL_BITS else 0.0 for b in bits]
-            levels = _LAYOUTS[key] = _host_table([per_group[g] for g, size in enumerate(sizes) for _ in range(size)],
-                                                 x.dtype, x.device)
+        levels = _row_levels(groups, sizes, bits, x, full=0)  # a 32-bit row: 0 levels, copied by the kernel
         return gpu_kernels.quantize_rows(x, gid, levels, lo, hi, stochastic)  # in place of ``out``
     rows, flat = x.reshape(n, -1), out.view(n, -1)
-    key = (groups, tuple(bits), x.dtype, x.device)  # the pass's layers share it, as they share the layout
-    qmax_r = _LAYOUTS.get(key)
-    if qmax_r is None:
-        qmax = [float(quant.levels(b if b < FULL_BITS else 1)) for b in bits]  # full-bit rows: overwritten below
-        qmax_r = _host_table([qmax[g] for g, size in enumerate(sizes) for _ in range(size)], x.dtype, x.device)
-        qmax_r = _LAYOUTS[key] = qmax_r.unsqueeze(1)
+    qmax_r = _row_levels(groups, sizes, bits, x, full=1).unsqueeze(1)  # full-bit rows: overwritten below
     if lo is None:  # each group's own (lo, hi): per-row min/max reduced per group on the device
         row_lo, row_hi = rows.amin(1), rows.amax(1)
         g_lo = row_lo.new_full((len(groups),), float("inf")).scatter_reduce_(0, gid, row_lo, "amin")
