@@ -29,19 +29,18 @@ tensor with Triton importable, unless ``FRACTUNE_GPU_KERNELS=0`` (the torch pass
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
 import torch
 
+from engine.fused import SWITCH_VALUES
+
 ENV_SWITCH = "FRACTUNE_GPU_KERNELS"
-SWITCH_VALUES = {"1": True, "on": True, "true": True, "yes": True, "0": False, "off": False, "false": False,
-                 "no": False}
 BLOCK = 1024  # elements per program and loop step
 MAX_PARTS = 256  # programs of a whole-tensor kernel (each quantizer program reduces all partial ranges)
 MAX_ROWS = 4096  # rows of a row quantizer (a program reads every row's group id and range: one lane each)
-STEP_FLOOR = 1e-8
-NOISE_SCALE = 1.0 / (1 << 16)
 SEED_HIGH = 2**31 - 1
 
 
@@ -84,36 +83,35 @@ def status() -> str:
 
 
 _on_cpu = [False]  # set by ``on_cpu()``: the kernels take CPU tensors too, under the interpreter
-
-
-class on_cpu:
-    """Context manager: CPU float32 tensors take the kernels too (under ``TRITON_INTERPRET=1`` only), so the
-    GPU path of the engine runs, slowly, where there is no GPU (tests)."""
-
-    def __enter__(self):
-        if not interpreting():
-            raise RuntimeError("gpu_kernels.on_cpu needs TRITON_INTERPRET=1 set before the kernels are first used")
-        self.was, _on_cpu[0] = _on_cpu[0], True
-        return self
-
-    def __exit__(self, *exc):
-        _on_cpu[0] = self.was
-        return False
-
-
 _off = [False]  # set by ``disabled()``
 
 
-class disabled:
+@contextlib.contextmanager
+def _flag(flag: list, value: bool):
+    was, flag[0] = flag[0], value
+    try:
+        yield
+    finally:
+        flag[0] = was
+
+
+def on_cpu():
+    """Context manager: CPU float32 tensors take the kernels too (under ``TRITON_INTERPRET=1`` only), so the
+    GPU path of the engine runs, slowly, where there is no GPU (tests)."""
+    if not interpreting():
+        raise RuntimeError("gpu_kernels.on_cpu needs TRITON_INTERPRET=1 set before the kernels are first used")
+    return _flag(_on_cpu, True)
+
+
+def disabled():
     """Context manager: the torch passes instead of the kernels, in this process (side-by-side timing)."""
+    return _flag(_off, True)
 
-    def __enter__(self):
-        self.was, _off[0] = _off[0], True
-        return self
 
-    def __exit__(self, *exc):
-        _off[0] = self.was
-        return False
+@functools.cache
+def _cuda_ready() -> bool:
+    """The switch and Triton, looked at once per process: ``usable`` runs for every quantized tensor."""
+    return _switch() is not False and _triton_version() is not None
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -122,7 +120,7 @@ def usable(x: torch.Tensor) -> bool:
     if x.dtype != torch.float32 or _off[0]:
         return False
     if x.device.type == "cuda":
-        return _switch() is not False and _triton_version() is not None
+        return _cuda_ready()
     return _on_cpu[0] and x.device.type == "cpu"
 
 
