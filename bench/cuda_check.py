@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import emit, machine  # noqa: E402
-from engine.config import parse_config  # noqa: E402
+from engine.config import GATED_KINDS, parse_config  # noqa: E402
 from engine.text import FORTUNES_DIR  # noqa: E402
 from engine.train import train_and_evaluate  # noqa: E402
 
@@ -101,7 +101,8 @@ def main() -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     only = args.only
     if args.compile != "off":  # the kinds that compile
-        only = [k for k in (only or jobs(args.epochs, args.text_dir)) if "dfq" not in k and "fractrain" not in k]
+        table = jobs(args.epochs, args.text_dir)
+        only = [k for k in (only or table) if table[k]["schedule"]["kind"] not in GATED_KINDS]
     from engine import gpu_kernels
 
     with gpu_kernels.disabled() if args.torch_passes else contextlib.nullcontext():
