@@ -64,14 +64,7 @@ def _range_end(mn, mx, nans):
 def partial_range(x_ptr, part_ptr, n, per_program, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     start = pid.to(tl.int64) * per_program
-    mn = tl.full([BLOCK], float("inf"), tl.float32)
-    mx = tl.full([BLOCK], float("-inf"), tl.float32)
-    nans = tl.zeros([BLOCK], tl.int32)
-    for i in range(0, per_program, BLOCK):
-        offs = start + i + tl.arange(0, BLOCK)
-        valid = (offs < n) & (i + tl.arange(0, BLOCK) < per_program)
-        mn, mx, nans = _range_step(tl.load(x_ptr + offs, mask=valid, other=0.0), valid, mn, mx, nans)
-    lo, hi = _range_end(mn, mx, nans)
+    lo, hi = _row_min_max(x_ptr, start, tl.minimum(per_program, n - start), BLOCK)  # this program's share
     tl.store(part_ptr + 2 * pid, lo)
     tl.store(part_ptr + 2 * pid + 1, hi)
 
