@@ -41,15 +41,21 @@ def machine() -> dict:
     }
 
 
+def inside(context: Callable, step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` run inside a fresh ``context()`` at every call."""
+
+    def run() -> None:
+        with context():
+            step()
+    return run
+
+
 def fused_off(step: Callable[[], None]) -> Callable[[], None]:
     """``step`` with the quantizers' torch passes instead of the fused CPU kernels (engine/fused.py): the same
     numbers, the speed of the engine without the kernels, for side-by-side figures."""
     from engine import fused
 
-    def run() -> None:
-        with fused.disabled():
-            step()
-    return run
+    return inside(fused.disabled, step)
 
 
 def interleaved(fns: dict[str, Callable[[], None]], rounds: int, steps: int, warmup: int = 2,

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench._common import dfq_train_step, emit, host_syncs, interleaved, machine  # noqa: E402
+from bench._common import dfq_train_step, emit, host_syncs, inside, interleaved, machine  # noqa: E402
 from engine import gpu_kernels, quant  # noqa: E402
 from engine.models import LayerMap, build_model  # noqa: E402
 from engine.precision import FP32, Precision  # noqa: E402
@@ -59,13 +59,7 @@ def _sync(dev: torch.device):
 
 def _path(fn, path: str):
     """``fn`` run with the torch passes (``torch``) or the kernels (any other path)."""
-    if path != "torch":
-        return fn
-
-    def run() -> None:
-        with gpu_kernels.disabled():
-            fn()
-    return run
+    return inside(gpu_kernels.disabled, fn) if path == "torch" else fn
 
 
 def model_steps(name: str, dev: torch.device, batch: int, seq_len: int, vocab: int, mode: str,
