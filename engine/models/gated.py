@@ -187,6 +187,8 @@ class GatedModel(nn.Module):
         # saved with the model, so evaluation and a resumed run decide as training did
         self.register_buffer("option_cost", torch.zeros(len(backbone.blocks), len(self.options)))
         self.register_buffer("price", torch.zeros(()))
+        self._price_host: float | None = 0.0
+        self.register_load_state_dict_post_hook(lambda module, _keys: setattr(module, "_price_host", None))
         # running statistics kept apart (methods.md §6.3): per_option (masked only) = every option keeps its own
         # copy of each block's running statistics (BN means and variances, the quantizers' activation ranges),
         # as switchable BN does; skip_apart = the skip path (a downsampling block's fp32 projection, whose BN
@@ -216,6 +218,14 @@ class GatedModel(nn.Module):
 
     def set_price(self, price: float) -> None:
         self.price.fill_(price)
+        self._price_host = float(price)
+
+    def _priced(self) -> bool:
+        """Whether the price is non-zero, from its host copy (a read of the buffer makes the host wait for a GPU);
+        after a state dict was loaded, the buffer is read once."""
+        if self._price_host is None:
+            self._price_host = float(self.price)
+        return self._price_host != 0
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -253,15 +263,19 @@ class GatedModel(nn.Module):
 
     # -- routed -----------------------------------------------------------------------------------------
     def _run_sorted(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
-                    keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                    keep: torch.Tensor | None = None, *, count: torch.Tensor | None = None):
         """The block over the samples of ``h`` that ``keep`` (B,) bool selects (default: all), each at its
         ``option``, in one pass with each option's samples contiguous (by option, then by row): the outputs and
         the rows they belong to, or None where no sample is kept. The group sizes are the one value it reads on
-        the host (a GPU waits once per pass)."""
+        the host (a GPU waits once per pass); ``count`` (B,) bool is counted in the same read and its number
+        returned third."""
         k = len(self.options)
         key = option if keep is None else torch.where(keep, option, k)  # k: not run, sorted last
         order = torch.argsort(key, stable=True)
-        counts = torch.bincount(key, minlength=k + 1).tolist()
+        sizes = torch.bincount(key, minlength=k + 1)
+        if count is not None:
+            sizes = torch.cat([sizes, count.sum().view(1)])
+        counts = sizes.tolist()
         groups, start = [], 0
         for o, c in enumerate(counts[:k]):
             if c:
@@ -272,8 +286,10 @@ class GatedModel(nn.Module):
         rows = order[:start]
         prec = MixedPrecision(tuple(groups), self.weight_bits)
         if start == len(h) and torch.is_grad_enabled() and h.requires_grad:  # every sample: a permutation
-            return block(Permute.apply(h, rows, _inverse(rows)), prec), rows
-        return block(h.index_select(0, rows), prec), rows
+            out = block(Permute.apply(h, rows, _inverse(rows)), prec), rows
+        else:
+            out = block(h.index_select(0, rows), prec), rows
+        return out if count is None else (*out, counts[-1])
 
     def _nonskip(self, i: int) -> torch.Tensor:
         """(K,) bool: the non-skip options block ``i`` allows (a forward group's options: ``same_fw``'s diagonal)."""
@@ -366,12 +382,13 @@ class GatedModel(nn.Module):
             # the samples that skip run the pass too, at a drawn alternative, so its batch statistics cover the
             # whole batch (methods.md §6.3); their outputs only serve the estimator, as its alternative
             drawn = self._alternatives(i, choice)
-            y_all, rows_all = self._run_sorted(block, h, torch.where(skipped, drawn[0], choice))
+            y_all, rows_all, n_skipped = self._run_sorted(block, h, torch.where(skipped, drawn[0], choice),
+                                                          count=skipped)
             # split the pass's rows: the computed ones first, then the skipped ones, each part in the pass's order
-            # (index_select by a stable sort and one count read on the host, where a bool index waits four times)
+            # (index_select by a stable sort and the count read with the group sizes, where a bool index waits)
             split = skipped.index_select(0, rows_all)
             order = torch.argsort(split.to(torch.uint8), stable=True)
-            n = len(rows_all) - int(split.sum())
+            n = len(rows_all) - n_skipped
             run, rest = order[:n], order[n:]
             pool, ready = ~skipped, (None, rows_all.index_select(0, rest))  # None: the pass's rows ``rest``
             alts = self._estimates(i, block, h, choice, drawn, pool, ready) if estimate else []
@@ -392,7 +409,7 @@ class GatedModel(nn.Module):
         h = bb.features(x, FP32)  # the layer map keeps the stem fp32 in DFQ
         state = None
         masks, choices, probs, raw = [], [], [], []
-        priced = bool(self.price != 0)
+        priced = self._priced()
         for i, block in enumerate(bb.blocks):
             z, state = self.gate.step(i, bb.gate_summary(h), state)
             raw.append(z.detach())
