@@ -32,7 +32,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from engine.gate import sign_dfq, sign_fractrain
+import torch
+
+from engine.gate import sign_dfq, sign_fractrain, sign_tensor
 
 PRICE_LIMIT = 50.0  # nats: far beyond any logit gap the gate produces; a bound that keeps a runaway finite
 
@@ -51,6 +53,10 @@ class ReferenceController:
         s = sign_fractrain(cp, target, self.band) if self.rule == "fractrain" else sign_dfq(cp, target, self.band)
         self.last_sign = s
         return s * self.beta
+
+    def loss_weight(self, cp: torch.Tensor, target: float) -> torch.Tensor:
+        """``weight`` of a cp still on the device, computed there (``weight`` of the value read records the sign)."""
+        return sign_tensor(cp, target, self.rule, self.band) * self.beta
 
     def update(self, cp: float, target: float, batch_price: Callable[[], float] | None = None) -> None:
         """Nothing to learn: the sign is recomputed from every batch."""
@@ -79,6 +85,10 @@ class DualController:
 
     def weight(self, cp: float, target: float) -> float:  # noqa: ARG002  (the price already holds the error)
         self.last_sign = math.copysign(1.0, self.price) if self.price else 0.0
+        return self.beta * self.price
+
+    def loss_weight(self, cp: torch.Tensor, target: float) -> float:  # noqa: ARG002
+        """The price is known before the step: the weight needs nothing of the device."""
         return self.beta * self.price
 
     def update(self, cp: float, target: float, batch_price: Callable[[], float] | None = None) -> None:

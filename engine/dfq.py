@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from engine.controller import PRICE_LIMIT, build_controller
 from engine.cost import BitOpsCounter, layer_cost
 from engine.data import RunLength
-from engine.gate import cost_per_sample, gated_cp, normalised_cost, option_kappa, price_for_target
+from engine.gate import cost_per_sample, gated_cp_tensor, normalised_cost, option_kappa, price_for_target
 from engine.indicator import Staging
 from engine.models.gated import GatedModel
 from engine.precision import FP32, Precision
@@ -185,7 +185,9 @@ class GatedRunner:
         macs = torch.tensor(self.costs.block_macs, dtype=torch.float64)
         self.omega = macs / macs.mean() if sched.omega_kind(model_name) == "macs" else torch.ones(len(macs),
                                                                                                   dtype=torch.float64)
-        model.set_option_cost(normalised_cost(self.kappa, self.omega))
+        # a host copy for the price search, in the model buffer's float32, which the decisions use
+        self.option_cost = normalised_cost(self.kappa, self.omega).to(torch.float32)
+        model.set_option_cost(self.option_cost)
         self.goal = StagedTarget(sched, run) if sched.kind == "fractrain" else FixedTarget(sched.target_cp)
         self.controller = build_controller(sched)
         self.fw = torch.tensor([0 if o.skip else o.act for o in self.options], dtype=torch.float64)
@@ -209,24 +211,42 @@ class GatedRunner:
         self.model.set_price(self.controller.price)
         logits, trace = self.model(x)
         ce = F.cross_entropy(logits, y)
-        cp = gated_cp(trace.choices, self.kappa, self.omega)
-        weight = self.controller.weight(cp, target)
-        loss = ce + weight * cost_per_sample(trace, self.kappa, self.omega).mean() if weight else ce
-        value = sgd_step(self.opt, loss, ce)
+        cp_dev = gated_cp_tensor(trace.choices, self.kappa, self.omega)
+        weight = self.controller.loss_weight(cp_dev, target)
+        use_cost = isinstance(weight, torch.Tensor) or weight
+        loss = ce + weight * cost_per_sample(trace, self.kappa, self.omega).mean() if use_cost else ce
+        ce_v, total, cp, correct, choices, raw = self._read(ce, loss, cp_dev, logits, y, trace)
+        self.controller.weight(cp, target)  # records the sign the device computed
+        value = sgd_step(self.opt, loss, ce_v)
         self.controller.update(cp, target, lambda: price_for_target(
-            trace.logits, self.model.option_cost, self.kappa, self.omega, target, PRICE_LIMIT))
+            raw, self.option_cost, self.kappa, self.omega, target, PRICE_LIMIT))
         self.last_cp = cp
         # samples of the counter per decision: 1 for an image, the T tokens of a language model's sequence
-        self._account(trace.choices, cp, target, len(y) // len(trace.choices))
-        self.goal.observe(iteration, value, float(loss.detach()), cp)
-        return value, int((logits.argmax(1) == y).sum())
+        self._account(choices, cp, target, len(y) // len(choices))
+        self.goal.observe(iteration, value, total, cp)
+        return value, correct
+
+    def _read(self, ce, loss, cp, logits, y, trace) -> tuple[float, float, float, int, torch.Tensor, torch.Tensor]:
+        """Everything the host needs of a step in one transfer (each read makes the host wait for a GPU): the
+        CE, the total loss, the gated cp, the number correct, the choices and the gate's raw logits (the dual
+        controller's price search runs on the host copy). Float64 holds each of them exactly."""
+        b, blocks = trace.choices.shape
+        parts = [torch.stack([ce.detach().double(), loss.detach().double(), cp.double(),
+                              (logits.argmax(1) == y).sum().double()]), trace.choices.reshape(-1).double()]
+        if self.controller.kind == "dual" and trace.logits is not None:
+            parts.append(trace.logits.reshape(-1).double())
+        host = torch.cat(parts).cpu()
+        ce_v, total, cp_v, correct = host[:4].tolist()
+        choices = host[4:4 + b * blocks].long().view(b, blocks)
+        raw = host[4 + b * blocks:].view(b, blocks, -1) if len(parts) == 3 else None
+        return ce_v, total, cp_v, int(correct), choices, raw
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)[0]
 
     def _account(self, choices: torch.Tensor, cp: float, target: float, tokens: int = 1) -> None:
         b = choices.shape[0]
-        picked = choices.cpu()
+        picked = choices  # on the host already
         self.last_bitops = self.costs.batch_bitops(picked, tokens)
         self.last_costs = self.costs.batch_costs(picked, tokens)
         self.gate_bitops += b * self.costs.gate  # once per decision row: per sequence for a language model

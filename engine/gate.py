@@ -136,9 +136,14 @@ def price_for_target(logits: torch.Tensor, option_cost: torch.Tensor, kappa: tor
 
 def gated_cp(choices: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor) -> float:
     """cp (percent of fp32) over the gated blocks, from hard choices (B, L); the reference's formula."""
-    om = omega.to(choices.device)  # the choices' device: a GPU run's choices stay on the GPU
+    return float(gated_cp_tensor(choices, kappa, omega))
+
+
+def gated_cp_tensor(choices: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """``gated_cp`` as a float64 scalar on the choices' device: a GPU step reads it with its other values."""
+    om = omega.to(choices.device)
     k = kappa.to(choices.device)[choices]  # (B, L)
-    return float(100.0 * (k * om).sum() / (3.0 * om.sum() * choices.shape[0]))
+    return 100.0 * (k * om).sum() / (3.0 * om.sum() * choices.shape[0])
 
 
 def sign_dfq(cp: float, target: float, relax: float = 0.0) -> float:
@@ -148,6 +153,18 @@ def sign_dfq(cp: float, target: float, relax: float = 0.0) -> float:
     if cp >= target + relax:
         return 1.0
     return 0.1 if cp >= target else -0.1
+
+
+def sign_tensor(cp: torch.Tensor, target: float, rule: str, band: float) -> torch.Tensor:
+    """``sign_dfq`` (rule ``dfq``, ``band`` the relax) or ``sign_fractrain`` of a cp held on the device,
+    computed there: the sign weighs the loss before the host reads anything of the step."""
+    one, zero = torch.ones_like(cp), torch.zeros_like(cp)
+    if rule == "fractrain":
+        inside = zero
+    else:
+        inside = torch.where(cp >= target, 0.1 * one, -0.1 * one)
+    return torch.where(cp < target - (0.0 if rule == "fractrain" else band), -one,
+                       torch.where(cp >= target + band, one, inside))
 
 
 def sign_fractrain(cp: float, target: float, band: float = 0.0) -> float:
