@@ -91,7 +91,8 @@ class Staging:
     """The stages of a run driven by the loss indicator (methods.md §4.3), shared by auto PFQ (bits per stage)
     and FracTrain (DFQ's cp target per stage).
 
-    The mean training loss of every window of ``eval_every`` iterations (or epochs, ``eval_unit``) goes to a
+    The mean training loss of every window of ``eval_every`` iterations (or epochs, ``eval_unit``; or of a
+    ``1 / eval_windows`` share of the run) goes to a
     ``LossIndicator``; ``force_final_at`` (a fraction of the run) jumps to the last stage if the indicator has
     not got there; every switch is recorded in ``events`` with what ``describe(stage)`` says of the new stage.
     A switch found at the end of iteration t applies from iteration t + 1.
@@ -100,8 +101,10 @@ class Staging:
     def __init__(self, cfg, num_turning_points: int, run, describe: Callable[[int], dict]):
         self.indicator = LossIndicator(cfg.epsilon, cfg.alpha, num_turning_points, cfg.window, cfg.scale_windows,
                                        cfg.decay_after)
-        unit = run.iterations_per_epoch if cfg.eval_unit == "epochs" else 1
-        self.window_iters = cfg.eval_every * unit
+        if cfg.eval_windows is not None:  # the same number of windows in a run of any length
+            self.window_iters = max(1, run.total_iterations // cfg.eval_windows)
+        else:
+            self.window_iters = cfg.eval_every * (run.iterations_per_epoch if cfg.eval_unit == "epochs" else 1)
         self.force_at = None if cfg.force_final_at is None else math.ceil(cfg.force_final_at * run.total_iterations)
         self.describe = describe
         self.events: list[dict] = []

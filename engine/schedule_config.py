@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine.config_types import Bits, Strict, increasing_fractions
@@ -44,7 +44,18 @@ class IndicatorSettings(Strict):
     decay_after: list[int] = Field(default_factory=lambda: [1, 2])  # turning points after which eps *= alpha
     eval_every: int = Field(400, ge=1)  # the indicator's "epoch": 400 iterations in PFQ, 390 in FracTrain
     eval_unit: Literal["iterations", "epochs"] = "iterations"
+    # or the run split into this many windows, whatever its length (the reference: 160 in 64,000 iterations)
+    eval_windows: int | None = Field(None, ge=1, le=100000)
     force_final_at: float | None = Field(None, gt=0.0, le=1.0)  # reach the last stage by this fraction
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_window(cls, data):
+        if isinstance(data, dict) and data.get("eval_windows") is not None and (
+                "eval_every" in data or "eval_unit" in data):
+            raise PydanticCustomError("windows", "eval_windows sets the window length; allowed: eval_windows or "
+                                                 "eval_every / eval_unit, not both")
+        return data
 
 
 class PFQSchedule(IndicatorSettings):

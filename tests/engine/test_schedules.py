@@ -115,3 +115,21 @@ def test_cpt_with_auto_fw_min_runs_the_range_test():
     assert prt["fw_min"] in (2, 4, 6) and prt["iterations"] == 30 and set(prt["accuracies"]) == {"2", "4", "6"}
     assert {h["cpt_fw_min"] for h in r.history} == {float(prt["fw_min"])}
     assert r.metrics["train_bitops"] > 0
+
+
+@pytest.mark.parametrize("total", [357, 3564, 64000])
+def test_eval_windows_splits_a_run_of_any_length_into_the_same_number_of_windows(total):
+    """``eval_windows: 160`` reads the reference's 160 windows (of 400 iterations in 64,000) in any run: the
+    indicator sees a window's loss every total // 160 iterations, and FracTrain's staging the same."""
+    from engine.indicator import Staging
+
+    cfg = sched(kind="fractrain", eval_windows=160)
+    staging = Staging(cfg, cfg.num_turning_points, RunLength(total, 100), lambda st: {})
+    seen = []
+    staging.indicator.update = lambda loss: seen.append(loss) and False
+    for it in range(total):
+        staging.observe(it, float(it))
+    assert 160 <= len(seen) < 160 + 160 * 160 / total + 1  # the remainder of total // 160 adds windows at most
+    assert seen[0] == pytest.approx(sum(range(total // 160)) / (total // 160))  # the first window's mean loss
+    with pytest.raises(Exception, match="eval_windows or eval_every"):
+        sched(kind="pfq", eval_windows=10, eval_every=30)
