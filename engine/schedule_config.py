@@ -214,6 +214,10 @@ class GatedSettings(Strict):
     controller_gain: float = Field(0.05, ge=0.0, le=100.0)  # ... plus this times the batch's relative cp error
     beta: float = Field(0.128, ge=0.0, le=1000.0)  # cost term per sample: reference s*beta (1e-3 x batch 128), dual beta*price
     block_cost: Literal["uniform", "macs"] | None = None  # omega_l; None: the reference (uniform for ResNets)
+    # the least share of each gated block's inputs that compute it (methods.md §6.5, "Block floor"): where more
+    # chose to skip, the least decided skippers compute; keeps one block from collapsing to skip. 0: off (the
+    # reference has none)
+    block_floor: float = Field(0.0, ge=0.0, lt=1.0)
     execution: Literal["masked", "routed"] = "masked"  # masked: the reference (every option for every sample)
     # routed's gate gradient (methods.md §6.3): skip = computing against skipping; sampled = also the chosen
     # option against one sampled alternative per sample (one forward-only pass more); grouped = sampled over

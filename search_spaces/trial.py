@@ -141,7 +141,7 @@ def param_value(text: str | None) -> Any:
 
 # Short names of the settings that tell trials apart (the rest use their own key): run names stay readable
 ABBREVIATIONS = {"epsilon": "eps", "alpha": "a", "target_cp": "cp", "weight_bits": "w", "num_cycles": "cyc",
-                 "eval_every": "ev", "eval_windows": "ew", "force_final_at": "ff", "cp0": "cp", "cp_step": "+", "learning_rate": "lr",
+                 "eval_every": "ev", "eval_windows": "ew", "block_floor": "bf", "force_final_at": "ff", "cp0": "cp", "cp_step": "+", "learning_rate": "lr",
                  "batch_size": "bs", "weight_decay": "wd", "momentum": "mom", "epochs": "ep", "model.name": "",
                  "options": "", "execution": "", "mode": "", "controller": "", "beta": "beta", "rounding": ""}
 PAIRS = (("fw", "bw"), ("fw_min", "fw_max"), ("bw_min", "bw_max"))

@@ -38,6 +38,8 @@ Two executions give the same forward values for the same choices in eval mode:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -144,11 +146,32 @@ class RoutedOutput(torch.autograd.Function):
         return g_out if ctx.needs_input_grad[0] else None, g_skip, g_mask, None, None, None, None
 
 
+def floor_skips(p: torch.Tensor, choice: torch.Tensor, skip_k: int, floor: float) -> torch.Tensor:
+    """The choices (B,) with at least ``ceil(floor * B)`` samples computing the block (methods.md §6.5, "Block
+    floor"): where more samples chose to skip, the skippers whose skip was the least decided (the smallest gap
+    between the skip's priced probability and the best computing option's) take that computing option. On the
+    device, without a read on the host: the number to move is a tensor, compared with each skipper's rank."""
+    b = len(choice)
+    skipping = choice == skip_k
+    others = p.detach().clone()
+    others[:, skip_k] = -1.0  # below any probability: the best computing option
+    best, alt = others.max(dim=1)
+    gap = torch.where(skipping, p.detach()[:, skip_k] - best, torch.full_like(best, float("inf")))
+    rank = torch.empty_like(choice)
+    rank[torch.argsort(gap, stable=True)] = torch.arange(b, device=choice.device)
+    excess = skipping.sum() - (b - math.ceil(floor * b))
+    return torch.where(skipping & (rank < excess), alt, choice)
+
+
 class GatedModel(nn.Module):
     def __init__(self, backbone: QModel, options: list[Precision], execution: str = "masked",
                  gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, routed_estimator: str = "sampled",
-                 sample_fraction: float = 1.0, option_state: str = "shared", routed_statistics: str = "computed"):
+                 sample_fraction: float = 1.0, option_state: str = "shared", routed_statistics: str = "computed",
+                 block_floor: float = 0.0):
         super().__init__()
+        if not 0.0 <= block_floor < 1.0:
+            raise ValueError(f"block_floor {block_floor}; allowed: 0 <= floor < 1")
+        self.block_floor = block_floor
         if routed_statistics not in ROUTED_STATISTICS:
             raise ValueError(f"routed_statistics {routed_statistics!r}; allowed: {', '.join(ROUTED_STATISTICS)}")
         if option_state not in OPTION_STATES:
@@ -417,8 +440,9 @@ class GatedModel(nn.Module):
                 z = z - self.price * self.option_cost[i]
             p = torch.softmax(z, dim=-1)
             choice, mask = straight_through(p)
-            if forced is not None:
-                choice = forced[:, i]
+            if forced is not None or self._floored(i):
+                choice = forced[:, i] if forced is not None else floor_skips(p, choice, self.skip_index,
+                                                                               self.block_floor)
                 mask = torch.nn.functional.one_hot(choice, p.shape[-1]).to(p.dtype) + (p - p.detach())
             h = self._masked(i, block, h, mask) if self.execution == "masked" else self._routed(i, block, h, choice, mask)
             masks.append(mask)
@@ -427,6 +451,13 @@ class GatedModel(nn.Module):
         logits = bb.head(h, FP32)
         return logits, GateTrace(torch.stack(masks, 1), torch.stack(choices, 1), torch.stack(probs, 1),
                                  torch.stack(raw, 1))
+
+    def _floored(self, i: int) -> bool:
+        """Whether block ``i``'s decisions go through ``floor_skips``: a floor is set, the block may skip and
+        has an option that computes."""
+        k = self.skip_index
+        return (self.block_floor > 0 and k is not None and self._allowed[i][k]
+                and any(a for j, a in enumerate(self._allowed[i]) if j != k))
 
     def gate_macs(self) -> int:
         """Forward MACs of the gate for one input (embeddings, LSTM steps, projection); kept apart. A language

@@ -669,3 +669,29 @@ def test_routed_batch_statistics_keep_the_estimate_draw_for_draw(estimator):
     grads = {s: _last_block_draws(estimator, 1, statistics=s) for s in ("computed", "batch")}
     assert grads["computed"].abs().max() > 1e-4
     assert torch.allclose(grads["batch"], grads["computed"], atol=1e-6, rtol=1e-4)
+
+
+def test_block_floor_keeps_every_gated_block_computing_where_a_low_target_collapses_them():
+    """At a gated cp target the options cannot reach without skipping, the controller drives blocks to skip for
+    every input (a collapse); ``block_floor`` keeps at least that share of each block's inputs computing, and
+    the gated cp counts the moved samples."""
+    results = {}
+    for floor in (0.0, 0.5):
+        cfg = parse_config({**DIGITS, "optim": {"epochs": 2}, "schedule": {
+            "kind": "dfq", "target_cp": 0.3, "execution": "routed", "block_floor": floor}})
+        results[floor] = train_and_evaluate(cfg)
+    skip = {f: [r.history[-1][f"alloc_skip_b{i:02d}"] for i in range(3)] for f, r in results.items()}
+    assert max(skip[0.0]) > 0.9  # without the floor a block collapses to skip
+    assert max(skip[0.5]) <= 0.5 + 1e-9  # with it no block skips more than half its inputs
+    # the floor binds: the computing half costs more than the target allows, which the gated cp shows
+    assert results[0.5].history[-1]["cp_gated"] > 2 * results[0.0].history[-1]["cp_gated"]
+
+
+def test_floor_skips_moves_the_least_decided_skippers_only():
+    from engine.models.gated import floor_skips
+
+    p = torch.tensor([[0.9, 0.1, 0.0], [0.6, 0.0, 0.4], [0.2, 0.8, 0.0], [0.7, 0.1, 0.2], [0.5, 0.3, 0.2]])
+    choice = p.argmax(1)  # skip (0) for rows 0, 1, 3, 4
+    assert floor_skips(p, choice, 0, 0.6).tolist() == [0, 2, 1, 0, 1]  # 3 of 5 compute: rows 1 and 4 move
+    assert floor_skips(p, choice, 0, 0.2).tolist() == choice.tolist()  # one computes already
+    assert floor_skips(p, choice, 0, 0.0).tolist() == choice.tolist()
