@@ -5,6 +5,7 @@ numbers, strings, lists and dicts: nothing is unpickled as code)."""
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -24,6 +25,18 @@ def save(directory: str | Path, state: dict) -> Path:
     return path
 
 
+# what torch's weights-only unpickler says of a class or function it refuses to load (code, not damage)
+FOREIGN = re.compile(r"Unsupported (global|class)|not an allowed global")
+
+
+def _cause(exc: Exception) -> str:
+    """The informative line of a load error: torch's weights-only message buries it under advice."""
+    lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+    specific = [x for x in lines if "error:" in x.lower() or x.startswith("Unsupported")]
+    line = specific[-1] if specific else lines[0] if lines else type(exc).__name__
+    return line.split(". ")[0][:200]  # the first sentence: the rest is torch's advice
+
+
 def load(directory: str | Path, map_location: str | torch.device = "cpu") -> dict:
     path = Path(directory)
     path = path / FILENAME if path.is_dir() else path
@@ -31,12 +44,14 @@ def load(directory: str | Path, map_location: str | torch.device = "cpu") -> dic
         raise CheckpointError(f"checkpoint: {path} does not exist")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:  # torch's message advises turning weights_only off: never repeat that
-        raise CheckpointError(f"checkpoint: {path} holds objects other than tensors and plain data; refused "
-                              "(loading it could run code)") from None
-    except Exception as exc:
-        first = next((x.strip() for x in str(exc).splitlines() if x.strip()), "")
-        raise CheckpointError(f"checkpoint: {path} is unreadable ({type(exc).__name__}: {first[:200]})") from None
+    except pickle.UnpicklingError as exc:  # torch's message advises turning weights_only off: never repeat that
+        if FOREIGN.search(str(exc)):
+            raise CheckpointError(f"checkpoint: {path} holds objects other than tensors and plain data; refused "
+                                  "(loading it could run code)") from None
+        raise CheckpointError(f"checkpoint: {path} is damaged (not a readable checkpoint: "
+                              f"{_cause(exc)})") from None
+    except Exception as exc:  # a truncated archive, flipped bytes, an empty file...
+        raise CheckpointError(f"checkpoint: {path} is damaged ({type(exc).__name__}: {_cause(exc)})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint: {path} holds a {type(state).__name__}; expected fractune's state dict")
     if state.get("format") != FORMAT:

@@ -82,6 +82,21 @@ def test_checkpoints_load_weights_only(tmp_path):
         checkpoint.load(tmp_path / "nowhere")
 
 
+@pytest.mark.parametrize("damage", ["truncated", "flipped bytes", "garbage", "empty"])
+def test_a_damaged_checkpoint_is_named_damaged_not_foreign(tmp_path, damage):
+    """Corruption on disk is "damaged"; only a file that asks for code is "objects other than tensors"."""
+    cfg = parse_config({**BASE, "optim": {"epochs": 1}})
+    train_and_evaluate(cfg, report=lambda m, save: save(tmp_path))
+    path = tmp_path / checkpoint.FILENAME
+    data = path.read_bytes()
+    broken = {"truncated": data[: len(data) // 2], "flipped bytes": data[:200] + bytes(b ^ 0xFF for b in data[200:260])
+              + data[260:], "garbage": bytes(range(256)) * 4, "empty": b""}[damage]
+    path.write_bytes(broken)
+    with pytest.raises(CheckpointError, match="is damaged") as err:
+        checkpoint.load(tmp_path)
+    assert "could run code" not in str(err.value) and "\n" not in str(err.value)
+
+
 def test_lr_schedules():
     piece = parse_config({"optim": {"epochs": 1, "lr": 0.1, "milestones": [0.5, 0.75]}})
     assert [lr_at(piece, i, 100) for i in (0, 49, 50, 74, 75, 99)] == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001, 0.001])
