@@ -1,0 +1,102 @@
+"""Damaged or mismatched Fashion-MNIST files are refused before any training, with one line naming the file
+and exit 2: a cut archive, a wrong header, a truncated body, a label out of range, swapped files, changed
+bytes (the release's checksums), for `fractune train` and for a sweep before Ray starts (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+
+import pytest
+import yaml
+
+from engine.data import FASHION_MNIST_DIR, FMNIST_FILES
+from tests.conftest import run_main
+
+
+def _copy(tmp_path):
+    folder = tmp_path / "fm"
+    folder.mkdir()
+    for stem in FMNIST_FILES:
+        shutil.copy(FASHION_MNIST_DIR / f"{stem}.gz", folder / f"{stem}.gz")
+    return folder
+
+
+def _rewrite(path, change) -> None:
+    data = bytearray(gzip.decompress(path.read_bytes()))
+    change(data)
+    path.write_bytes(gzip.compress(bytes(data)))
+
+
+def _cut_archive(folder):
+    path = folder / "train-labels-idx1-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:2000])
+
+
+def _label_255(folder):
+    _rewrite(folder / "train-labels-idx1-ubyte.gz", lambda d: d.__setitem__(100, 255))
+
+
+def _bad_header(folder):
+    _rewrite(folder / "t10k-images-idx3-ubyte.gz", lambda d: d.__setitem__(2, 0x0D))  # float data
+
+
+def _truncated_body(folder):
+    _rewrite(folder / "t10k-images-idx3-ubyte.gz", lambda d: d.__delitem__(slice(-784, None)))
+
+
+def _swapped(folder):  # the test labels where the training labels belong, and back
+    a, b = folder / "train-labels-idx1-ubyte.gz", folder / "t10k-labels-idx1-ubyte.gz"
+    tmp = folder / "x.gz"
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+
+
+def _one_pixel(folder):
+    _rewrite(folder / "train-images-idx3-ubyte.gz", lambda d: d.__setitem__(5000, d[5000] ^ 1))
+
+
+def _labels_relabelled(folder):  # two classes swapped: shape, header and range all look right
+    _rewrite(folder / "train-labels-idx1-ubyte.gz",
+             lambda d: d.__setitem__(slice(8, None), bytes({0: 1, 1: 0}.get(v, v) for v in d[8:])))
+
+
+DAMAGE = {
+    "cut archive": (_cut_archive, "train-labels-idx1-ubyte.gz is damaged"),
+    "label 255": (_label_255, "holds a label of 255; allowed: 0 to 9"),
+    "bad header": (_bad_header, "t10k-images-idx3-ubyte.gz is not an IDX file of unsigned bytes"),
+    "truncated body": (_truncated_body, "it is truncated or damaged"),
+    "swapped": (_swapped, "has shape (10000,); Fashion-MNIST's train-labels-idx1-ubyte has (60000,)"),
+    "one pixel": (_one_pixel, "does not match Fashion-MNIST's train-images-idx3-ubyte (SHA-256 differs)"),
+    "relabelled": (_labels_relabelled, "does not match Fashion-MNIST's train-labels-idx1-ubyte"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_data_file_is_refused_with_one_line_before_training(damage, tmp_path, capsys):
+    folder = _copy(tmp_path)
+    harm, expected = DAMAGE[damage]
+    harm(folder)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"name": "d", "model": {"name": "tiny"}, "optim": {"iterations": 2},
+                                      "data": {"dataset": "fashion-mnist", "train_subset": 64}}))
+    code, out, _ = run_main("train", str(config), "--data-dir", str(folder), "--json")
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and expected in lines[0] and str(folder) in lines[0], err
+    assert "epoch" not in out
+
+
+def test_a_sweep_on_damaged_data_exits_2_before_anything_starts(tmp_path, capsys):
+    folder = _copy(tmp_path)
+    _label_255(folder)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "damaged", "base": {"model": {"name": "tiny"}, "optim": {"iterations": 2},
+                                                                "data": {"dataset": "fashion-mnist",
+                                                                         "data_dir": str(folder)}}}))
+    code, _, err = run_main("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri",
+                            f"sqlite:///{tmp_path / 'm.db'}", "--no-report")
+    err = capsys.readouterr().err
+    assert code == 2 and "holds a label of 255" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "m.db").exists()  # nothing created
