@@ -2,7 +2,9 @@
 
 The sampled trial dict becomes an ``ExperimentConfig`` (``search_spaces.trial.decode``); every epoch's
 metrics (the engine's, whatever keys it reports) go out through ``ray.tune.report`` with a checkpoint; a
-restarted or restored trial resumes from ``ray.tune.get_checkpoint()``. torch uses as many threads as the trial
+restarted or restored trial resumes from the furthest readable checkpoint of ``ray.tune.get_checkpoint()`` and
+the ones beside it (``resume_point``: damaged ones passed over), and one that had finished reports its last
+epoch instead of training again. torch uses as many threads as the trial
 has CPUs (and the GPU Ray gave the trial: ``device: auto`` sees only that one). Each result also carries where
 the trial ran (``PLACEMENT_KEYS``: node id, torch device and threads), which the tracker keeps as tags, not
 metrics. Only ``ray.tune`` APIs are used (``ray.train.*`` is deprecated inside Tune functions and fails in
@@ -84,5 +86,51 @@ def train_trial(config: dict) -> None:
     if checkpoint is None:
         train_and_evaluate(cfg, report=report)
         return
-    with checkpoint.as_directory() as d:
-        train_and_evaluate(cfg, report=report, resume_from=d)
+    with checkpoint.as_directory() as given:
+        start = resume_point(Path(given))
+        if start is None:  # every checkpoint damaged: the trial starts over
+            train_and_evaluate(cfg, report=report)
+            return
+        path, state, seen = start
+        # the epochs the furthest checkpoint holds beyond Tune's: reported again from its history (the tracker
+        # writes each epoch once), so a trial that ended before the saved state caught up does not train again
+        missed = [h for h in state.get("history") or [] if h.get("epoch", 0) > seen]
+        for i, metrics in enumerate(missed):
+            last = i == len(missed) - 1
+            tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(str(path)) if last else None)
+        if finished(cfg, state):
+            return
+        train_and_evaluate(cfg, report=report, resume_from=path)
+
+
+def resume_point(given: Path) -> tuple[Path, dict, int] | None:
+    """Where a restored trial continues: of the checkpoint Tune gives and the trial's other checkpoints beside
+    it, the readable one that got furthest (Tune's saved state may lag the trial's last checkpoint by an epoch or
+    more after an abrupt stop), with the epoch of Tune's own (0 when it is damaged). A damaged checkpoint is named
+    on stderr and passed over; None when none is readable (the trial starts over)."""
+    import sys
+
+    from engine import checkpoint as ckpt
+    from engine.errors import CheckpointError
+
+    candidates = {given, *(p for p in given.parent.glob("checkpoint_*") if p.is_dir())}
+    best, seen = None, 0
+    for path in sorted(candidates, key=lambda p: p.name, reverse=True):
+        try:
+            state = ckpt.load(path)
+        except CheckpointError as err:
+            print(f"fractune: {err}; passed over", file=sys.stderr)
+            continue
+        if path == given:
+            seen = int(state.get("epoch", 0))
+        if best is None or state.get("iteration", 0) > best[1].get("iteration", 0):
+            best = (path, state)
+    return None if best is None else (*best, seen)
+
+
+def finished(cfg, state: dict) -> bool:
+    """Whether a checkpoint's run had trained all its iterations."""
+    from engine.data import run_length
+
+    run = run_length(cfg)
+    return state.get("iteration", 0) >= run.total_iterations or state.get("epoch", 0) >= run.epochs
