@@ -228,8 +228,20 @@ def one_line_error(err: BaseException | str) -> str:
     return _one_line(str(err))[:2000]
 
 
+# what a store's failure ends with that is no cause (SQLAlchemy's footer and statement echo)
+FOOTERS = ("(Background on this error at", "[SQL:", "[parameters:")
+# the causes a user can act on, named wherever they appear in a failure's text
+CAUSES = ("database or disk is full", "No space left on device", "Read-only file system",
+          "attempt to write a readonly database", "database is locked", "unable to open database file",
+          "disk I/O error", "Permission denied")
+
+
 def _one_line(text: str) -> str:
-    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip() and not x.strip().startswith(FOOTERS)]
+    for cause in CAUSES:
+        hit = [x for x in lines if cause in x]
+        if hit:
+            return hit[-1]
     errors = [x for x in lines if "Error" in x or "error" in x]
     return (errors[-1] if errors else (lines[-1] if lines else text))
 

@@ -16,6 +16,7 @@ from orchestrator import store
 from orchestrator.sweep import SweepOptions, run_sweep
 from orchestrator.tracker import NOT_METRICS, is_metric
 from search_spaces.spec import parse_spec
+from tests.conftest import needs_root
 from tests.orchestrator.procs import SLOW, Relay, histories, wait_for
 
 
@@ -98,3 +99,23 @@ def test_tracking_store_unreachable_mid_sweep_is_backfilled(ray_local, mlflow_se
 def _tune_results(storage: Path) -> int:
     """Epoch results Tune has recorded so far (one line each in the trials' result.json)."""
     return sum(len(p.read_text().splitlines()) for p in storage.glob("*/*/result.json"))
+
+
+@needs_root
+def test_a_tracking_database_on_a_full_disk_says_so_in_one_line(tmp_path, tiny_mount):
+    """A real sqlite store whose disk fills: the failure's one line is sqlite's cause, not SQLAlchemy's footer."""
+    import subprocess
+
+    from orchestrator import store
+
+    disk = tiny_mount("4m")
+    uri = f"sqlite:///{disk / 'mlflow.db'}"
+    c = store.client(uri)
+    exp = c.create_experiment("full")
+    run = c.create_run(exp)
+    subprocess.run(["dd", "if=/dev/zero", f"of={disk / 'filler'}", "bs=64k"], capture_output=True)
+    with pytest.raises(Exception) as err:
+        for i in range(20000):  # the store's free pages run out within a few hundred writes
+            c.log_param(run.info.run_id, f"p{i}", "x" * 500)
+    line = store.one_line_error(err.value)
+    assert "database or disk is full" in line and "sqlalche.me" not in line and "\n" not in line
