@@ -422,6 +422,12 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
              f"`{data.sweep_id}` (experiment {data.experiment_id}, parent run `{data.parent_run_id}`): "
              f"{len(data.rows)} trials, {len(data.finished())} finished. Do not edit by hand: rerun the command.",
              ""]
+    if progress := data.progress():
+        lines += [f"**Partial:** {progress}.", ""]
+    diverged = [r for r in data.rows if r.get("diverged")]
+    if diverged:
+        lines += ["**Diverged:** " + ", ".join(f"{r['name']} (from {r['diverged']})" for r in diverged)
+                  + ": their training loss passed three times chance's (docs/methods.md §8).", ""]
     if setup:
         lines += ["## Setting", ""] + [f"- {k}: {v}" for k, v in setup.items()] + [""]
     if task_of(groups)[0] == "perplexity":
@@ -670,6 +676,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
     return {"sweep": data.name, "sweep_id": data.sweep_id, "parent_run_id": data.parent_run_id,
             "trials": len(data.rows), "finished": len(done), "methods": methods, "objective": objective,
             "task_objective": task, "direction": runs.DIRECTIONS[mode], "comparable_rule": comparable_rule(task),
+            "status": data.status, "partial": data.progress() is not None,
             "pareto": [r["method"] for r in front], "rankings": rankings(groups), "trends": checks, "markdown": str(page), "plot": str(plot),
             "seeds_plot": str(per_seed) if per_seed else None,
             "stages": stage_refs,

@@ -39,6 +39,9 @@ from engine.runners import StaticRunner, make_step
 from engine.schedules import PrecisionTrace, build_schedule
 
 Reporter = Callable[[dict, Callable[[str | Path], Path]], None]
+# an epoch's mean training loss above this many times chance's (ln of the classes, or of a vocabulary) is flagged
+# as diverged: a loss that explodes without turning NaN is far past that, a slow start never reaches it
+DIVERGENCE_FACTOR = 3.0
 
 
 @dataclass
@@ -320,6 +323,8 @@ class Trainer:
             **(self.init_metrics if self.epoch == 1 else {}),
             "events": [dict(e, epoch=self.epoch) for e in runner.events[events_before:]],
         }
+        # a loss that explodes without turning NaN: flagged, not stopped (methods.md §8)
+        metrics["diverged"] = float(metrics["loss"] > DIVERGENCE_FACTOR * math.log(self.data.info.classes))
         if self.data.info.is_text:  # seen counts predicted tokens (y is flattened)
             metrics.update(tokens=seen, train_seconds=loop_seconds, tokens_per_second=seen / max(loop_seconds, 1e-9),
                            bitops_per_token=epoch_cost.bitops / max(seen, 1))

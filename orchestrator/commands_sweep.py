@@ -211,9 +211,16 @@ def cmd_pareto(args) -> int:
     print(f"sweep {data.sweep_id}: {len(data.rows)} trials, {done} finished their planned epochs, "
           f"{len(front)} on the Pareto front ({task_label(data.rows)}, training cost min under {objective})")
     entries = [runs.front_entry(r, objective) for r in front]
+    progress = data.progress()
+    if progress:  # a sweep still running (or interrupted): the front of the trials done so far
+        info(progress)
+    diverged = [r for r in data.rows if r.get("diverged")]
+    for r in diverged:
+        info(f"trial {r['name']} diverged (its training loss passed the engine's bound at {r['diverged']})")
     pareto_table(entries)
     if args.json:
         emit_json({"sweep": args.sweep, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
                    "parent_run_id": data.parent_run_id, "trials": len(data.rows), "finished": done,
-                   "objective": objective, "pareto": entries})
+                   "status": data.status, "planned": data.planned, "partial": progress is not None,
+                   "diverged": [r["run_id"] for r in diverged], "objective": objective, "pareto": entries})
     return 0

@@ -45,9 +45,20 @@ class SweepRuns:
     factors: list[str]  # the swept dotted paths
     client: object = field(default=None, repr=False)
     objective: str = "bitops"  # the cost model the sweep's own front used (parent tag fractune.objective)
+    status: str = "FINISHED"  # the parent run's: RUNNING while the sweep runs, KILLED when it was interrupted
+    planned: int | None = None  # the trials the sweep planned (parent param planned_trials)
 
     def finished(self, objective: str = "bitops") -> list[dict]:
         return finished(self.rows, objective)
+
+    def progress(self) -> str | None:
+        """A line saying the sweep is not done (running, or interrupted) and how far it got; None when done."""
+        if self.status == "FINISHED":
+            return None
+        done = sum(1 for r in self.rows if r["status"] in ("FINISHED", "FAILED"))
+        total = self.planned if self.planned is not None else len(self.rows)
+        state = "running" if self.status == "RUNNING" else f"stopped ({self.status}; resume it with --resume)"
+        return f"sweep {self.sweep_id} is {state}: {done} of {total} trials done; what follows is partial"
 
 
 def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
@@ -61,8 +72,10 @@ def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
         what = f"no sweep {sweep_id!r} of that name" if sweep_id else "no sweep of that name"
         raise ConfigError.single("sweep", name, f"{what} in {store.redact(uri)}")
     rows, factors = trial_rows(c, parent)
+    planned = parent.data.params.get("planned_trials")
     return SweepRuns(uri, name, parent.data.tags.get(store.SWEEP_TAG, ""), parent.info.experiment_id,
-                     parent.info.run_id, rows, factors, c, parent.data.tags.get(OBJECTIVE_TAG, "bitops"))
+                     parent.info.run_id, rows, factors, c, parent.data.tags.get(OBJECTIVE_TAG, "bitops"),
+                     parent.info.status, int(planned) if planned and planned.isdigit() else None)
 
 
 def trial_rows(c, parent) -> tuple[list[dict], list[str]]:
@@ -95,6 +108,7 @@ def _row(c, run, swept: list[str], record: set[str] | None) -> dict:
                    planned_epochs=int(planned) if planned else None, node_id=tags.get("fractune.node_id"),
                    cp_gated=cp_gated, pareto=tags.get("pareto") == "true")
     row["stage"], row["init_run"] = tags.get("fractune.stage"), tags.get("fractune.init_run")  # staged sweeps
+    row["diverged"] = tags.get("fractune.diverged")  # the epoch its loss passed the engine's bound, or None
     row["init_accuracy"] = float(m.get("init_accuracy", math.nan))  # from a pretrained model: before any step
     if planned is None:  # logged before the planned-epochs tag: the sweep's own record, else FINISHED
         row["complete"] = status == "FINISHED" and (record is None or run.info.run_id in record)

@@ -51,6 +51,7 @@ TUNE_KEYS = frozenset(AUTO_RESULT_KEYS) | frozenset(DEFAULT_EXPERIMENT_INFO_KEYS
                                                                                      "checkpoint_dir_name"}
 NOT_METRICS = TUNE_KEYS | frozenset(PLACEMENT_KEYS)
 REPORT_FILE = "fractune_tracking.json"
+DIVERGED_TAG = "fractune.diverged"  # the first epoch whose loss passed the engine's bound (engine.train)
 FLUSH_RETRIES, FLUSH_WAIT_S = 5, 2.0
 
 
@@ -232,6 +233,9 @@ class MLflowTracker(tune.Callback):
             self.state["nodes"][tid] = where
             for key, value in where.items():
                 self._submit({"op": "tag", "trial_id": tid, "key": f"fractune.{key}", "value": value})
+        if result.get("diverged") and not self.state.setdefault("diverged", {}).get(tid):  # once, at its first epoch
+            self.state["diverged"][tid] = epoch
+            self._submit({"op": "tag", "trial_id": tid, "key": DIVERGED_TAG, "value": f"epoch {epoch}"})
         if result.get("events"):  # turning points and other precision switches, as they happen
             by_epoch = self.state["events"].setdefault(tid, {})
             by_epoch[str(epoch)] = result["events"]  # keyed by epoch: a re-reported epoch replaces itself
