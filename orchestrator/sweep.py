@@ -451,6 +451,13 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         track["final_error"] = store.one_line_error(exc)
     if rows is None:  # the store is unreachable or behind (operations pending): the same rows from Tune
         rows = [result_row(r, run_ids) for r in grid]
+    else:  # a FINISHED run is final: a stale state's rerun that failed is not the trial's error
+        final = {r["run_id"] for r in rows if r.get("status") == "FINISHED"}
+        errors = [e for e in errors if e["run_id"] not in final]
+        known = {e["run_id"] for e in errors}
+        # a trial MLflow holds as FAILED is an error even where Tune could not write (or read back) its error
+        errors += [{"trial_id": r["trial_id"], "run_id": r["run_id"], "error": "the run FAILED (see its "
+                    "fractune.error tag)"} for r in rows if r.get("status") == "FAILED" and r["run_id"] not in known]
     objective = loaded.spec.objective
     front = runs.front(rows, objective)
     quality = runs.front_quality(runs.finished(rows, objective), front, objective)

@@ -15,7 +15,9 @@ stays queued (training goes on) and is retried at every later callback and at th
 order, so nothing is silently dropped; ``tracking_report`` (written next to the experiment) counts the failed
 calls, the backfilled operations and any still pending. The state (parent run, trial -> run, last logged
 epoch, the queue) is saved by Tune with the experiment, and runs are also found again by their
-``ray_trial_id`` tag, so a restored sweep continues the same runs: no duplicate runs, no repeated epochs.
+``ray_trial_id`` tag, so a restored sweep continues the same runs: no duplicate runs, no repeated epochs. A run
+that is FINISHED in the store is final: a resumed sweep whose saved state predates its end neither reopens it
+nor marks it FAILED.
 """
 
 from __future__ import annotations
@@ -131,7 +133,10 @@ class MLflowTracker(tune.Callback):
                 self.c.log_batch(run_id, metrics=metrics)
                 self.state["written_epoch"][op["trial_id"]] = max(m.step for m in metrics)
         elif kind == "resume":  # a retried or restored trial: what the store already holds wins
-            self.c.update_run(run_id, status="RUNNING")
+            if self.c.get_run(run_id).info.status == "FINISHED":  # final: a stale state's rerun changes nothing
+                self.state.setdefault("final", {})[op["trial_id"]] = True
+            else:
+                self.c.update_run(run_id, status="RUNNING")
             logged = max((m.step for m in self.c.get_metric_history(run_id, "accuracy")), default=0)
             tid = op["trial_id"]
             self.state["written_epoch"][tid] = max(self.state["written_epoch"].get(tid, 0), logged)
@@ -257,6 +262,10 @@ class MLflowTracker(tune.Callback):
                       "value": str(trial.num_failures)})
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        if self.state.get("final", {}).get(trial.trial_id):  # a FINISHED run stays FINISHED (module doc)
+            self._submit({"op": "tag", "trial_id": trial.trial_id, "key": "fractune.rerun_error",
+                          "value": one_line_error(trial_error_text(trial))})
+            return
         self._submit({"op": "tag", "trial_id": trial.trial_id, "key": "fractune.error",
                       "value": one_line_error(trial_error_text(trial))})
         self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FAILED"})
