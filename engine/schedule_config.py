@@ -51,8 +51,13 @@ class IndicatorSettings(Strict):
     @model_validator(mode="before")
     @classmethod
     def _one_window(cls, data):
-        if isinstance(data, dict) and data.get("eval_windows") is not None and (
-                "eval_every" in data or "eval_unit" in data):
+        """eval_windows with an eval_every or eval_unit of its own is refused; their defaults (as a resolved
+        config's dump holds them) are not."""
+        if not isinstance(data, dict) or data.get("eval_windows") is None:
+            return data
+        fields = cls.model_fields
+        if (data.get("eval_every", fields["eval_every"].default) != fields["eval_every"].default
+                or data.get("eval_unit", fields["eval_unit"].default) != fields["eval_unit"].default):
             raise PydanticCustomError("windows", "eval_windows sets the window length; allowed: eval_windows or "
                                                  "eval_every / eval_unit, not both")
         return data

@@ -133,3 +133,6 @@ def test_eval_windows_splits_a_run_of_any_length_into_the_same_number_of_windows
     assert seen[0] == pytest.approx(sum(range(total // 160)) / (total // 160))  # the first window's mean loss
     with pytest.raises(Exception, match="eval_windows or eval_every"):
         sched(kind="pfq", eval_windows=10, eval_every=30)
+    # a resolved config's dump holds the defaults beside eval_windows: it parses back to the same config
+    resolved = parse_config({"schedule": {"kind": "fractrain", "eval_windows": 160}})
+    assert parse_config(resolved.to_dict()) == resolved
