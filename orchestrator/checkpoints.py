@@ -14,11 +14,17 @@ finished trial keeps only its last. The pruned checkpoints are also dropped from
 the saved experiment state does not grow with the number of epochs.
 
 Only storage on a local (or mounted shared) file system is pruned; on any other, Ray keeps every checkpoint.
+
+Tune copies its experiment state to storage without a temporary name, so a disk that fills or turns read-only
+during a copy leaves a cut file that no restore can read. ``StateKeeper`` therefore keeps the last complete copies
+of Tune's state files in ``.fractune-state/`` beside the experiment, and ``restore_state`` puts them back before
+a resume where the stored ones are cut or missing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -147,3 +153,161 @@ class CheckpointPruner(tune.Callback):
         if len(kept) != len(manager._checkpoint_results):
             manager._checkpoint_results = kept
             trial.run_metadata.invalidate_cache()
+
+
+# -- the experiment state, kept whole -----------------------------------------------------------------------
+KEPT = ".fractune-state"  # beside the experiment: the last complete copies of Tune's state files
+KEEP_GENERATIONS = 2
+OWN_FILES = {"pareto.json", "fractune_tracking.json", ".fractune.lock", "stages.json", "fractune.log"}
+
+
+def state_files(exp_path: Path) -> list[Path]:
+    """Tune's files a restore reads, directly in the experiment folder: ``tuner.pkl``, the experiment state,
+    the searcher's and the callbacks' state (everything there but fractune's own files)."""
+    return sorted(p for p in exp_path.iterdir() if p.is_file() and p.name not in OWN_FILES
+                  and not p.name.startswith("."))
+
+
+def whole(path: Path) -> bool:
+    """Whether a state file reads to its end: a pickle (whatever its name: Tune's searcher state is a pickle
+    named .json) that ends with its STOP opcode, anything else JSON that parses. A file cut by a full disk
+    fails; nothing is unpickled to tell."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if data[:1] == b"\x80":  # pickle protocol 2 and later
+        return data[-1:] == b"."
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
+
+
+def keep_state(exp_path: Path) -> Path | None:
+    """Copy Tune's state files, when every one is whole, to a new generation under ``.fractune-state`` (each file
+    through a temporary name, the generation marked complete last); the older generations beyond
+    ``KEEP_GENERATIONS`` go. Returns the generation, or None when a file was not whole (nothing changes)."""
+    files = state_files(exp_path)
+    if not any(CHECKPOINT_STATE.fullmatch(p.name) for p in files) or not all(whole(p) for p in files):
+        return None
+    root = exp_path / KEPT
+    done = complete_generations(root)
+    if root.is_dir():  # a copy a full disk cut short: never complete, never read
+        for stale in (p for p in root.iterdir() if p.is_dir() and p not in done):
+            shutil.rmtree(stale, ignore_errors=True)
+    gen = root / f"{(int(done[-1].name) + 1) if done else 1:08d}"
+    gen.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        durable_copy(p, gen / p.name)
+    durable_write(gen / "COMPLETE", "\n".join(p.name for p in files).encode())
+    _sync_dir(gen)
+    _sync_dir(root)
+    for old in complete_generations(root)[:-KEEP_GENERATIONS]:
+        shutil.rmtree(old, ignore_errors=True)
+    return gen
+
+
+CHECKPOINT_STATE = re.compile(r"experiment_state-.*\.json")
+
+
+def durable_write(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` through a temporary name, synced to the disk before the rename: a disk that fails
+    or a machine that stops right after still holds the whole file (or the previous one), never a cut one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def durable_copy(src: Path, dst: Path) -> None:
+    durable_write(dst, src.read_bytes())
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def complete_generations(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit() and (p / "COMPLETE").is_file())
+
+
+def restore_state(exp_path: Path) -> str | None:
+    """Before ``Tuner.restore``: where a state file Tune would read is missing or cut (a disk that filled while
+    Tune copied it), put back the last complete generation's copies. Returns a line saying what was restored,
+    or None when the state on storage is whole (or there is no copy to take)."""
+    if not exp_path.is_dir():
+        return None
+    files = state_files(exp_path)
+    broken = [p.name for p in files if not whole(p)]
+    has_state = any(CHECKPOINT_STATE.fullmatch(p.name) for p in files)
+    if not broken and has_state and (exp_path / "tuner.pkl").is_file():
+        return None
+    gens = [g for g in complete_generations(exp_path / KEPT) if _whole_generation(g)]
+    if not gens:
+        return None
+    gen = gens[-1]
+    for name in (gen / "COMPLETE").read_text().split():
+        durable_copy(gen / name, exp_path / name)
+    for name in broken:  # a newer state file of another session, cut: it would shadow the restored one
+        if not (gen / name).is_file():
+            (exp_path / name).unlink(missing_ok=True)
+    what = ", ".join(broken) or "missing state files"
+    return f"the sweep's state on storage was incomplete ({what}); restored its last complete copy ({gen.name})"
+
+
+def _whole_generation(gen: Path) -> bool:
+    """A kept generation every file of which is whole (a disk error can cut even a synced copy's neighbours)."""
+    try:
+        names = (gen / "COMPLETE").read_text().split()
+    except OSError:
+        return False
+    return bool(names) and all(whole(gen / name) for name in names)
+
+
+class StateKeeper(tune.Callback):
+    """Keeps the last complete copies of Tune's state files beside the experiment (``keep_state``) whenever the
+    stored experiment state changes, so that a disk that fills or turns read-only while Tune copies its state
+    never leaves a sweep that cannot resume (``restore_state``)."""
+
+    def __init__(self, exp_path: str) -> None:
+        self.exp_path = Path(exp_path)
+        self._seen: tuple | None = None
+        self._next_check = 0.0
+
+    def __getstate__(self) -> dict:
+        return {"exp_path": str(self.exp_path)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["exp_path"])
+
+    def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + CHECK_EVERY_S
+            self.safe_keep()
+
+    def on_experiment_end(self, trials: list, **info) -> None:
+        self.safe_keep()
+
+    def safe_keep(self) -> None:
+        """``keep_state`` when the stored state changed; a storage error keeps the previous copy (never raises)."""
+        try:
+            state = newest_state(self.exp_path)
+            if state is None:
+                return
+            st = state.stat()
+            signature = (state.name, st.st_mtime_ns, st.st_size)
+            if signature != self._seen and keep_state(self.exp_path) is not None:
+                self._seen = signature
+        except OSError:  # full or read-only: the last complete copy stays as it is
+            pass

@@ -30,6 +30,8 @@ SHARED: dict[str, tuple[tuple[str, ...], dict]] = {
                                          "./fractune_runs)"}),
     "dashboard": (("--dashboard",), {"action": "store_true", "help": "start the Ray dashboard with a local cluster"}),
     "quiet": (("--quiet",), {"action": "store_true", "help": "no per-epoch progress lines"}),
+    "verbose_logs": (("--verbose",), {"action": "store_true", "help": "Ray Tune's and MLflow's own log lines on "
+                                      "stderr (default: in fractune.log beside the sweep's storage state)"}),
     "sweep_id": (("--sweep-id",), {"help": "a specific sweep invocation, e.g. demo-20261123-101500"}),
     "set": (("--set",), {"dest": "overrides", "action": "append", "default": [], "metavar": "KEY.PATH=VALUE",
                          "help": "override a config field, e.g. --set schedule.fw=6 (repeatable)"}),
@@ -96,7 +98,7 @@ def _add_sweep(sub) -> None:
     p.add_argument("spec", help="sweep spec YAML (see search_spaces/)")
     _shared(p, "ray_address", "tracking_uri", "storage")
     p.add_argument("--resume", action="store_true", help="resume the latest unfinished sweep of this name")
-    _shared(p, "dashboard", "quiet")
+    _shared(p, "dashboard", "quiet", "verbose_logs")
     p.add_argument("--report-dir", metavar="DIR", help="where the HTML report goes (default: "
                    "./fractune_reports/SWEEP_ID); it is also logged on the sweep's parent run")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report at the end")
@@ -119,7 +121,7 @@ def _add_ablate(sub) -> None:
     p.add_argument("--resume", action="store_true", help="resume the latest unfinished ablation of this name")
     _shared(p, "dashboard")
     p.add_argument("--out", metavar="DIR", help="report folder (default: ./fractune_reports/SWEEP_ID)")
-    _shared(p, "quiet", "json")
+    _shared(p, "quiet", "verbose_logs", "json")
     p.set_defaults(func="orchestrator.commands_ablate:cmd_ablate")
 
 

@@ -18,7 +18,8 @@ def cmd_ablate(args) -> int:
                                  tracking_uri=args.tracking_uri, storage=args.storage, resume=args.resume,
                                  outputs={"--out": args.out})
     opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
-                        resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
+                        resume=args.resume, dashboard=args.dashboard, progress=not args.quiet,
+                        verbose=args.verbose)
     out = run_sweep(loaded, opts)
     meta = loaded.meta()
     c = store.client(uri)  # out["tracking_uri"] is the printable (redacted) one

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from engine.errors import ConfigError
+from orchestrator.lifecycle import SweepInterrupted
 from orchestrator.output import emit_json, info, table
 
 
@@ -104,6 +105,10 @@ def load_for_cluster(path: str, address: str | None, dashboard: bool = False, lo
             return None
 
     loaded = gather(loader or load_spec, path)
+    if loaded is not None and hasattr(loaded, "base_trial"):  # the data every trial reads: damaged files exit 2 here
+        from engine.data import check_available
+
+        gather(check_available, trial_data(loaded))
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
     gather(store.preflight, uri, mode="check")
     root = gather(storage_root, storage, create=False)
@@ -138,6 +143,13 @@ def load_for_cluster(path: str, address: str | None, dashboard: bool = False, lo
     return loaded, uri
 
 
+def trial_data(loaded):
+    """The data config of the spec's base trial (what its trials train on)."""
+    from search_spaces import trial
+
+    return trial.decode(loaded.base_trial()).data
+
+
 def cmd_sweep(args) -> int:
     from orchestrator.sweep import SweepOptions, run_sweep
 
@@ -153,18 +165,37 @@ def cmd_sweep(args) -> int:
     if args.objective:
         loaded = loaded.with_objective(args.objective)
     opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
-                        resume=args.resume, dashboard=args.dashboard, progress=not args.quiet)
-    out = run_sweep(loaded, opts)
+                        resume=args.resume, dashboard=args.dashboard, progress=not args.quiet,
+                        verbose=args.verbose)
+    try:
+        out = run_sweep(loaded, opts)
+    except SweepInterrupted as stop:
+        from orchestrator import store
+        from orchestrator.lifecycle import resume_command
+        from orchestrator.sweep import storage_root
+
+        command = resume_command(args.spec, str(storage_root(args.storage, create=False)), store.redact(uri))
+        info(f"fractune sweep: {stop}; its runs are marked KILLED; resume with: {command}")
+        if args.json:
+            emit_json({"sweep": loaded.name, "sweep_id": stop.sweep_id, "interrupted": signal_name(stop.signum),
+                       "finished": stop.finished, "trials": stop.total, "resume": command})
+        return stop.exit_code
     print(f"\nsweep {out['sweep_id']}: {out['trials']} trials, {out['errored']} errored, "
           f"{len(out['pareto'])} on the Pareto front ({task_label(out['pareto'])}, training cost min under "
           f"{out['objective']})")
     pareto_table(out["pareto"])
     for e in out["errors"]:
         info(f"trial {e['trial_id']} errored: {e['error']}")
+    if out.get("log") and (out["errors"] or out["tracking"].get("failed_calls")):
+        info(f"Ray Tune's and MLflow's full log lines: {out['log']} (--verbose puts them on stderr)")
     storage_msgs = [t for t in (out["tracking"].get("storage_error"), out["tracking"].get("report_error")) if t]
-    if storage_msgs or any("No space left on device" in e["error"] for e in out["errors"]):
-        info(f"error: --storage {out['storage']}: the storage ran out of space or became unwritable "
-             f"({'; '.join(storage_msgs) or 'No space left on device'}); free space and rerun with --resume")
+    if out.get("storage_problem"):  # full or read-only now: one line, the sweep resumes once it is fixed
+        info(f"fractune sweep: error: {out['storage_problem']}")
+    elif storage_msgs or any(m in e["error"] for e in out["errors"] for m in ("No space left", "Read-only")):
+        cause = "; ".join(storage_msgs) or next(m for e in out["errors"] for m in (
+            "No space left on device", "Read-only file system") if m in e["error"])
+        info(f"fractune sweep: error: --storage {out['storage']}: the storage ran out of space or became "
+             f"unwritable ({cause}); free space or write access and rerun with --resume")
     if not args.no_report:
         out.update(write_report(out, args.report_dir, uri=uri))
     print(f"\nMLflow: experiment {out['sweep']!r} (id {out['experiment_id']}), parent run {out['parent_run_id']}")
@@ -179,7 +210,13 @@ def cmd_sweep(args) -> int:
              f"summary are in {out['storage']}; run `fractune sweep {args.spec} --resume` to retry")
     if args.json:
         emit_json(out)
-    return 1 if out["errored"] or t.get("pending") else 0
+    return 1 if out["errored"] or t.get("pending") or out.get("storage_problem") else 0
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
 
 
 def write_report(out: dict, folder: str | None, data=None, uri: str | None = None) -> dict:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -49,6 +51,21 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None, file=None)
     print("  ".join("-" * w for w in widths), file=file)
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)), file=file)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` through a temporary name beside it: a full or read-only disk leaves the previous copy whole
+    (the OSError propagates; the temporary file is removed where it can be)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on the disk before the rename: a failing disk keeps one whole copy
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def info(msg: str) -> None:

@@ -21,14 +21,15 @@ import time
 from pathlib import Path
 
 from engine.errors import ConfigError
+from orchestrator.lifecycle import SweepInterrupted, reconcile
 from orchestrator.sweep import (
     SweepError,
     SweepOptions,
+    fit,
     log_front,
     make_tuner,
     param_space,
     save_summary,
-    start_sweep,
     storage_problem,
     ui_command,
 )
@@ -50,14 +51,15 @@ def write_manifest(exp_root: Path, manifest: dict) -> None:
     tmp.replace(path)  # atomic: a killed driver leaves the previous record
 
 
-def run_staged(loaded: LoadedSpec, opts: SweepOptions) -> dict:
+def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, sweep_id: str, trainable,
+               init_runs) -> dict:
+    """A staged sweep (``orchestrator.sweep.run_sweep`` once the sweep id is claimed and Ray is up)."""
     from ray import tune
 
     from orchestrator.progress import ProgressPrinter
     from orchestrator.tracker import MLflowTracker
 
     spec = loaded.spec
-    uri, root, sweep_id, trainable, init_runs = start_sweep(loaded, opts)
     exp_root = root / sweep_id
     manifest = read_manifest(exp_root)
     if opts.resume and not (exp_root / MANIFEST).is_file():  # written before the first stage starts
@@ -83,6 +85,10 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions) -> dict:
         if stage.init_from:
             inits = {int(s): v for s, v in manifest["stages"][stage.init_from]["seeds"].items()}
         tracker = None
+        from orchestrator.checkpoints import restore_state
+
+        if opts.resume and (note := restore_state(stage_path)):
+            print(f"fractune: stage {stage.name}: {note}", file=sys.stderr)
         if opts.resume and tune.Tuner.can_restore(str(stage_path)):
             print(f"stage {stage.name}: resuming from {stage_path}", file=sys.stderr)
             tuner = tune.Tuner.restore(str(stage_path), trainable, resume_unfinished=True, resume_errored=True)
@@ -96,8 +102,11 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions) -> dict:
             print(f"stage {stage.name}: {sub.num_trials()} trials" +
                   (f", each from the {stage.init_from} run of its seed" if stage.init_from else ""), file=sys.stderr)
         try:
-            grid = tuner.fit()
+            grid = fit(tuner, uri, spec.name, sweep_id)
+        except SweepInterrupted:
+            raise
         except Exception as exc:  # Tune itself gave up
+            reconcile(uri, spec.name, sweep_id, parent_status="FAILED")  # its stopped trials: KILLED, resumable
             raise SweepError(storage_problem(root) or f"Ray Tune could not finish stage {stage.name} of sweep "
                              f"{sweep_id}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
                              "rerun with --resume") from None

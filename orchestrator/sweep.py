@@ -1,13 +1,15 @@
 """Run a sweep on Ray Tune: local Ray by default, ``address`` to attach to a running cluster.
 
-Only ``ray.tune.*`` APIs. Storage is absolute; every sweep invocation gets an id ``<name>-<timestamp>`` so a
-second run never overwrites the first, and ``resume`` restores the latest unfinished one with
-``Tuner.restore``. Resources are checked against the cluster before ``fit()`` (a trial larger than every
+Only ``ray.tune.*`` APIs. Storage is absolute; every sweep invocation gets an id ``<name>-<timestamp>`` of its
+own (``orchestrator.lifecycle``: a suffix where another start of the same second holds it) so a second run never
+overwrites the first, and ``resume`` restores the latest unfinished one with ``Tuner.restore``; SIGINT and
+SIGTERM stop a sweep gracefully (``SweepInterrupted``). Resources are checked against the cluster before ``fit()`` (a trial larger than every
 node would stay PENDING forever), and after ``fit()`` trial errors are surfaced, not swallowed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,6 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError, FractuneError
+from orchestrator.lifecycle import (
+    SweepInterrupted,
+    claim_sweep_id,
+    hold_sweep,
+    interruptible,
+    reconcile,
+    release_sweep,
+)
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
@@ -52,6 +62,7 @@ class SweepOptions:
     resume: bool = False
     dashboard: bool = False
     progress: bool = True
+    verbose: bool = False  # Tune's and MLflow's log lines on stderr, else in the sweep's fractune.log
 
 
 def storage_root(storage: str | None, create: bool = True) -> Path:
@@ -97,8 +108,17 @@ def latest_sweep_id(root: Path, name: str) -> str:
     return candidates[-1]
 
 
-def new_sweep_id(name: str) -> str:
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+def sweep_taken(uri: str, name: str):
+    """``taken(sweep_id)`` for ``lifecycle.claim_sweep_id``: whether the tracking store holds a parent run of that
+    id (a sweep of the same second with another storage folder); False where the store cannot say."""
+    def taken(sweep_id: str) -> bool:
+        from orchestrator import store
+
+        try:
+            return store.sweep_parent(store.client(uri), name, sweep_id) is not None
+        except Exception:  # noqa: BLE001  an unreadable store: the storage folder's claim stands
+            return False
+    return taken
 
 
 def check_ray_address(address: str | None, timeout: float = 3.0) -> None:
@@ -308,19 +328,39 @@ def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
     store.preflight(uri)
     init_runs = lineage.resolve_runs(uri, lineage.spec_run_ids(loaded))  # before Ray starts: a bad run id exits 2
     root = storage_root(opts.storage)
-    sweep_id = latest_sweep_id(root, spec.name) if opts.resume else new_sweep_id(spec.name)
+    if opts.resume:
+        sweep_id = latest_sweep_id(root, spec.name)
+        hold_sweep(root / sweep_id, sweep_id)  # a second resume of a running sweep is refused
     init_ray(opts.address, opts.dashboard)
     check_resources(spec.resources.cpu, spec.resources.gpu)
     check_shared_storage(root)
+    if opts.resume:
+        reconcile(uri, spec.name, sweep_id, parent_status=None)  # runs a killed driver left RUNNING
+    else:  # claimed once every check passed: a refused sweep leaves nothing behind
+        sweep_id = claim_sweep_id(root, spec.name, sweep_taken(uri, spec.name))
+        hold_sweep(root / sweep_id, sweep_id)
     trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
     return uri, root, sweep_id, trainable, init_runs
 
 
 def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Ray's own tables: fractune prints its progress itself
+    uri, root, sweep_id, trainable, init_runs = start_sweep(loaded, opts)
+    body = _run_plain
     if loaded.stages:  # stages in order under one parent run (orchestrator.stages)
-        from orchestrator.stages import run_staged
+        from orchestrator.stages import run_staged as body
+    try:
+        with quiet_logs(root / sweep_id, opts.verbose) as log_file:
+            out = body(loaded, opts, uri, root, sweep_id, trainable, init_runs)
+    finally:
+        release_sweep(root / sweep_id)
+    out["log"] = str(log_file) if log_file else None
+    return out
 
-        return run_staged(loaded, opts)
+
+def _run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, sweep_id: str, trainable,
+               init_runs) -> dict:
+    """``run_sweep`` of a spec without stages, once the sweep id is claimed and Ray is up."""
     from ray import tune
 
     from orchestrator import store
@@ -328,12 +368,14 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
     from orchestrator.tracker import MLflowTracker
 
     spec = loaded.spec
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Ray's own tables: fractune prints its progress itself
-    uri, root, sweep_id, trainable, init_runs = start_sweep(loaded, opts)
     exp_path = root / sweep_id
 
     tracker = None
     if opts.resume:
+        from orchestrator.checkpoints import restore_state
+
+        if note := restore_state(exp_path):  # a state file cut by a full or read-only disk
+            print(f"fractune: {note}", file=sys.stderr)
         if not tune.Tuner.can_restore(str(exp_path)):
             raise ConfigError.single("--resume", spec.name, f"{exp_path} holds no restorable sweep")
         print(f"resuming sweep {sweep_id} from {exp_path}", file=sys.stderr)
@@ -352,17 +394,87 @@ def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
         print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {store.redact(uri)}", file=sys.stderr)
     started = time.perf_counter()
     try:
-        grid = tuner.fit()
+        grid = fit(tuner, uri, spec.name, sweep_id)
+    except SweepInterrupted:
+        raise
     except Exception as exc:  # Tune itself gave up (e.g. its state or error files could not be written)
         cause = storage_problem(root) or (f"Ray Tune could not finish sweep {sweep_id}: {type(exc).__name__}: "
                                           f"{str(exc).splitlines()[0] if str(exc) else ''}")
         started_any = bool(tracker is not None and tracker.state["runs"])
         mark_failed(tracker, cause)
-        raise SweepError(cause + ("; rerun with --resume" if started_any or tracker is None else
+        reconcile(uri, spec.name, sweep_id, parent_status="FAILED")  # the trials it stopped: KILLED, resumable
+        resume = "" if "--resume" in cause else "; rerun with --resume"
+        raise SweepError(cause + (resume if started_any or tracker is None else
                                   "; no trial started (the parent run is marked FAILED)")) from None
     # the tracker's own report when it ran in this process, else the one it wrote beside the experiment
     report = getattr(tracker, "last_report", None) if not opts.resume else None
     return finish(loaded, grid, uri, sweep_id, exp_path, time.perf_counter() - started, report)
+
+
+QUIET_LOGGERS = ("ray.tune", "ray.train", "ray.air", "mlflow", "alembic", "sqlalchemy")
+
+
+@contextlib.contextmanager
+def quiet_logs(exp_path: Path, verbose: bool):
+    """Ray Tune's and MLflow's log lines (a traceback per failed trial, one per failed write to a full tracking
+    database) go to ``fractune.log`` beside the sweep's state instead of stderr while the sweep runs; fractune's
+    own lines say what failed and name the file. Yields the file, or None with ``verbose`` (or where it cannot
+    be opened); the loggers are as they were afterwards."""
+    import logging
+
+    class QuietFileHandler(logging.FileHandler):
+        """Opens the file for each record and closes it again: no file held open for writing on the storage (a
+        file system with one cannot be remounted read-only), and a full or read-only disk loses the line
+        quietly."""
+
+        def emit(self, record) -> None:
+            super().emit(record)
+            with contextlib.suppress(OSError):
+                self.close()
+
+        def handleError(self, record) -> None:  # noqa: N802
+            pass
+
+    handler = None if verbose else QuietFileHandler(exp_path / "fractune.log", delay=True)
+    if handler is None:
+        yield None
+        return
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    saved = {}
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        saved[name] = (list(logger.handlers), logger.propagate)
+        for h in logger.handlers:
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                logger.removeHandler(h)
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        yield Path(handler.baseFilename)
+    finally:
+        for name, (handlers, propagate) in saved.items():
+            logger = logging.getLogger(name)
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
+        with contextlib.suppress(OSError):  # its last lines on a full disk: lost, the sweep's outcome is not
+            handler.close()
+
+
+def fit(tuner, uri: str, experiment: str, sweep_id: str):
+    """``tuner.fit()``, stopped gracefully on SIGINT or SIGTERM (``lifecycle.interruptible``): the sweep's runs
+    left RUNNING become KILLED and ``SweepInterrupted`` says how far it got."""
+    with interruptible() as got:
+        try:
+            grid = tuner.fit()
+        except KeyboardInterrupt:  # a second signal, or one before Tune's loop ran
+            grid = None
+    if "signal" not in got:
+        if grid is None:
+            raise KeyboardInterrupt
+        return grid
+    reconcile(uri, experiment, sweep_id)
+    finished = sum(1 for r in grid if r.error is None and (r.metrics or {}).get("done")) if grid is not None else 0
+    raise SweepInterrupted(got["signal"], sweep_id, finished, len(grid) if grid is not None else 0)
 
 
 def mark_failed(tracker, cause: str) -> None:
@@ -382,7 +494,7 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
     """The Tuner of a sweep (or of one stage of a staged sweep: ``name`` is the stage, under ``storage``)."""
     from ray import tune
 
-    from orchestrator.checkpoints import CheckpointPruner, checkpoint_config
+    from orchestrator.checkpoints import CheckpointPruner, StateKeeper, checkpoint_config
 
     spec = loaded.spec
     scheduler = None
@@ -403,7 +515,8 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
                                     num_samples=spec.search.num_samples,
                                     max_concurrent_trials=spec.budget.max_concurrent_trials,
                                     time_budget_s=spec.budget.time_limit_s, reuse_actors=True),
-        run_config=tune.RunConfig(name=name, storage_path=str(storage), callbacks=[*callbacks, CheckpointPruner()],
+        run_config=tune.RunConfig(name=name, storage_path=str(storage),
+                                  callbacks=[*callbacks, CheckpointPruner(), StateKeeper(str(storage / name))],
                                   verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
                                   checkpoint_config=checkpoint_config()),
@@ -414,7 +527,9 @@ def save_summary(exp_path: Path, summary: dict, track: dict) -> None:
     """``pareto.json`` (front, errors, trial rows) beside the experiment: kept when MLflow is down; a storage
     error is noted in ``track``, not raised."""
     try:
-        (exp_path / "pareto.json").write_text(json.dumps(summary, indent=1, default=str))
+        from orchestrator.output import write_atomic
+
+        write_atomic(exp_path / "pareto.json", json.dumps(summary, indent=1, default=str))
     except OSError as exc:
         track["storage_error"] = f"{exp_path}: {exc.strerror}"
 
@@ -497,6 +612,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
                                                "report_error", "storage_error") if track.get(k) is not None},
         "storage": str(exp_path),
+        "storage_problem": storage_problem(exp_path.parent) if exp_path.parent.exists() else None,
         "tracking_uri": store.redact(uri),
         "wall_seconds": wall,
         "ui": ui_command(store.redact(uri), loaded.name,

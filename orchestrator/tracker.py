@@ -33,6 +33,7 @@ from ray.tune.result import AUTO_RESULT_KEYS, DEFAULT_EXPERIMENT_INFO_KEYS, DONE
 
 from orchestrator import provenance
 from orchestrator.lineage import CHECKPOINT_TAG
+from orchestrator.output import write_atomic
 from orchestrator.store import (
     PARENT_TAG,
     PLANNED_TAG,
@@ -286,7 +287,7 @@ class MLflowTracker(tune.Callback):
             body = {**report, "queue": s["queue"]} if s["queue"] else report  # the backlog, kept on disk
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(body, indent=1, default=str))
+                write_atomic(path, json.dumps(body, indent=1, default=str))
             except OSError as exc:  # e.g. the storage is full: the sweep's outcome still carries the report
                 report["report_error"] = f"{path}: {exc.strerror}"
         self.last_report = report

@@ -27,7 +27,7 @@ FOUR = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static
 
 
 @pytest.mark.slow
-def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, sqlite_uri):
+def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, sqlite_uri, capsys):
     spec = {"name": "nan_sweep", "base": {**SLOW, "optim": {"epochs": 2}, "debug": {}},
             "parameters": {"debug": {"grid": [{}, {"nan_loss_at_iteration": 3}]}},
             "budget": {"max_concurrent_trials": 2, "max_failures": 0}, "resources": {"cpu": 1}}
@@ -39,6 +39,10 @@ def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, 
     assert "training loss is nan" in out["errors"][0]["error"] and "iteration 3" in out["errors"][0]["error"]
     runs = histories(sqlite_uri, "nan_sweep")
     assert sorted(r["status"] for r in runs.values()) == ["FAILED", "FINISHED"]
+    # quiet by default: a few lines of fractune's own, Tune's traceback in the log file they name
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 6, err
+    assert f"full log lines: {out['log']}" in err and "nan" in Path(out["log"]).read_text()
 
 
 def _trial_workers() -> list[int]:
@@ -163,22 +167,6 @@ def test_tracking_store_unreachable_at_start_fails_before_any_trial(run_cli, tmp
     assert len(lines) == 1 and "--tracking-uri" in lines[0] and "unreachable" in lines[0]
     assert not (tmp_path / "runs").exists()  # nothing started
 
-
-@pytest.fixture
-def tiny_mount(tmp_path):
-    mounts = []
-
-    def mount(size: str, readonly: bool = False) -> Path:
-        path = tmp_path / f"mnt{len(mounts)}"
-        path.mkdir()
-        opts = f"size={size}" + (",ro" if readonly else "")
-        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], check=True)
-        mounts.append(path)
-        return path
-
-    yield mount
-    for path in mounts:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 @needs_root
