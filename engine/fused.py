@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from engine import affine
+
 SOURCE = Path(__file__).with_name("fused_quant.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
 OPENMP = ["-fopenmp"]
@@ -153,7 +155,6 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
 def _self_check(lib: ctypes.CDLL) -> str | None:
     """Run both kernels against the torch passes on a small tensor (odd length, every bit-width kind, with and
     without noise); a difference in any bit turns the kernels off."""
-    from engine import quant  # late: quant imports this module
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 1031, generator=g) * 3
@@ -162,22 +163,22 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
     lo, hi = float(x[1:].min()), float(x[1:].max())
     for bits in (2, 4, 8):
         for noise in (None, words):
-            inv, off, step = quant.tensor_affine(bits, lo, hi, noise is not None)
+            inv, off, step = affine.tensor_affine(bits, lo, hi, noise is not None)
             want = torch.add(x.new_full((), off), x, alpha=inv)
             if noise is not None:
-                want.add_(noise, alpha=1.0 / quant.NOISE_LEVELS)
-            want = torch.add(want.new_full((), lo), want.clamp_(0, quant.levels(bits)).round_(), alpha=step)
+                want.add_(noise, alpha=1.0 / affine.NOISE_LEVELS)
+            want = torch.add(want.new_full((), lo), want.clamp_(0, affine.levels(bits)).round_(), alpha=step)
             got = torch.empty_like(x)
             lib.fq_tensor(x.data_ptr(), got.data_ptr(), None if noise is None else noise.data_ptr(), x.numel(),
-                          inv, off, float(quant.levels(bits)), step, lo)
+                          inv, off, float(affine.levels(bits)), step, lo)
             if not torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)):
                 return f"fq_tensor differs from torch at {bits} bits"
-    params = torch.tensor([[*quant.tensor_affine(3, lo, hi, True), 7.0, lo], [0.0] * 5,
-                           [*quant.tensor_affine(8, lo, hi, True), 255.0, lo]])
+    params = torch.tensor([[*affine.tensor_affine(3, lo, hi, True), 7.0, lo], [0.0] * 5,
+                           [*affine.tensor_affine(8, lo, hi, True), 255.0, lo]])
     gid = torch.tensor([2, 0, 1])
     per_row = params.index_select(0, gid)
     inv_r, off_r, step_r, qmax_r, lo_r = per_row.t().unsqueeze(2)
-    want = torch.mul(x, inv_r).add_(off_r).add_(words, alpha=1.0 / quant.NOISE_LEVELS)
+    want = torch.mul(x, inv_r).add_(off_r).add_(words, alpha=1.0 / affine.NOISE_LEVELS)
     want = torch.minimum(want.clamp_min_(0), qmax_r).round_().mul_(step_r).add_(lo_r)
     want[2] = x[2]
     got = torch.empty_like(x)

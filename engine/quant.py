@@ -25,14 +25,7 @@ from __future__ import annotations
 import torch
 
 from engine import fused, gpu_kernels, scratch
-
-STEP_FLOOR = 1e-8
-NOISE_LEVELS = 1 << 16
-
-
-def levels(bits: int) -> int:
-    """qmax = 2^b - 1 (unsigned levels 0..qmax)."""
-    return (1 << bits) - 1
+from engine.affine import NOISE_LEVELS, STEP_FLOOR, levels, tensor_affine  # noqa: F401  (quant's public names)
 
 
 def ranges_on_device(x: torch.Tensor) -> bool:
@@ -84,14 +77,6 @@ def noise_words(like: torch.Tensor, reuse: bool = False) -> torch.Tensor:
 def uniform_noise(like: torch.Tensor) -> torch.Tensor:
     """Float noise ~ U(-0.5, 0.5) at the resolution ``quantize`` uses (for tests and analysis)."""
     return noise_words(like).to(torch.float32).add_(0.5).div_(NOISE_LEVELS)
-
-
-def tensor_affine(bits: int, lo: float, hi: float, drawn: bool) -> tuple[float, float, float]:
-    """Per-tensor ``quantize`` over [lo, hi] as ``u = x * inv + offset`` on the levels and ``u * step + lo``
-    back: (inv, offset, step). ``drawn``: the offset carries the +0.5 of drawn noise n = (v + 0.5) / 2^16."""
-    step = max((hi - lo) / levels(bits), STEP_FLOOR)
-    inv = 1.0 / step
-    return inv, -lo * inv + (0.5 / NOISE_LEVELS if drawn else 0.0), step
 
 
 def quantize(
