@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from engine import safe_yaml
 from engine.config_errors import validation_problems
 from engine.config_types import Bits, Strict
+from engine.data import INFO, run_length
 from engine.errors import ConfigError
 from engine.models import MODELS, is_language_model
 from engine.models.base import LayerMap
@@ -356,8 +357,6 @@ def read_yaml(path: str | Path, field: str = "config") -> dict:
 
 def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
     """Checks that need more than one section (the run's length comes from optim and data)."""
-    from engine.data import INFO, run_length  # lazy: data.py imports this module
-
     problems = []
     split = cfg.data.split
     if split is not None and cfg.data.dataset == "imagenet":

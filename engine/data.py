@@ -15,13 +15,16 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.config import DataConfig, SplitConfig
 from engine.errors import DataError
+
+if TYPE_CHECKING:  # the config's types name the arguments; engine.config reads this module's table
+    from engine.config import DataConfig, SplitConfig
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
