@@ -47,7 +47,8 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
 
     from orchestrator import store
-    from orchestrator.sweep import SweepOptions, init_ray, run_sweep
+    from orchestrator.runner import run_sweep
+    from orchestrator.sweep import SweepOptions, init_ray
     from search_spaces.spec import parse_spec
 
     spec = parse_spec({"name": "bench_overhead", "base": base, "seeds": list(range(args.trials)),

@@ -11,7 +11,8 @@ def cmd_ablate(args) -> int:
     from orchestrator import store
     from orchestrator.ablation_analysis import analyse
     from orchestrator.commands_sweep import load_for_cluster, write_report
-    from orchestrator.sweep import SweepOptions, run_sweep
+    from orchestrator.runner import run_sweep
+    from orchestrator.sweep import SweepOptions
     from search_spaces.ablation import load_ablation
 
     loaded, uri = load_for_cluster(args.spec, args.address, args.dashboard, loader=load_ablation,

@@ -151,7 +151,8 @@ def trial_data(loaded):
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator.sweep import SweepOptions, run_sweep
+    from orchestrator.runner import run_sweep
+    from orchestrator.sweep import SweepOptions
 
     if args.objective:  # a bad name is refused before Ray starts
         from engine.cost_models import check_model_name

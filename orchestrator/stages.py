@@ -53,7 +53,7 @@ def write_manifest(exp_root: Path, manifest: dict) -> None:
 
 def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, sweep_id: str, trainable,
                init_runs) -> dict:
-    """A staged sweep (``orchestrator.sweep.run_sweep`` once the sweep id is claimed and Ray is up)."""
+    """A staged sweep (``orchestrator.runner.run_sweep`` once the sweep id is claimed and Ray is up)."""
     from ray import tune
 
     from orchestrator.progress import ProgressPrinter

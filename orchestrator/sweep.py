@@ -20,14 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError, FractuneError
-from orchestrator.lifecycle import (
-    SweepInterrupted,
-    claim_sweep_id,
-    hold_sweep,
-    interruptible,
-    reconcile,
-    release_sweep,
-)
+from orchestrator.lifecycle import SweepInterrupted, claim_sweep_id, hold_sweep, interruptible, reconcile
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
@@ -343,24 +336,9 @@ def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
     return uri, root, sweep_id, trainable, init_runs
 
 
-def run_sweep(loaded: LoadedSpec, opts: SweepOptions) -> dict:
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Ray's own tables: fractune prints its progress itself
-    uri, root, sweep_id, trainable, init_runs = start_sweep(loaded, opts)
-    body = _run_plain
-    if loaded.stages:  # stages in order under one parent run (orchestrator.stages)
-        from orchestrator.stages import run_staged as body
-    try:
-        with quiet_logs(root / sweep_id, opts.verbose) as log_file:
-            out = body(loaded, opts, uri, root, sweep_id, trainable, init_runs)
-    finally:
-        release_sweep(root / sweep_id)
-    out["log"] = str(log_file) if log_file else None
-    return out
-
-
-def _run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, sweep_id: str, trainable,
+def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, sweep_id: str, trainable,
                init_runs) -> dict:
-    """``run_sweep`` of a spec without stages, once the sweep id is claimed and Ray is up."""
+    """A sweep without stages (``orchestrator.runner.run_sweep`` once the sweep id is claimed and Ray is up)."""
     from ray import tune
 
     from orchestrator import store

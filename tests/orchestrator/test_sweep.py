@@ -8,7 +8,8 @@ import pytest
 
 from engine.errors import ConfigError
 from orchestrator import store
-from orchestrator.sweep import SweepOptions, run_sweep
+from orchestrator.runner import run_sweep
+from orchestrator.sweep import SweepOptions
 from search_spaces.spec import parse_spec
 from tests.conftest import run_main
 

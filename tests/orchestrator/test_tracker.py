@@ -13,7 +13,8 @@ import pytest
 
 from engine import checkpoint
 from orchestrator import store
-from orchestrator.sweep import SweepOptions, run_sweep
+from orchestrator.runner import run_sweep
+from orchestrator.sweep import SweepOptions
 from orchestrator.tracker import NOT_METRICS, is_metric
 from search_spaces.spec import parse_spec
 from tests.conftest import needs_root
