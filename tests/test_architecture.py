@@ -140,3 +140,64 @@ def test_light_entry_points_import_no_service_libraries():
             "orchestrator.commands_ablate, orchestrator.commands_sweep, dashboards.report, dashboards.ui, "
             "dashboards.data, dashboards.results")
     assert _loaded_after(stmt, ("ray",)) == []
+
+
+def _type_only(path: Path) -> set[str]:
+    """The modules a file imports only under ``if TYPE_CHECKING:`` (for annotations; never at run time)."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and inner.module:
+                    out |= {inner.module} | {f"{inner.module}.{a.name}" for a in inner.names}
+    return out
+
+
+def import_cycles(imports: dict[str, list[tuple[str, bool]]], type_only: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of product modules that import each other, directly or through others (a strongly connected
+    component of more than one module), at module level or inside functions alike; type-only imports left out."""
+    graph = {m: {n for n, _ in names if n in imports and n != m and n not in type_only.get(m, set())}
+             for m, names in imports.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+TYPE_ONLY = {_module(p): _type_only(p) for p in SOURCES}
+
+
+def test_no_import_cycle_among_the_products_modules():
+    """No two modules need each other, not even through a late import inside a function: each one can be read,
+    tested and moved with what it imports below it."""
+    assert import_cycles(IMPORTS, TYPE_ONLY) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    looped = {**IMPORTS, "engine.quant": [*IMPORTS["engine.quant"], ("engine.train", False)]}
+    assert {"engine.quant", "engine.train"} <= set(sum(import_cycles(looped, TYPE_ONLY), []))
