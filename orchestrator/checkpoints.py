@@ -33,6 +33,8 @@ from pathlib import Path
 
 from ray import tune
 
+from orchestrator.output import write_atomic
+
 CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)")
 STATE_GLOB = "experiment_state-*.json"  # the newest by name is the one Tuner.restore reads
 CHECK_EVERY_S = 2.0  # how often the driver looks for a newer stored state (a directory listing)
@@ -201,7 +203,7 @@ def keep_state(exp_path: Path) -> Path | None:
     gen.mkdir(parents=True, exist_ok=True)
     for p in files:
         durable_copy(p, gen / p.name)
-    durable_write(gen / "COMPLETE", "\n".join(p.name for p in files).encode())
+    write_atomic(gen / "COMPLETE", "\n".join(p.name for p in files))
     _sync_dir(gen)
     _sync_dir(root)
     for old in complete_generations(root)[:-KEEP_GENERATIONS]:
@@ -212,19 +214,8 @@ def keep_state(exp_path: Path) -> Path | None:
 CHECKPOINT_STATE = re.compile(r"experiment_state-.*\.json")
 
 
-def durable_write(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` through a temporary name, synced to the disk before the rename: a disk that fails
-    or a machine that stops right after still holds the whole file (or the previous one), never a cut one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
 def durable_copy(src: Path, dst: Path) -> None:
-    durable_write(dst, src.read_bytes())
+    write_atomic(dst, src.read_bytes())
 
 
 def _sync_dir(folder: Path) -> None:

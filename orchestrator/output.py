@@ -53,15 +53,16 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None, file=None)
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)), file=file)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``path`` through a temporary name beside it: a full or read-only disk leaves the previous copy whole
-    (the OSError propagates; the temporary file is removed where it can be)."""
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``path`` through a temporary name beside it, synced to the disk before the rename: a full, read-only
+    or failing disk leaves the previous copy whole, never a cut one (the OSError propagates; the temporary file
+    is removed where it can be)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
-            os.fsync(f.fileno())  # on the disk before the rename: a failing disk keeps one whole copy
+            os.fsync(f.fileno())
         tmp.replace(path)
     except OSError:
         tmp.unlink(missing_ok=True)
