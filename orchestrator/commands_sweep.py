@@ -178,7 +178,7 @@ def cmd_sweep(args) -> int:
         command = resume_command(args.spec, str(storage_root(args.storage, create=False)), store.redact(uri))
         info(f"fractune sweep: {stop}; its runs are marked KILLED; resume with: {command}")
         if args.json:
-            emit_json({"sweep": loaded.name, "sweep_id": stop.sweep_id, "interrupted": signal_name(stop.signum),
+            emit_json({"sweep": loaded.name, "sweep_id": stop.sweep_id, "interrupted": stop.signal_name,
                        "finished": stop.finished, "trials": stop.total, "resume": command})
         return stop.exit_code
     print(f"\nsweep {out['sweep_id']}: {out['trials']} trials, {out['errored']} errored, "
@@ -212,12 +212,6 @@ def cmd_sweep(args) -> int:
     if args.json:
         emit_json(out)
     return 1 if out["errored"] or t.get("pending") or out.get("storage_problem") else 0
-
-
-def signal_name(signum: int) -> str:
-    import signal
-
-    return signal.Signals(signum).name
 
 
 def write_report(out: dict, folder: str | None, data=None, uri: str | None = None) -> dict:

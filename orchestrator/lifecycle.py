@@ -33,8 +33,9 @@ class SweepInterrupted(FractuneError):
 
     def __init__(self, signum: int, sweep_id: str, finished: int, total: int):
         self.signum, self.sweep_id, self.finished, self.total = signum, sweep_id, finished, total
+        self.signal_name = signal.Signals(signum).name
         self.exit_code = EXIT_CODES.get(signum, 130)
-        super().__init__(f"sweep {sweep_id} interrupted by {signal.Signals(signum).name}: {finished} of {total} "
+        super().__init__(f"sweep {sweep_id} interrupted by {self.signal_name}: {finished} of {total} "
                          "trials finished")
 
 
