@@ -26,7 +26,7 @@ def cpu_model() -> str:
 def machine() -> dict:
     import torch
 
-    from engine import fused, gpu_kernels
+    from engine.numerics import fused, gpu_kernels
 
     return {
         "cpu": cpu_model(),
@@ -51,9 +51,9 @@ def inside(context: Callable, step: Callable[[], None]) -> Callable[[], None]:
 
 
 def fused_off(step: Callable[[], None]) -> Callable[[], None]:
-    """``step`` with the quantizers' torch passes instead of the fused CPU kernels (engine/fused.py): the same
+    """``step`` with the quantizers' torch passes instead of the fused CPU kernels (engine/numerics/fused.py): the same
     numbers, the speed of the engine without the kernels, for side-by-side figures."""
-    from engine import fused
+    from engine.numerics import fused
 
     return inside(fused.disabled, step)
 
@@ -108,17 +108,17 @@ def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: 
     import torch
     import torch.nn.functional as F
 
-    from engine.gate import cost_per_sample, option_kappa
-    from engine.models import LayerMap, build_model
-    from engine.models.gated import GatedModel
-    from engine.precision import Precision
-    from engine.schedule_config import (
+    from engine.config.schedule import (
         OPTION_PRESETS,
         default_option_state,
         default_routed_sample_fraction,
         default_routed_statistics,
         parse_option,
     )
+    from engine.dfq.gate import cost_per_sample, option_kappa
+    from engine.dfq.gated import GatedModel
+    from engine.models import LayerMap, build_model
+    from engine.numerics.precision import Precision
 
     dev = x.device
     statistics = statistics or default_routed_statistics(execution)

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import emit, machine  # noqa: E402
-from engine.config import GATED_KINDS, parse_config  # noqa: E402
-from engine.text import FORTUNES_DIR  # noqa: E402
+from engine.config.experiment import GATED_KINDS, parse_config  # noqa: E402
+from engine.data.text import FORTUNES_DIR  # noqa: E402
 from engine.train import train_and_evaluate  # noqa: E402
 
 SCHEDULES = {
@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--compile", default="off", choices=["off", "default", "reduce-overhead"],
                     help="engine.compile for the runs of fp32, static, PFQ and CPT (DFQ and FracTrain run eager)")
     ap.add_argument("--torch-passes", action="store_true",
-                    help="the quantizers' torch passes instead of the GPU kernels (engine/gpu_kernels.py)")
+                    help="the quantizers' torch passes instead of the GPU kernels (engine/numerics/gpu_kernels.py)")
     args = ap.parse_args()
     if args.device == "auto":
         import torch
@@ -103,7 +103,7 @@ def main() -> None:
     if args.compile != "off":  # the kinds that compile
         table = jobs(args.epochs, args.text_dir)
         only = [k for k in (only or table) if table[k]["schedule"]["kind"] not in GATED_KINDS]
-    from engine import gpu_kernels
+    from engine.numerics import gpu_kernels
 
     with gpu_kernels.disabled() if args.torch_passes else contextlib.nullcontext():
         runs = run(args.device, args.epochs, only, args.text_dir,

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._common import emit, machine  # noqa: E402
-from engine.config import parse_config  # noqa: E402
-from engine.cost import CostTotals  # noqa: E402
-from engine.data import load_data  # noqa: E402
+from engine.config.experiment import parse_config  # noqa: E402
+from engine.cost.bitops import CostTotals  # noqa: E402
+from engine.data.datasets import load_data  # noqa: E402
 from engine.train import Trainer, pick_device  # noqa: E402
 
 BASE = {"model": {"name": "resnet14"},

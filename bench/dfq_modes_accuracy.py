@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import emit, machine  # noqa: E402
-from engine.config import parse_config  # noqa: E402
+from engine.config.experiment import parse_config  # noqa: E402
 from engine.train import train_and_evaluate  # noqa: E402
 
 MODES = {"masked": {"execution": "masked"},

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench._common import dfq_train_step, emit, fused_off, host_syncs, interleaved, machine, plain_train_step  # noqa: E402
-from engine import fused  # noqa: E402
-from engine.precision import FP32  # noqa: E402
-from engine.schedule_config import OPTION_PRESETS, default_routed_sample_fraction, default_routed_statistics  # noqa: E402
+from engine.config.schedule import OPTION_PRESETS, default_routed_sample_fraction, default_routed_statistics  # noqa: E402
+from engine.numerics import fused  # noqa: E402
+from engine.numerics.precision import FP32  # noqa: E402
 
 DEFAULTS = (default_routed_sample_fraction("routed", "sampled"), default_routed_statistics("routed"))
 

@@ -6,7 +6,7 @@ of ``--seq-len`` tokens over a ``--vocab``-word vocabulary, Adam, the output lay
 ratio = median step time at FW8/BW8 / median step time at FP32 (target <= 1.2 on CPU; the reference
 implementation measures about 1.65 on this machine). Steps alternate in blocks so drift hits both alike.
 Last stdout line: one JSON object with ``ratio``, on CPU ``fw8bw8_unfused_ratio`` (FW8/BW8 with the quantizers'
-torch passes instead of the fused kernels, engine/fused.py) where the kernels are on, on CUDA
+torch passes instead of the fused kernels, engine/numerics/fused.py) where the kernels are on, on CUDA
 ``host_syncs_per_step`` (how often a step makes the host wait for the GPU).
 """
 
@@ -22,9 +22,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench._common import emit, fused_off, host_syncs, interleaved, machine  # noqa: E402
-from engine import fused  # noqa: E402
 from engine.models import LayerMap, build_model, is_language_model  # noqa: E402
-from engine.precision import FP32, Precision  # noqa: E402
+from engine.numerics import fused  # noqa: E402
+from engine.numerics.precision import FP32, Precision  # noqa: E402
 
 
 def main() -> None:
@@ -61,7 +61,7 @@ def main() -> None:
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     steps = {"fp32": step(FP32), "fw8bw8": step(Precision.fwbw(8, 8))}
-    if dev.type == "cpu" and fused.status() == "on":  # FW8/BW8 once more with the torch passes (engine/fused.py)
+    if dev.type == "cpu" and fused.status() == "on":  # FW8/BW8 once more with the torch passes (engine/numerics/fused.py)
         steps["fw8bw8_unfused"] = fused_off(steps["fw8bw8"])
     t = interleaved(steps, args.rounds, args.steps, sync=sync)
     syncs = host_syncs(steps, dev)

@@ -28,7 +28,7 @@ from bench._common import dfq_train_step, emit, machine, plain_train_step  # noq
 def _worker(args: argparse.Namespace, rank: int, barrier, results) -> None:
     import torch
 
-    from engine.precision import Precision
+    from engine.numerics.precision import Precision
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(rank)

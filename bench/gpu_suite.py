@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench._common import dfq_train_step, emit, host_syncs, inside, interleaved, machine  # noqa: E402
-from engine import gpu_kernels, quant  # noqa: E402
 from engine.models import LayerMap, build_model  # noqa: E402
-from engine.precision import FP32, Precision  # noqa: E402
-from engine.runners import compiled, make_step  # noqa: E402
+from engine.numerics import gpu_kernels, quant  # noqa: E402
+from engine.numerics.precision import FP32, Precision  # noqa: E402
+from engine.schedules.runner import compiled, make_step  # noqa: E402
 
 TARGETS = {"resnet_fw8bw8": 1.3, "resnet_cpt": 1.35, "transformer_fw8bw8": 1.2, "routed": 3.0,
            "routed_to_masked": 0.25, "static_host_syncs": 2}
@@ -152,7 +152,7 @@ def bit_check(dev: torch.device) -> dict:
     and its own, per channel, per row group): the count of differing values, 0 where bit for bit."""
     if not gpu_kernels.usable(torch.zeros(1, device=dev)):
         return {"skipped": f"the kernels do not run on {dev} here"}
-    from engine import autograd
+    from engine.numerics import autograd
 
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(64, 16, 32, 32, device=dev, generator=g) * 3
@@ -180,9 +180,9 @@ def trainer_syncs(dev: torch.device, text_dir: str) -> dict:
     the schedule, the step, its bookkeeping) for every run of cuda_check.py (ResNet-8 on digits, and the
     Transformer where the corpus is), after two warm-up iterations."""
     from bench import cuda_check
-    from engine.config import parse_config
-    from engine.cost import CostTotals
-    from engine.data import load_data
+    from engine.config.experiment import parse_config
+    from engine.cost.bitops import CostTotals
+    from engine.data.datasets import load_data
     from engine.train import Trainer
 
     counts = {}
@@ -262,7 +262,7 @@ def run_suite(args) -> None:
         args.batch, args.lm_batch, args.seq_len, args.vocab = 8, 4, 8, 64
         args.rounds, args.steps = 1, 1
     models = args.models or models
-    from engine.text import FORTUNES_DIR
+    from engine.data.text import FORTUNES_DIR
 
     args.text_dir = args.text_dir or str(FORTUNES_DIR)
     import triton

@@ -36,7 +36,7 @@ def main() -> None:
 
     import torch
 
-    from engine.config import parse_config
+    from engine.config.experiment import parse_config
     from engine.train import train_and_evaluate
 
     torch.set_num_threads(1)

@@ -23,7 +23,7 @@ from dashboards import figures, pngs
 from dashboards import html as H
 from dashboards.data import SweepData, bit_allocation, histories, load_sweep
 from dashboards.mlflow_view import publish_sweep, view_url
-from engine.config import GATED_KINDS
+from engine.config.experiment import GATED_KINDS
 from engine.errors import ConfigError
 from orchestrator.output import emit_json, info
 from orchestrator.store import artifact_json

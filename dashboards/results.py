@@ -5,7 +5,7 @@ One row per method (the trial's swept point without the seed): the task objectiv
 training BitOPs, savings against the FP32 and FW8/BW8 rows of the same sweep, and the computation percentage; the
 papers' trends checked one by one with the rule stated (accuracy within TOLERANCE_PP points, perplexity within
 TOLERANCE_PCT percent, or two seed stds); a plot of every method's mean (error bars: std over seeds) with the
-Pareto front of the means. Every cost model the runs logged (engine/cost_models.py) gets the
+Pareto front of the means. Every cost model the runs logged (engine/cost/hardware.py) gets the
 same savings side by side, with the methods' cost ranking under each (where it differs from BitOPs' is where
 the BitOPs story does not hold on that hardware); ``--objective`` picks the model of the plot and the front.
 The page and its plot are logged under ``results/`` on the sweep's parent run. A notes file (the analysis a person writes: why a trend holds or not) is appended verbatim, so
@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 
 from dashboards.data import SweepData, load_sweep
-from engine.config import ExperimentConfig
-from engine.safe_yaml import read_text
-from engine.schedule_config import (
+from engine.config.experiment import ExperimentConfig
+from engine.config.schedule import (
     GatedSettings,
     default_option_state,
     default_routed_sample_fraction,
     default_routed_statistics,
 )
+from engine.safe_yaml import read_text
 from orchestrator import runs
 
 TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
@@ -63,7 +63,7 @@ def schedule_label(cfg: ExperimentConfig) -> str:
 
 def _execution_label(s) -> str:
     """``masked``, or ``routed (estimator)``; each execution setting that differs from its default (which
-    depends on the execution and estimator: engine.schedule_config) is named in brackets, so two rows of a sweep
+    depends on the execution and estimator: engine.config.schedule) is named in brackets, so two rows of a sweep
     over them get two names."""
     extra = [s.routed_estimator] if s.execution == "routed" else []
     p = s.routed_sample_fraction
@@ -354,7 +354,7 @@ def _pct(v) -> str:
 
 def results_png(groups: list[dict], front: list[dict], path: Path, objective: str = "bitops") -> Path:
     from dashboards.pngs import _save, log_x_if_wide, plt
-    from engine.cost_models import UNITS
+    from engine.cost.hardware import UNITS
 
     bitops = objective == "bitops"
     scale, unit = (1e12, "TBitOPs") if bitops else (1.0, UNITS.get(objective, "cost"))
@@ -596,7 +596,7 @@ def with_configs(data: SweepData) -> list[dict]:
     """The finished rows, each with ``config``: the trial's resolved ``ExperimentConfig``, parsed by the engine
     from the ``config.yaml`` the tracker logged (one read per swept point: the seeds share everything else;
     settings the log predates as its engine ran them, ``as_logged``)."""
-    from engine.config import parse_config
+    from engine.config.experiment import parse_config
     from engine.errors import ConfigError
     from orchestrator.store import artifact_json
 

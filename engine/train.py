@@ -26,17 +26,17 @@ import torch
 import torch.nn.functional as F
 
 from engine import checkpoint
-from engine.config import ExperimentConfig
-from engine.cost import FW8BW8, BitOpsCounter, CostTotals
-from engine.cost_models import metric_key
-from engine.data import DataSplits, load_data, run_length
-from engine.dfq import GatedRunner
+from engine.config.experiment import ExperimentConfig
+from engine.cost.bitops import FW8BW8, BitOpsCounter, CostTotals
+from engine.cost.hardware import metric_key
+from engine.data.datasets import DataSplits, load_data, run_length
+from engine.dfq.gated import GatedModel
+from engine.dfq.runner import GatedRunner
 from engine.errors import CheckpointError, ConfigError, TrainingDiverged
 from engine.models import build_model
-from engine.models.gated import GatedModel
-from engine.precision import FP32
-from engine.runners import StaticRunner, make_step
-from engine.schedules import PrecisionTrace, build_schedule
+from engine.numerics.precision import FP32
+from engine.schedules.progress import PrecisionTrace, build_schedule
+from engine.schedules.runner import StaticRunner, make_step
 
 Reporter = Callable[[dict, Callable[[str | Path], Path]], None]
 # an epoch's mean training loss above this many times chance's (ln of the classes, or of a vocabulary) is flagged
@@ -134,7 +134,7 @@ def make_optimizer(cfg: ExperimentConfig, model: torch.nn.Module) -> torch.optim
 
 def run_prt(cfg: ExperimentConfig, data, device: torch.device):
     """CPT's precision range test on a fresh model (seeded like the run); its BitOPs count in the run."""
-    from engine.prt import precision_range_test
+    from engine.schedules.prt import precision_range_test
 
     seed_everything(cfg.seed)
     model, counter = prepare(cfg, data.info, device)

@@ -354,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no INFO chatter (table creation) on stderr
     problems = empty_arguments(command, args)
-    # the engine's kernel switches (engine/fused.py, engine/gpu_kernels.py), checked before any work
-    for switch, module in (("FRACTUNE_FUSED", "engine.fused"), ("FRACTUNE_GPU_KERNELS", "engine.gpu_kernels")):
+    # the engine's kernel switches (engine/numerics/fused.py, engine/numerics/gpu_kernels.py), checked before any work
+    for switch, module in (("FRACTUNE_FUSED", "engine.numerics.fused"), ("FRACTUNE_GPU_KERNELS", "engine.numerics.gpu_kernels")):
         if switch in os.environ:
             problem = importlib.import_module(module).environment_problem()
             problems = problems + ([problem] if problem else [])

@@ -21,7 +21,7 @@ EPOCH_KEYS = ("epoch", "loss", "train_accuracy", "val_accuracy", "accuracy", "va
 
 def config_overrides(args) -> list[str]:
     """``--set`` values, then ``--data-dir`` (checked, naming the flag) as the override of ``data.data_dir``."""
-    from engine.config import check_path
+    from engine.config.experiment import check_path
 
     if not args.data_dir:
         return list(args.overrides)
@@ -30,8 +30,8 @@ def config_overrides(args) -> list[str]:
 
 
 def cmd_train(args) -> int:
-    from engine.config import load_config
-    from engine.data import check_available
+    from engine.config.experiment import load_config
+    from engine.data.datasets import check_available
     from engine.train import train_and_evaluate
     from orchestrator import lineage
 
@@ -92,8 +92,8 @@ def cost_config(args):
     """The cost models of ``--int-widths`` and ``--table`` (validated like a config's ``cost`` section)."""
     from pydantic import ValidationError
 
-    from engine.config import CostConfig
-    from engine.config_errors import validation_problems
+    from engine.config.experiment import CostConfig
+    from engine.config.problems import validation_problems
 
     tree = {}
     if getattr(args, "int_widths", None):
@@ -133,7 +133,7 @@ def _short(v) -> str:
 
 
 def parse_precision(text: str, weight_bits: int | None):
-    from engine.precision import FP32, Precision
+    from engine.numerics.precision import FP32, Precision
 
     if text.lower() == "fp32":
         return FP32
@@ -147,11 +147,11 @@ def parse_precision(text: str, weight_bits: int | None):
 
 
 def cmd_cost(args) -> int:
-    from engine.config import DataConfig
-    from engine.cost import FW8BW8, BitOpsCounter
-    from engine.data import INFO
+    from engine.config.experiment import DataConfig
+    from engine.cost.bitops import FW8BW8, BitOpsCounter
+    from engine.data.datasets import INFO
     from engine.models import MODELS, LayerMap, build_model, is_language_model
-    from engine.precision import FP32
+    from engine.numerics.precision import FP32
 
     problems = []
     if args.model not in MODELS:
@@ -224,7 +224,7 @@ def cmd_cost(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from engine.config import load_config
+    from engine.config.experiment import load_config
     from engine.preview import precision_series, preview
 
     cfg = load_config(args.config, list(args.overrides))
@@ -264,8 +264,8 @@ def cmd_schedule(args) -> int:
 
 
 def cmd_prt(args) -> int:
-    from engine.config import load_config
-    from engine.data import check_available, load_data
+    from engine.config.experiment import load_config
+    from engine.data.datasets import check_available, load_data
     from engine.train import pick_device, run_prt
 
     cfg = load_config(args.config, config_overrides(args))

@@ -12,7 +12,7 @@ from orchestrator.output import emit_json, info, table
 def _load_any(path: str):
     """An ablation spec (has ``ablation``), a sweep spec (``parameters``/``base``/``search``...) or an
     experiment config."""
-    from engine.config import load_config, read_yaml
+    from engine.config.experiment import load_config, read_yaml
     from search_spaces.ablation import load_ablation
     from search_spaces.spec import load_spec
 
@@ -36,7 +36,7 @@ def cmd_validate(args) -> int:
             out["stages"] = [{"name": s.stage.name, "trials": s.num_trials(), "init_from": s.stage.init_from,
                               "head": s.stage.head if s.stage.init_from else None} for s in obj.stages]
     else:
-        from engine.data import check_available
+        from engine.data.datasets import check_available
         from engine.train import pick_device
 
         pick_device(obj.device)  # device: cuda where no GPU is visible would fail at the first step
@@ -106,7 +106,7 @@ def load_for_cluster(path: str, address: str | None, dashboard: bool = False, lo
 
     loaded = gather(loader or load_spec, path)
     if loaded is not None and hasattr(loaded, "base_trial"):  # the data every trial reads: damaged files exit 2 here
-        from engine.data import check_available
+        from engine.data.datasets import check_available
 
         gather(check_available, trial_data(loaded))
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
@@ -122,7 +122,7 @@ def load_for_cluster(path: str, address: str | None, dashboard: bool = False, lo
     gather(check_ray_address, address)
     res = None
     try:
-        from engine.config import read_yaml
+        from engine.config.experiment import read_yaml
 
         res = Resources.model_validate(read_yaml(path).get("resources") or {})
     except (ValidationError, ConfigError, AttributeError):
@@ -155,7 +155,7 @@ def cmd_sweep(args) -> int:
     from orchestrator.sweep import SweepOptions
 
     if args.objective:  # a bad name is refused before Ray starts
-        from engine.cost_models import check_model_name
+        from engine.cost.hardware import check_model_name
 
         check_model_name(args.objective, "--objective")
     # before Ray starts and before anything is created: the spec, the tracking store, the storage folder,

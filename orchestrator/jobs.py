@@ -106,7 +106,7 @@ def client(address: str | None):
 
 def self_contained_spec(path: str) -> tuple[dict, object]:
     """The spec's tree with its base file and ``set`` overrides resolved, validated here first."""
-    from engine.config import read_yaml
+    from engine.config.experiment import read_yaml
     from search_spaces.spec import load_spec
 
     loaded = load_spec(path)

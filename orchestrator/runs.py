@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.cost_models import check_model_name, metric_key
+from engine.cost.hardware import check_model_name, metric_key
 from engine.errors import ConfigError
 from orchestrator import store
 from orchestrator.pareto import hypervolume, pareto_rows

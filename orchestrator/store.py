@@ -265,7 +265,7 @@ def check_names(sweep: str, sweep_id: str | None = None) -> None:
     MLflow filter string."""
     import re
 
-    from engine.config import NAME_PATTERN
+    from engine.config.experiment import NAME_PATTERN
     from engine.errors import ConfigError
 
     problems = [(field, value, "allowed: letters, digits, '.', '_' and '-', starting with a letter or digit, at "

@@ -279,7 +279,7 @@ def sweep_objectives(objective: str = "bitops", task: tuple[str, str] = ("accura
                      ) -> tuple[tuple[str, str], ...]:
     """The task objective (accuracy max by default) and the training cost under the cost model ``objective``
     (min), as the trials' metric keys."""
-    from engine.cost_models import metric_key
+    from engine.cost.hardware import metric_key
 
     return task, (metric_key(objective), "min")
 
@@ -479,7 +479,7 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
     if spec.scheduler.kind == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
-        from engine.data import run_length
+        from engine.data.datasets import run_length
 
         max_t = run_length(trial.decode(loaded.base_trial())).epochs
         metric, mode = task_objective(loaded)  # accuracy max, or a language model's test perplexity min
@@ -600,7 +600,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
 
 def result_row(result, run_ids: dict) -> dict:
     """A trial's row from its Tune result, for when the tracking store cannot give it (same fields and rule)."""
-    from engine.data import run_length
+    from engine.data.datasets import run_length
     from orchestrator import runs
 
     m, cfg = result.metrics, trial.decode(result.config)

@@ -217,7 +217,7 @@ class MLflowTracker(tune.Callback):
             self.state["last_epoch"][trial.trial_id] = 0  # re-reported epochs are filtered when written
             self._submit({"op": "resume", "trial_id": trial.trial_id})
             return
-        from engine.data import run_length
+        from engine.data.datasets import run_length
 
         cfg = trial_dict.decode(trial.config)
         point = trial_dict.swept_values(trial.config)

@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from engine.config import parse_config, read_yaml
-from engine.config_errors import validation_problems
-from engine.config_types import Strict
+from engine.config.experiment import parse_config, read_yaml
+from engine.config.problems import validation_problems
+from engine.config.types import Strict
 from engine.errors import ConfigError
 from search_spaces.spec import MAX_CHECKED_POINTS, MAX_TRIALS, LoadedSpec, dedupe_problems, parse_spec
 

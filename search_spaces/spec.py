@@ -5,7 +5,7 @@ config field by dotted path, each one of ``grid``, ``choice``, ``uniform``, ``lo
 (inclusive bounds). ``seeds`` repeat every point. Two objectives (``orchestrator.sweep.objectives``): the task
 objective, final test ``accuracy`` (max), or test ``perplexity`` (min) for a language model, and the total
 training cost (min) under the cost model ``objective`` (``bitops`` by default; any model of
-engine/cost_models.py, e.g. ``energy`` or ``int_units``). ``load_spec`` reports every error at once, before any trial:
+engine/cost/hardware.py, e.g. ``energy`` or ``int_units``). ``load_spec`` reports every error at once, before any trial:
 the spec's own fields, and the experiment config of every grid point and of both ends of every range.
 """
 
@@ -21,9 +21,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.config import NAME_PATTERN, parse_config, read_yaml, set_path
-from engine.config_errors import validation_problems
-from engine.config_types import Strict
+from engine.config.experiment import NAME_PATTERN, parse_config, read_yaml, set_path
+from engine.config.problems import validation_problems
+from engine.config.types import Strict
 from engine.errors import ConfigError
 from search_spaces import trial
 
@@ -131,12 +131,12 @@ class SweepSpec(Strict):
     budget: Budget = Budget()
     resources: Resources = Resources()
     stages: list[Stage] = Field(default_factory=list)  # a staged sweep: run in order under one parent run
-    objective: str = "bitops"  # the cost axis: a cost model of engine/cost_models.py
+    objective: str = "bitops"  # the cost axis: a cost model of engine/cost/hardware.py
 
     @field_validator("objective")
     @classmethod
     def _objective(cls, v: str) -> str:
-        from engine.cost_models import MODEL_NAMES
+        from engine.cost.hardware import MODEL_NAMES
 
         if v not in MODEL_NAMES and not (v.startswith("table:") and len(v) > 6):
             raise PydanticCustomError("objective", "allowed: " + ", ".join(MODEL_NAMES) + ", table:NAME")
@@ -182,7 +182,7 @@ class LoadedSpec:
 
     def with_objective(self, objective: str, field: str = "--objective") -> LoadedSpec:
         """The same spec with another cost axis (``fractune sweep --objective``), checked like the spec's own."""
-        from engine.cost_models import check_model_name
+        from engine.cost.hardware import check_model_name
 
         check_model_name(objective, field)
         spec = self.spec.model_copy(update={"objective": objective})
@@ -296,7 +296,7 @@ def _size_problems(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
 
 def _run_problems(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
     """What Tune and the trials would refuse at run time, checked on the base point."""
-    from engine.data import run_length
+    from engine.data.datasets import run_length
 
     spec, out = loaded.spec, []
     cfg = parse_config(loaded.point_tree({}, spec.seeds[0]))
@@ -314,7 +314,7 @@ def _check_objective(spec: SweepSpec, base_tree: dict) -> list[tuple[str, object
     """``objective: table:NAME`` needs the base experiment's ``cost.table`` to be the table named NAME."""
     if not spec.objective.startswith("table:"):
         return []
-    from engine.cost_models import load_cost_table
+    from engine.cost.hardware import load_cost_table
 
     path = (base_tree.get("cost") or {}).get("table")
     try:

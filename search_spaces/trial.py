@@ -4,10 +4,10 @@ A trial is the dict ``{"sweep": sweep id, "base": the spec's base tree, "params"
 "seed": int}``. The orchestrator encodes it (with Tune's search domains as the values: ``tune.grid_search``,
 ``tune.choice``...), Tune samples it, and the trainable, the tracker and the sweep's summary decode the sampled
 dict to the ``ExperimentConfig`` the engine runs: the base tree with every swept value set at its dotted path
-(``engine.config.set_path``), then the seed. The swept values also travel to MLflow, as JSON in the
+(``engine.config.experiment.set_path``), then the seed. The swept values also travel to MLflow, as JSON in the
 ``fractune.point`` tag of the trial's run, which the readers decode typed (MLflow params are strings).
 
-No Ray here: the domains are whatever the caller puts in ``params``. ``engine.config`` (which imports torch) is
+No Ray here: the domains are whatever the caller puts in ``params``. ``engine.config.experiment`` (which imports torch) is
 imported where a config is built, so readers of MLflow that only decode points (``fractune pareto``) start fast.
 """
 
@@ -18,7 +18,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.config import ExperimentConfig
+    from engine.config.experiment import ExperimentConfig
 
 SWEEP, BASE, PARAMS, SEED = "sweep", "base", "params", "seed"
 STAGE, INITS = "stage", "inits"  # staged sweeps: the stage's name; {seed: the earlier stage's run it starts from}
@@ -33,7 +33,7 @@ def encode(sweep: str, base_tree: dict, params: Any, seed: Any) -> dict:
 
 def resolved_tree(trial: dict) -> dict:
     """The experiment tree of a sampled trial: the base, every swept value at its path, the seed."""
-    from engine.config import set_path
+    from engine.config.experiment import set_path
 
     tree = copy.deepcopy(trial[BASE])
     for path, value in swept_values(trial).items():
@@ -90,7 +90,7 @@ def init_error(trial: dict) -> str | None:
 
 def decode(trial: dict) -> ExperimentConfig:
     """The ``ExperimentConfig`` of a sampled trial (validated: a bad point raises ``ConfigError``)."""
-    from engine.config import parse_config
+    from engine.config.experiment import parse_config
 
     return parse_config(resolved_tree(trial))
 
@@ -117,7 +117,7 @@ def point_of(tag: str | None, params: dict[str, str], swept: list[str]) -> dict[
             continue
         sub = {k[len(path) + 1:]: param_value(v) for k, v in params.items() if k.startswith(path + ".")}
         if sub:
-            from engine.config import set_path
+            from engine.config.experiment import set_path
 
             section: dict = {}
             for key, value in sub.items():

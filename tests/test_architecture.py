@@ -132,9 +132,9 @@ def _loaded_after(import_stmt: str, forbidden: tuple[str, ...]) -> list[str]:
 def test_light_entry_points_import_no_service_libraries():
     # the engine, and `fractune train`/`cost` (in-process, engine only); and the read side (`pareto`, `report`,
     # `ui`, `results`) pays no Ray import
-    stmt = ("import engine, engine.train, engine.config, engine.data, engine.cost, engine.models, "
-            "engine.schedules, engine.checkpoint, search_spaces.spec, search_spaces.trial, orchestrator.cli, "
-            "orchestrator.commands_engine")
+    stmt = ("import engine, engine.train, engine.config.experiment, engine.data.datasets, engine.cost.bitops, "
+            "engine.models, engine.schedules.progress, engine.dfq.runner, engine.preview, engine.checkpoint, "
+            "search_spaces.spec, search_spaces.trial, orchestrator.cli, orchestrator.commands_engine")
     assert _loaded_after(stmt, ("ray", "mlflow", "optuna")) == []
     stmt = ("import orchestrator.store, orchestrator.runs, orchestrator.ablation_analysis, "
             "orchestrator.commands_ablate, orchestrator.commands_sweep, dashboards.report, dashboards.ui, "
@@ -199,5 +199,58 @@ def test_no_import_cycle_among_the_products_modules():
 
 
 def test_the_cycle_check_finds_a_cycle():
-    looped = {**IMPORTS, "engine.quant": [*IMPORTS["engine.quant"], ("engine.train", False)]}
-    assert {"engine.quant", "engine.train"} <= set(sum(import_cycles(looped, TYPE_ONLY), []))
+    looped = {**IMPORTS, "engine.numerics.quant": [*IMPORTS["engine.numerics.quant"], ("engine.train", False)]}
+    assert {"engine.numerics.quant", "engine.train"} <= set(sum(import_cycles(looped, TYPE_ONLY), []))
+
+
+# engine/'s layers, lowest first: a module imports only from its own layer or below (docs/architecture.md)
+ENGINE_LAYERS = (
+    {"engine.errors", "engine.safe_yaml", "engine._moved"},
+    {"engine.numerics"},
+    {"engine.models"},
+    {"engine.cost"},
+    {"engine.data"},
+    {"engine.schedules"},
+    {"engine.dfq"},
+    {"engine.config"},
+    {"engine.train", "engine.checkpoint", "engine.preview", "engine"},
+)
+
+
+def engine_layer(module: str) -> int | None:
+    parts = module.split(".")
+    for depth in (2, 1):
+        name = ".".join(parts[:depth])
+        for level, members in enumerate(ENGINE_LAYERS):
+            if name in members:
+                return level
+    return None
+
+
+def engine_upward_imports(imports, type_only) -> list[str]:
+    out = []
+    for mod, names in imports.items():
+        here = engine_layer(mod) if mod.startswith("engine") else None
+        for name, top in names:
+            there = engine_layer(name) if name.split(".")[0] == "engine" else None
+            if here is None or there is None or name in type_only.get(mod, set()):
+                continue
+            if there > here:
+                out.append(f"{mod} imports {name}" + ("" if top else " (in a function)"))
+    return out
+
+
+def test_every_engine_module_has_a_layer():
+    assert [m for m in IMPORTS if m.startswith("engine") and engine_layer(m) is None] == []
+    # the package holds subpackages by concept, few modules loose at its top
+    loose = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
+    assert loose == ["__init__.py", "_moved.py", "checkpoint.py", "errors.py", "preview.py", "safe_yaml.py", "train.py"]
+
+
+def test_engine_imports_only_its_own_layer_or_below():
+    assert engine_upward_imports(IMPORTS, TYPE_ONLY) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    bad = {**IMPORTS, "engine.numerics.quant": [("engine.dfq.gate", False)]}
+    assert engine_upward_imports(bad, TYPE_ONLY) == ["engine.numerics.quant imports engine.dfq.gate (in a function)"]

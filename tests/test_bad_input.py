@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import parse_config
+from engine.config.experiment import parse_config
 from engine.errors import FractuneError
 from orchestrator.cli import main
 from search_spaces.ablation import parse_ablation

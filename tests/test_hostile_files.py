@@ -223,7 +223,7 @@ def test_a_sweep_tune_gives_up_on_leaves_its_parent_run_failed_with_the_cause(tm
 def test_schedule_preview_of_a_huge_run_is_bounded_in_memory_and_time():
     import tracemalloc
 
-    from engine.config import parse_config
+    from engine.config.experiment import parse_config
     from engine.preview import EXACT_UP_TO, preview
 
     cfg = parse_config({"model": {"name": "tiny"}, "data": {"dataset": "digits"}, "optim": {"iterations": 10**9},

@@ -16,7 +16,7 @@ OK = {"name": "s", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digi
 
 def test_presets_are_valid():
     names = []
-    from engine.config import read_yaml
+    from engine.config.experiment import read_yaml
     from search_spaces.ablation import load_ablation
 
     for path in sorted(PRESETS_DIR.glob("*.yaml")):

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers import QConv2d, QLinear, quantized_layers
-from engine.precision import FP32, Precision
+from engine.numerics.layers import QConv2d, QLinear, quantized_layers
+from engine.numerics.precision import FP32, Precision
 
 
 @dataclass(frozen=True)

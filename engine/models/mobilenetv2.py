@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.base import QConv2d, QLinear, QModel, ResidualBlock, register_model
-from engine.precision import Precision
+from engine.numerics.precision import Precision
 
 CFG = [(1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
 

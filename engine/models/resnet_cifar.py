@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.base import QConv2d, QLinear, QModel, ResidualBlock, init_reference, register_model
-from engine.precision import Precision
+from engine.numerics.precision import Precision
 
 
 class BasicBlock(ResidualBlock):

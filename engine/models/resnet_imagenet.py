@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.models.base import QConv2d, QLinear, QModel, register_model
 from engine.models.resnet_cifar import BasicBlock
-from engine.precision import Precision
+from engine.numerics.precision import Precision
 
 
 class ImageNetResNet(QModel):

@@ -12,7 +12,7 @@ config.
 ``forward(tokens, prec)`` takes ``(B, T)`` token ids and returns ``(B * T, V)`` logits, one row per
 predicted token, so the training loop's cross entropy, token accuracy and "BitOPs per sample" (here per
 token) need no special case. A block (attention + feed-forward) is the unit DFQ and FracTrain gate, per
-sequence (``engine.models.gated.GatedModel``; skip = the residual path, the block's identity): the gate reads
+sequence (``engine.dfq.gated.GatedModel``; skip = the residual path, the block's identity): the gate reads
 each block input at the first position only (``gate_summary``), whose representation depends on token 0
 alone under causal attention, so the gated model stays strictly causal (methods.md §11.1).
 """
@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import autograd, quant
-from engine.layers import QLinear, QMatmul
 from engine.models.base import LayerInfo, QModel, register_model
-from engine.precision import FULL_BITS, Precision
+from engine.numerics import autograd, quant
+from engine.numerics.layers import QLinear, QMatmul
+from engine.numerics.precision import FULL_BITS, Precision
 
 
 def sinusoids(length: int, dim: int, device=None) -> torch.Tensor:

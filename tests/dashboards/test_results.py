@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dashboards.results import comparable, method_label, split_seeds, summarise, trends
-from engine.config import parse_config, set_path
+from engine.config.experiment import parse_config, set_path
 from orchestrator import store
 from tests.conftest import copy_store
 

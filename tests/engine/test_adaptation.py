@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine import checkpoint
-from engine.config import DataConfig, SplitConfig, parse_config
-from engine.data import class_part, load_data, part_indices, split_sizes
+from engine.config.experiment import DataConfig, SplitConfig, parse_config
+from engine.data.datasets import class_part, load_data, part_indices, split_sizes
 from engine.errors import CheckpointError, ConfigError
 from engine.train import train_and_evaluate
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from engine.config import ExperimentConfig, load_config, parse_config
+from engine.config.experiment import ExperimentConfig, load_config, parse_config
 from engine.errors import ConfigError
 from tests.conftest import ROOT, write_yaml
 

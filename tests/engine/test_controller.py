@@ -9,12 +9,12 @@ import random
 import pytest
 import torch
 
-from engine.controller import DualController, ReferenceController, build_controller
-from engine.gate import gated_cp, normalised_cost, option_kappa
+from engine.config.schedule import DFQSchedule, FracTrainSchedule
+from engine.dfq.controller import DualController, ReferenceController, build_controller
+from engine.dfq.gate import gated_cp, normalised_cost, option_kappa
+from engine.dfq.gated import GatedModel
 from engine.models import LayerMap, build_model
-from engine.models.gated import GatedModel
-from engine.precision import SKIP, Precision
-from engine.schedule_config import DFQSchedule, FracTrainSchedule
+from engine.numerics.precision import SKIP, Precision
 
 
 class GateLikeProcess:
@@ -130,7 +130,7 @@ def test_a_price_moves_a_real_gate_towards_cheaper_options():
 def test_price_for_target_finds_the_boundary_of_the_batch_cp_step_function():
     """cp_at_prices at price 0 is the batch's argmax cp; price_for_target returns a price at which the batch is
     at or under the target while a slightly lower price is above it (methods.md §6.5)."""
-    from engine.gate import cp_at_prices, price_for_target
+    from engine.dfq.gate import cp_at_prices, price_for_target
 
     g = torch.Generator().manual_seed(0)
     options = [SKIP, Precision(act=4, weight=4, grad=8), Precision(act=6, weight=6, grad=8),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cost import BitOpsCounter, CostTotals, layer_cost
-from engine.layers import QConv2d
+from engine.cost.bitops import BitOpsCounter, CostTotals, layer_cost
 from engine.models import LayerMap, build_model
 from engine.models.base import LayerInfo, QModel
-from engine.precision import FP32, SKIP, Precision
+from engine.numerics.layers import QConv2d
+from engine.numerics.precision import FP32, SKIP, Precision
 
 
 class OneConv(QModel):

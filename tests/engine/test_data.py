@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import DataConfig
-from engine.data import FASHION_MNIST_DIR, INFO, _augment, iterations_per_epoch, load_data, split_sizes
+from engine.config.experiment import DataConfig
+from engine.data.datasets import (
+    FASHION_MNIST_DIR,
+    INFO,
+    _augment,
+    iterations_per_epoch,
+    load_data,
+    split_sizes,
+)
 from engine.errors import DataError
 
 
@@ -68,7 +75,7 @@ def test_digits_read_from_the_shipped_csv_equal_load_digits(monkeypatch):
 
     from sklearn.datasets import load_digits
 
-    from engine import data
+    from engine.data import datasets as data
 
     images, target = data._digits_arrays()
     ref = load_digits()
@@ -76,7 +83,7 @@ def test_digits_read_from_the_shipped_csv_equal_load_digits(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no file to read: the fallback
     images, target = data._digits_arrays()
     assert np.array_equal(images, ref.images) and np.array_equal(target, ref.target)
-    code = ("import sys; from engine.config import DataConfig; from engine.data import load_data; "
+    code = ("import sys; from engine.config.experiment import DataConfig; from engine.data.datasets import load_data; "
             "load_data(DataConfig(dataset='digits')); print('sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import quant
-from engine.config import parse_config
-from engine.gate import cost_per_sample, option_kappa
-from engine.layers import QConv2d, QLinear, QMatmul
+from engine.config.experiment import parse_config
+from engine.dfq.gate import cost_per_sample, option_kappa
+from engine.dfq.gated import GatedModel
 from engine.models import LayerMap, build_model
-from engine.models.gated import GatedModel
-from engine.precision import SKIP, Precision
+from engine.numerics import quant
+from engine.numerics.layers import QConv2d, QLinear, QMatmul
+from engine.numerics.precision import SKIP, Precision
 from engine.train import train_and_evaluate
 
 
@@ -187,8 +187,8 @@ def test_a_routed_step_reads_only_its_option_counts_on_the_host(device_ranges, h
 def test_a_static_kinds_training_iteration_reads_the_host_once(schedule, device_ranges, host_reads):
     """The engine's own iteration (schedule, step, cost bookkeeping): the loss and the count of correct
     predictions in one read, nothing else, so a GPU waits once per step (bench/gpu_suite.py counts it there)."""
-    from engine.cost import CostTotals
-    from engine.data import load_data
+    from engine.cost.bitops import CostTotals
+    from engine.data.datasets import load_data
     from engine.train import Trainer
 
     cfg = parse_config({"name": "reads", "device": "cpu", "model": {"name": "tiny"}, "schedule": schedule,
@@ -211,9 +211,9 @@ def test_a_gated_training_iteration_reads_the_host_once_beside_its_group_sizes(s
     """A DFQ / FracTrain iteration: the routed passes' group sizes, then one read of everything else the host
     needs (loss, cp, count correct, choices, the gate's logits); the controller, the cost and the epoch's
     statistics work on that copy (their reads, on host tensors, are not counted)."""
-    from engine.cost import CostTotals
-    from engine.data import load_data
-    from engine.dfq import GatedRunner
+    from engine.cost.bitops import CostTotals
+    from engine.data.datasets import load_data
+    from engine.dfq.runner import GatedRunner
     from engine.train import Trainer
 
     cfg = parse_config({"name": "reads", "device": "cpu", "model": {"name": "resnet8"}, "schedule": schedule,

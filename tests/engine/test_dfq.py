@@ -7,10 +7,11 @@ import contextlib
 import pytest
 import torch
 
-from engine.config import parse_config
-from engine.cost import BitOpsCounter
-from engine.dfq import BlockCosts
-from engine.gate import (
+from engine.config.experiment import parse_config
+from engine.config.schedule import cp0_for_total
+from engine.cost.bitops import BitOpsCounter
+from engine.dfq import gated as gated_module
+from engine.dfq.gate import (
     GateTrace,
     RecurrentGate,
     cost_per_sample,
@@ -20,11 +21,10 @@ from engine.gate import (
     sign_fractrain,
     straight_through,
 )
+from engine.dfq.gated import GatedModel
+from engine.dfq.runner import BlockCosts
 from engine.models import LayerMap, build_model
-from engine.models import gated as gated_module
-from engine.models.gated import GatedModel
-from engine.precision import FP32, SKIP, Precision
-from engine.schedule_config import cp0_for_total
+from engine.numerics.precision import FP32, SKIP, Precision
 from engine.train import train_and_evaluate
 
 OPTS = [SKIP, Precision.fwbw(4, 8), Precision(act=6, weight=4, grad=12)]
@@ -128,7 +128,7 @@ def test_masked_and_routed_agree_in_forward_for_the_same_choices():
 def test_a_gated_forward_quantizes_each_weight_once(execution, monkeypatch):
     """Every option's pass (masked) and the estimator's alternatives (routed) share one quantized copy of each
     weight per forward; a training step gives the values and gradients it gives with a fresh copy per pass."""
-    from engine import autograd, quant
+    from engine.numerics import autograd, quant
 
     x, y = torch.randn(6, 1, 8, 8), torch.randint(0, 10, (6,))
     forced = torch.tensor([[0, 1], [1, 2], [2, 0], [1, 1], [0, 0], [2, 2]])
@@ -240,8 +240,8 @@ def test_routed_sampled_gradient_matches_the_mask_algebra():
     torch.manual_seed(7)
     fused = _gate_ce_grads(model, X8, FORCED8, 1)
 
-    from engine.layers import frozen_state
-    from engine.models import gated
+    from engine.dfq import gated
+    from engine.numerics.layers import frozen_state
 
     def in_order(self, block, h, option, keep=None):  # the kept samples' outputs, in the batch's order
         y, rows_run = self._run_sorted(block, h, option, keep)
@@ -486,7 +486,7 @@ def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
     ({"execution": "masked"}, 1.0, "computed"),  # masked runs every option over the whole batch
 ])
 def test_routed_defaults_follow_the_execution_and_reach_the_model(schedule, fraction, statistics):
-    from engine.data import INFO
+    from engine.data.datasets import INFO
     from engine.train import prepare
 
     cfg = parse_config({**DIGITS, "schedule": {"kind": "dfq", "target_cp": 3.0, **schedule}})
@@ -688,7 +688,7 @@ def test_block_floor_keeps_every_gated_block_computing_where_a_low_target_collap
 
 
 def test_floor_skips_moves_the_least_decided_skippers_only():
-    from engine.models.gated import floor_skips
+    from engine.dfq.gated import floor_skips
 
     p = torch.tensor([[0.9, 0.1, 0.0], [0.6, 0.0, 0.4], [0.2, 0.8, 0.0], [0.7, 0.1, 0.2], [0.5, 0.3, 0.2]])
     choice = p.argmax(1)  # skip (0) for rows 0, 1, 3, 4

@@ -1,4 +1,4 @@
-"""The fused CPU quantizer kernels (engine/fused.py, methods.md §1 "Fused kernels"): they load here, give the
+"""The fused CPU quantizer kernels (engine/numerics/fused.py, methods.md §1 "Fused kernels"): they load here, give the
 torch passes' results bit for bit (quantizers, the generator's draws, whole training runs), and every way they
 can be unavailable falls back to the torch passes with a status that says why."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import autograd, fused, quant
-from engine.config import parse_config
-from engine.precision import Precision
+from engine.config.experiment import parse_config
+from engine.numerics import autograd, fused, quant
+from engine.numerics.precision import Precision
 from engine.train import train_and_evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +155,7 @@ def test_processes_compiling_into_one_cache_at_once_all_load_it(tmp_path):
     """Three processes start on an empty cache together: each builds under a private name and renames it into
     place, so all of them load a whole library and one file is left."""
     env = {**os.environ, "FRACTUNE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    code = "from engine import fused; print(fused.status())"
+    code = "from engine.numerics import fused; print(fused.status())"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for _ in range(3)]
     outs = [p.communicate(timeout=300) for p in procs]

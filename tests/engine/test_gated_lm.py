@@ -10,16 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import autograd, quant
-from engine.config import parse_config
-from engine.cost import BitOpsCounter
-from engine.dfq import BlockCosts
+from engine.config.experiment import parse_config
+from engine.cost.bitops import BitOpsCounter
+from engine.dfq.gate import gated_cp, normalised_cost, option_kappa
+from engine.dfq.gated import GatedModel
+from engine.dfq.runner import BlockCosts
 from engine.errors import ConfigError
-from engine.gate import gated_cp, normalised_cost, option_kappa
-from engine.layers import QMatmul
 from engine.models import LayerMap, build_model
-from engine.models.gated import GatedModel
-from engine.precision import FP32, SKIP, MixedPrecision, Precision
+from engine.numerics import autograd, quant
+from engine.numerics.layers import QMatmul
+from engine.numerics.precision import FP32, SKIP, MixedPrecision, Precision
 from engine.train import train_and_evaluate
 from tests.engine.test_transformer import lm_config, write_wikitext
 

@@ -1,4 +1,4 @@
-"""The GPU quantizer kernels (engine/gpu_kernels.py, methods.md §1 "GPU kernels"), run on the CPU under Triton's
+"""The GPU quantizer kernels (engine/numerics/gpu_kernels.py, methods.md §1 "GPU kernels"), run on the CPU under Triton's
 interpreter: nearest rounding gives the torch passes' bits (per tensor, per channel, per row group), stochastic
 rounding is unbiased with the right variance and reproduces itself from torch's seed, the running range is
 updated as the torch ops update it, the custom ops pass torch's own op checks (fake implementations included),
@@ -15,10 +15,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are firs
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from engine import autograd, gpu_kernels, quant  # noqa: E402
-from engine.layers import QConv2d, QLinear  # noqa: E402
-from engine.precision import FP32, MixedPrecision, Precision  # noqa: E402
-from engine.runners import compiled, make_step  # noqa: E402
+from engine.numerics import autograd, gpu_kernels, quant  # noqa: E402
+from engine.numerics.layers import QConv2d, QLinear  # noqa: E402
+from engine.numerics.precision import FP32, MixedPrecision, Precision  # noqa: E402
+from engine.schedules.runner import compiled, make_step  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gpu_kernels.interpreting() or gpu_kernels._triton_version() is None,

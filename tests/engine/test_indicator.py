@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.indicator import LossIndicator
+from engine.schedules.indicator import LossIndicator
 
 
 def feed(ind, losses):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from engine.errors import ConfigError
 from engine.models import MODELS, build_model, is_language_model
-from engine.precision import FP32, Precision
+from engine.numerics.precision import FP32, Precision
 
 SHAPES = [(1, 28, 28), (3, 32, 32)]
 

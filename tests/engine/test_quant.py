@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import autograd, quant
-from engine.layers import QConv2d, QLinear
-from engine.precision import FP32, SKIP, Precision
+from engine.numerics import autograd, quant
+from engine.numerics.layers import QConv2d, QLinear
+from engine.numerics.precision import FP32, SKIP, Precision
 
 
 def test_levels_and_hand_computed_values():
@@ -178,7 +178,7 @@ def test_precision_value_type():
 def test_mixed_precision_with_every_group_at_32_bit_fw_quantizes_only_the_weights():
     """A routed batch whose options all keep 32-bit activations (FW32, 4-bit weights) has no activation range;
     the layers run on the unquantized input with the quantized weights instead of failing."""
-    from engine.precision import MixedPrecision
+    from engine.numerics.precision import MixedPrecision
 
     torch.manual_seed(0)
     conv, lin = QConv2d(3, 4, 3, padding=1, bias=False), QLinear(5, 2)

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from engine.config import parse_config
-from engine.data import RunLength
+from engine.config.experiment import parse_config
+from engine.data.datasets import RunLength
 from engine.preview import preview
-from engine.prt import choose_fw_min
-from engine.schedules import CPT, AutoPFQ, ManualPFQ, cyclic_bits
+from engine.schedules.progress import CPT, AutoPFQ, ManualPFQ, cyclic_bits
+from engine.schedules.prt import choose_fw_min
 from engine.train import train_and_evaluate
 from tests.conftest import ROOT
 
@@ -121,7 +121,7 @@ def test_cpt_with_auto_fw_min_runs_the_range_test():
 def test_eval_windows_splits_a_run_of_any_length_into_the_same_number_of_windows(total):
     """``eval_windows: 160`` reads the reference's 160 windows (of 400 iterations in 64,000) in any run: the
     indicator sees a window's loss every total // 160 iterations, and FracTrain's staging the same."""
-    from engine.indicator import Staging
+    from engine.schedules.indicator import Staging
 
     cfg = sched(kind="fractrain", eval_windows=160)
     staging = Staging(cfg, cfg.num_turning_points, RunLength(total, 100), lambda st: {})

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import checkpoint
-from engine.config import parse_config
+from engine.config.experiment import parse_config
 from engine.errors import CheckpointError
 from engine.train import lr_at, train_and_evaluate
 

@@ -10,16 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import autograd, quant
-from engine.config import parse_config
-from engine.cost import BitOpsCounter
-from engine.data import load_data
+from engine.config.experiment import parse_config
+from engine.cost.bitops import BitOpsCounter
+from engine.data.datasets import load_data
+from engine.data.text import EOS, UNK, TokenSplit, build_vocab
 from engine.errors import ConfigError, DataError
-from engine.layers import QLinear, QMatmul
 from engine.models import build_model
 from engine.models.transformer import causal_attention
-from engine.precision import FP32, Precision
-from engine.text import EOS, UNK, TokenSplit, build_vocab
+from engine.numerics import autograd, quant
+from engine.numerics.layers import QLinear, QMatmul
+from engine.numerics.precision import FP32, Precision
 from engine.train import evaluate, perplexity, train_and_evaluate
 from tests.conftest import run_main
 
@@ -117,7 +117,7 @@ def test_bitops_of_attention_use_fw_for_both_operands():
 
 def test_cost_models_price_the_lm_per_token():
     """Every cost model prices the attention matmuls with both operands at FW and no weights (methods.md §11)."""
-    from engine.cost_models import build_models, energy_mac_pj, int_units_mac
+    from engine.cost.hardware import build_models, energy_mac_pj, int_units_mac
 
     d, h, t, vocab = 32, 2, 16, 50
     model = build_model("transformer_tiny", 1, vocab)
@@ -283,7 +283,7 @@ def test_cyclic_and_progressive_schedules_train_the_lm(tmp_path, schedule):
 
 
 def test_schedule_preview_prices_an_lm_per_token(tmp_path):
-    from engine.data import INFO, run_length
+    from engine.data.datasets import INFO, run_length
     from engine.preview import preview
 
     cfg = lm_config(write_wikitext(tmp_path / "wt"), {"kind": "static", "fw": 8, "bw": 8})

@@ -5,7 +5,7 @@ Tune's own checkpoint had not seen reported again, and a finished run not traine
 from __future__ import annotations
 
 from engine import checkpoint
-from engine.config import parse_config
+from engine.config.experiment import parse_config
 from engine.train import train_and_evaluate
 from trainables.tune_trainable import finished, resume_point
 

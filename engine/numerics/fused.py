@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from engine import affine
+from engine.numerics import affine
 
 SOURCE = Path(__file__).with_name("fused_quant.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]

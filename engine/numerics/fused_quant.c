@@ -1,4 +1,4 @@
-/* Fused CPU passes of the quantizer (docs/methods.md §1, "Fused kernels"): engine/fused.py compiles this file
+/* Fused CPU passes of the quantizer (docs/methods.md §1, "Fused kernels"): engine/numerics/fused.py compiles this file
  * with the system's C compiler and calls it through ctypes. Each function is quant.quantize's (or
  * autograd._q_rows's) chain of torch passes as one pass over the tensor, with the same float operations in the
  * same order, so the results are the same bit for bit: multiplies, adds and fmaf exactly where torch's

@@ -12,8 +12,8 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.config_types import Bits, Strict, increasing_fractions
-from engine.precision import SKIP, Precision
+from engine.config.types import Bits, Strict, increasing_fractions
+from engine.numerics.precision import SKIP, Precision
 
 
 class FP32Schedule(Strict):
@@ -35,7 +35,7 @@ class StaticSchedule(Strict):
 
 
 class IndicatorSettings(Strict):
-    """PFQ's loss indicator (engine.indicator), shared by pfq and fractrain."""
+    """PFQ's loss indicator (engine.schedules.indicator), shared by pfq and fractrain."""
 
     epsilon: float = Field(0.15, gt=0.0, le=100.0)  # initial threshold (--initial_threshold; README 0.05)
     alpha: float = Field(0.4, gt=0.0, le=1.0)  # threshold decay (--decay; README 0.3)

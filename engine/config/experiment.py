@@ -17,14 +17,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine import safe_yaml
-from engine.config_errors import validation_problems
-from engine.config_types import Bits, Strict
-from engine.data import INFO, run_length
-from engine.errors import ConfigError
-from engine.models import MODELS, is_language_model
-from engine.models.base import LayerMap
-from engine.precision import Precision
-from engine.schedule_config import (
+from engine.config.problems import validation_problems
+from engine.config.schedule import (
     CPTSchedule,
     DFQSchedule,
     FP32Schedule,
@@ -32,6 +26,12 @@ from engine.schedule_config import (
     PFQSchedule,
     StaticSchedule,
 )
+from engine.config.types import Bits, Strict
+from engine.data.datasets import INFO, run_length
+from engine.errors import ConfigError
+from engine.models import MODELS, is_language_model
+from engine.models.base import LayerMap
+from engine.numerics.precision import Precision
 
 MAX_ITERATIONS = 10**9  # a run's iterations (ImageNet, 90 epochs at batch 256: 4.5e5)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
@@ -218,7 +218,7 @@ class InitConfig(Strict):
 
 
 class CostConfig(Strict):
-    """The hardware cost models every run reports (engine/cost_models.py; docs/methods.md §10)."""
+    """The hardware cost models every run reports (engine/cost/hardware.py; docs/methods.md §10)."""
 
     int_widths: tuple[int, ...] = (4, 8, 16, 32)  # the int_units model's integer unit widths
     table: str | None = None  # a user's YAML table (width pair -> cost per MAC), reported as table:NAME
@@ -235,7 +235,7 @@ class CostConfig(Strict):
     def _table(cls, v: str | None) -> str | None:
         if v is None:
             return None
-        from engine.cost_models import load_cost_table
+        from engine.cost.hardware import load_cost_table
 
         path = resolved_path(v)
         try:
@@ -246,7 +246,7 @@ class CostConfig(Strict):
         return path
 
     def models(self):
-        from engine.cost_models import build_models, load_cost_table
+        from engine.cost.hardware import build_models, load_cost_table
 
         return build_models(self.int_widths, load_cost_table(self.table) if self.table else None)
 
@@ -412,7 +412,7 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
 
 def _target_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
     """A cp target the options cannot reach (every sample at the cheapest or the dearest option)."""
-    from engine.gate import option_kappa
+    from engine.dfq.gate import option_kappa
 
     sched = cfg.schedule
     kappa = option_kappa(sched.option_precisions(cfg.model.name))

@@ -43,11 +43,11 @@ import math
 import torch
 from torch import nn
 
-from engine.autograd import weights_fixed
-from engine.gate import GateTrace, RecurrentGate, straight_through
-from engine.layers import frozen_state
+from engine.dfq.gate import GateTrace, RecurrentGate, straight_through
 from engine.models.base import QModel
-from engine.precision import FP32, MixedPrecision, Precision
+from engine.numerics.autograd import weights_fixed
+from engine.numerics.layers import frozen_state
+from engine.numerics.precision import FP32, MixedPrecision, Precision
 
 ROUTED_ESTIMATORS = ("skip", "sampled", "grouped", "exact")  # methods.md §6.3
 ROUTED_STATISTICS = ("computed", "batch")  # methods.md §6.3
@@ -206,7 +206,7 @@ class GatedModel(nn.Module):
         self.register_buffer("fw_first", torch.tensor(self._fw_first), persistent=False)
         self.gate = RecurrentGate([b.in_channels for b in backbone.blocks], len(self.options), allowed,
                                   gate_dim, embed_dim, hidden_dim)
-        # the dual controller's price on the options' normalised costs (engine.controller): (L, K) and a scalar;
+        # the dual controller's price on the options' normalised costs (engine.dfq.controller): (L, K) and a scalar;
         # saved with the model, so evaluation and a resumed run decide as training did
         self.register_buffer("option_cost", torch.zeros(len(backbone.blocks), len(self.options)))
         self.register_buffer("price", torch.zeros(()))

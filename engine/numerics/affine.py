@@ -1,6 +1,6 @@
 """The affine grid every quantizer uses (docs/methods.md §1): its levels, the floor of its step, the resolution of
-stochastic rounding's noise and the per-tensor map onto the levels. A module of its own below ``engine.quant`` and
-``engine.fused``, so that the fused kernels' self-check compares with the same arithmetic without importing the
+stochastic rounding's noise and the per-tensor map onto the levels. A module of its own below ``engine.numerics.quant`` and
+``engine.numerics.fused``, so that the fused kernels' self-check compares with the same arithmetic without importing the
 quantizer that loads them."""
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import autograd, gpu_kernels, quant
 from engine.errors import ConfigError
-from engine.precision import FP32, FULL_BITS, MixedPrecision, Precision
+from engine.numerics import autograd, gpu_kernels, quant
+from engine.numerics.precision import FP32, FULL_BITS, MixedPrecision, Precision
 
 ROLES = ("stem", "body", "depthwise", "head", "fc", "attn")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.precision import Precision
+from engine.numerics.precision import Precision
 
 
 @dataclass

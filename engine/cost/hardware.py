@@ -1,7 +1,7 @@
 """Hardware cost models: what one training iteration costs under a chosen price (docs/methods.md §10).
 
 Every model is a small pure function of one conv/linear layer and the precision it runs at, summed over the
-layers and the samples exactly like BitOPs (``engine.cost``). A layer with M forward MACs per sample runs three
+layers and the samples exactly like BitOPs (``engine.cost.bitops``). A layer with M forward MACs per sample runs three
 passes per training sample, each with two quantized operands (``Precision.pass_bits``' pairs):
 
     FW (a, w)    EB (g, w)    GC (a, g)
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import ConfigError
-from engine.precision import FULL_BITS, Precision
+from engine.numerics.precision import FULL_BITS, Precision
 
 DEFAULT_INT_WIDTHS = (4, 8, 16, 32)
 

@@ -22,7 +22,7 @@ noise is symmetric on [-0.5, 0.5), so rounding stays unbiased; its key is drawn 
 tensor's device at every call, so a seeded run reproduces itself and nothing waits for the host.
 
 The kernels run wherever Triton runs: CUDA, and the CPU under ``TRITON_INTERPRET=1`` (how CI tests them; the
-CPU's training path is ``engine/fused.py``). ``usable(x)`` says whether they take over for ``x``: a CUDA float32
+CPU's training path is ``engine/numerics/fused.py``). ``usable(x)`` says whether they take over for ``x``: a CUDA float32
 tensor with Triton importable, unless ``FRACTUNE_GPU_KERNELS=0`` (the torch passes, for side-by-side timing);
 ``on_cpu()`` runs them on CPU tensors too, under ``TRITON_INTERPRET=1`` (tests).
 """
@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from engine.fused import SWITCH_VALUES
+from engine.numerics.fused import SWITCH_VALUES
 
 ENV_SWITCH = "FRACTUNE_GPU_KERNELS"
 BLOCK = 1024  # elements per program and loop step
@@ -127,7 +127,7 @@ def usable(x: torch.Tensor) -> bool:
 @functools.cache
 def _kernels():
     """The Triton kernels, imported at first use (Triton reads ``TRITON_INTERPRET`` when a kernel is defined)."""
-    from engine import _triton_kernels as k
+    from engine.numerics import _triton_kernels as k
 
     return {"partial_range": k.partial_range, "quant_tensor": k.quant_tensor, "quant_channel": k.quant_channel,
             "row_range": k.row_range, "quant_rows": k.quant_rows}

@@ -14,7 +14,7 @@ Cost term, per sample (the reference's batch sum made independent of the batch s
 ``c_i = sum_l omega_l sum_k m_ilk kappa_k / mean(omega)`` with ``kappa_k = (a_k w + g_k w + a_k g_k) / 1024``
 (the FW, EB and GC effective MACs of one MAC; 0 for skip), and ``loss = CE + weight * mean_i c_i`` with the
 controller's weight. cp over the gated blocks is ``100 * sum_l omega_l sum_k u_lk kappa_k / (3 sum_l omega_l)``
-per sample. The reference's sign rules (``sign_dfq``, ``sign_fractrain``) live here; engine.controller uses them.
+per sample. The reference's sign rules (``sign_dfq``, ``sign_fractrain``) live here; engine.dfq.controller uses them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.precision import Precision
+from engine.numerics.precision import Precision
 
 
 class Embedding(nn.Module):

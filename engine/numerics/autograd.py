@@ -21,8 +21,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from engine import fused, gpu_kernels, quant, scratch
-from engine.precision import FULL_BITS
+from engine.numerics import fused, gpu_kernels, quant, scratch
+from engine.numerics.precision import FULL_BITS
 
 
 class Observed(tuple):

@@ -11,12 +11,12 @@ Asymmetric min/max affine quantization, simulated ("fake quant": quantize then d
 Ranges: weights per output channel, activations and gradients per tensor (methods.md §1).
 Per-tensor ranges are Python floats on the CPU and every op after the first works in place on one buffer
 (fresh, or scratch where the result is consumed at once): the overhead of quantized training is a handful of
-memory passes per layer, not a graph of small ops; where ``engine/fused.py``'s kernels are loaded, each chain is
+memory passes per layer, not a graph of small ops; where ``engine/numerics/fused.py``'s kernels are loaded, each chain is
 one C pass with the same float operations (and the noise the same draw of torch's generator), so the results do
 not depend on whether they are (methods.md §1, "Fused kernels"). On an accelerator the per-tensor ranges stay 0-d
 tensors on the device (``ranges_on_device``): a Python float would make the host wait for the device at every
 quantized tensor, and a GPU step of a small network is bound by how fast the host issues its kernels (methods.md §1, "Devices").
-On a CUDA device each quantizer is ``engine/gpu_kernels.py``'s Triton kernel, the device form's arithmetic in one
+On a CUDA device each quantizer is ``engine/numerics/gpu_kernels.py``'s Triton kernel, the device form's arithmetic in one
 kernel (two where the range is the tensor's own; methods.md §1, "GPU kernels").
 """
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from engine import fused, gpu_kernels, scratch
-from engine.affine import NOISE_LEVELS, STEP_FLOOR, levels, tensor_affine  # noqa: F401  (quant's public names)
+from engine.numerics import fused, gpu_kernels, scratch
+from engine.numerics.affine import NOISE_LEVELS, STEP_FLOOR, levels, tensor_affine  # noqa: F401  (quant's public names)
 
 
 def ranges_on_device(x: torch.Tensor) -> bool:

@@ -1,4 +1,4 @@
-"""The Triton kernels of ``engine/gpu_kernels.py`` (docs/methods.md §1, "GPU kernels"); imported at first use,
+"""The Triton kernels of ``engine/numerics/gpu_kernels.py`` (docs/methods.md §1, "GPU kernels"); imported at first use,
 since Triton reads ``TRITON_INTERPRET`` when a kernel is defined. ``gpu_kernels`` holds the arithmetic's contract."""
 
 import triton

@@ -22,14 +22,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.controller import PRICE_LIMIT, build_controller
-from engine.cost import BitOpsCounter, layer_cost
-from engine.data import RunLength
-from engine.gate import cost_per_sample, gated_cp_tensor, normalised_cost, option_kappa, price_for_target
-from engine.indicator import Staging
-from engine.models.gated import GatedModel
-from engine.precision import FP32, Precision
-from engine.runners import sgd_step
+from engine.cost.bitops import BitOpsCounter, layer_cost
+from engine.data.datasets import RunLength
+from engine.dfq.controller import PRICE_LIMIT, build_controller
+from engine.dfq.gate import cost_per_sample, gated_cp_tensor, normalised_cost, option_kappa, price_for_target
+from engine.dfq.gated import GatedModel
+from engine.numerics.precision import FP32, Precision
+from engine.schedules.indicator import Staging
+from engine.schedules.runner import sgd_step
 
 
 class BlockCosts:

@@ -19,7 +19,7 @@ gate's logits move slowly (a low learning rate, a weak CE signal) it swings far 
 and, scaled by ``beta``, as the cost term's weight (so the gate learns the trade-off the price expresses).
 The price is the sum of two states. ``base`` moves, after every iteration, a fraction ``rate`` of the way to
 the price that would have put that batch exactly on target with its logits held fixed
-(``engine.gate.price_for_target``, a search over the monotone step function cp(price)); ``offset`` integrates
+(``engine.dfq.gate.price_for_target``, a search over the monotone step function cp(price)); ``offset`` integrates
 ``gain`` times the batch's relative cp error, which cancels what the fixed-logits model misses (later blocks'
 logits depend on earlier decisions), so the mean error over a span goes to zero. Solving for the batch's own price
 makes the step size independent of how sharply cp reacts to the price: a gate indifferent between options
@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.gate import sign_dfq, sign_fractrain, sign_tensor
+from engine.dfq.gate import sign_dfq, sign_fractrain, sign_tensor
 
 PRICE_LIMIT = 50.0  # nats: far beyond any logit gap the gate produces; a bound that keeps a runaway finite
 

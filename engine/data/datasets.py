@@ -1,5 +1,5 @@
 """Data sets (docs/methods.md §8): Fashion-MNIST (the embedded default), digits (tests), CIFAR-10/100, ImageNet;
-the language models' corpora (WikiText-103/-2, the embedded ``fortunes``) live in engine/text.py.
+the language models' corpora (WikiText-103/-2, the embedded ``fortunes``) live in engine/data/text.py.
 
 Small data sets live in memory as uint8 tensors and are batched here, with augmentation done per sample
 but vectorised over the batch (random crop with zero padding + horizontal flip, as torchvision's
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from engine.errors import DataError
 
-if TYPE_CHECKING:  # the config's types name the arguments; engine.config reads this module's table
-    from engine.config import DataConfig, SplitConfig
+if TYPE_CHECKING:  # the config's types name the arguments; engine.config.experiment reads this module's table
+    from engine.config.experiment import DataConfig, SplitConfig
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -40,7 +40,7 @@ class DatasetInfo:
     std: tuple[float, ...]
     crop_pad: int  # augmentation: random crop padding (0: none)
     flip: bool
-    kind: str = "image"  # "text": a word-level corpus (engine/text.py); classes = the vocabulary
+    kind: str = "image"  # "text": a word-level corpus (engine/data/text.py); classes = the vocabulary
     tokens: int = 0  # text: training tokens (nominal, for previews; the loaded split's count wins)
 
     @property
@@ -264,7 +264,7 @@ FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-imag
 def check_available(cfg: DataConfig) -> None:
     """Fail fast, with a one-line DataError, when a data set's files are not where the config says."""
     if INFO[cfg.dataset].is_text:
-        from engine.text import check_text
+        from engine.data.text import check_text
 
         check_text(cfg.dataset, cfg.data_dir)
     elif cfg.dataset == "fashion-mnist":  # read and checked whole (``_read_idx``): a damaged file is refused here
@@ -449,11 +449,11 @@ def _imagenet(cfg: DataConfig, info: DatasetInfo) -> DataSplits:
 
 
 def _text(cfg: DataConfig, info: DatasetInfo) -> DataSplits:
-    """A word-level corpus (engine/text.py): three token streams; ``classes`` becomes the loaded vocabulary and
+    """A word-level corpus (engine/data/text.py): three token streams; ``classes`` becomes the loaded vocabulary and
     ``unigram_perplexity`` the test split's perplexity under the training unigram (the baseline to beat)."""
     from dataclasses import replace
 
-    from engine.text import TokenSplit, load_corpus, unigram_perplexity
+    from engine.data.text import TokenSplit, load_corpus, unigram_perplexity
 
     (train, valid, test), vocab = load_corpus(cfg.dataset, cfg.data_dir, cfg.split_seed, cfg.vocab_size)
     tr = TokenSplit(train, cfg.seq_len, cfg.train_subset)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine.precision import FULL_BITS, MIN_BITS
+from engine.numerics.precision import FULL_BITS, MIN_BITS
 
 
 def _bits(value: Any) -> int:

@@ -13,10 +13,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.data import RunLength
+from engine.data.datasets import RunLength
 from engine.errors import ConfigError
-from engine.indicator import Staging
-from engine.precision import FP32, Precision
+from engine.numerics.precision import FP32, Precision
+from engine.schedules.indicator import Staging
 
 
 class RunSchedule:
