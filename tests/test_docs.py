@@ -1,0 +1,100 @@
+"""The docs' form: docs/methods.md states the methods as they are (no dated line: measurements and their history
+live, dated, in docs/methods_notes.md), every section the code and docs cite exists, and docs/benchmarks.md
+gives each figure once, with one date per table row."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.?"
+# an ISO date, a month-name date either way round ("Nov 20", "20 November"), a day of the month ("on the
+# 25th"), and the relative days a log uses ("yesterday", "this session")
+DATE = re.compile(
+    r"\b20\d{2}-\d{2}-\d{2}\b"
+    rf"|\b{_MONTH} \d{{1,2}}\b"
+    rf"|\b\d{{1,2}} {_MONTH}(?:\s|$)"
+    r"|\bthe \d{1,2}(?:st|nd|rd|th)\b"
+    r"|(?i:\b(?:yesterday|today|tonight|this (?:session|morning|afternoon|evening))\b)"
+)
+ISO_DATE = re.compile(r"\b20\d{2}-\d{2}-\d{2}\b")
+
+
+def _dated_lines(text: str) -> list[str]:
+    return [f"{n}: {line}" for n, line in enumerate(text.splitlines(), 1) if DATE.search(line)]
+
+
+@pytest.mark.parametrize("line", [
+    "measured 2026-11-20 on the AMD machine",
+    "the default since Nov 20",
+    "run on 20 November",
+    "as found on the 25th",
+    "as measured yesterday",
+    "in this session the step took",
+    "today's defaults",
+])
+def test_date_pattern_catches_dates(line):
+    assert DATE.search(line), line
+
+
+@pytest.mark.parametrize("line", [
+    "ResNet-8 on 8000 images, 3 epochs at batch 64 (He et al. 2016)",
+    "the gate may skip a block; a sample that skipped gets none",
+    "MobileNetV2 (CIFAR), ImageNet ResNet-18/34, §6.3 and §11.1",
+    "`decay_after: [1, 2]`, a 64x16x32x32 tensor, 2^-17 of a step",
+])
+def test_date_pattern_spares_the_methods_vocabulary(line):
+    assert not DATE.search(line), line
+
+
+def test_methods_carries_no_date():
+    """methods.md describes each method in the present tense; a dated line belongs on methods_notes.md."""
+    dated = _dated_lines((DOCS / "methods.md").read_text(encoding="utf-8"))
+    assert not dated, "dated lines in docs/methods.md (move them to docs/methods_notes.md):\n" + "\n".join(dated)
+
+
+def test_methods_notes_entries_are_dated():
+    """The lab-notes page keeps each entry under the date it was measured."""
+    text = (DOCS / "methods_notes.md").read_text(encoding="utf-8")
+    entries = [line for line in text.splitlines() if line.startswith("## ")]
+    assert entries
+    undated = [line for line in entries if not ISO_DATE.search(line)]
+    assert not undated, undated
+
+
+def _cited_sections() -> dict[str, set[str]]:
+    """Section numbers cited as ``methods.md §6.3`` (or ``methods.md 6.3`` in YAML comments), with the files."""
+    cite = re.compile(r"methods\.md,? §?(\d+(?:\.\d+)?)((?:(?:, | and |-)§?\d+(?:\.\d+)?)*)")
+    cited: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*"):
+        if path.suffix not in {".py", ".md", ".yaml", ".yml", ".toml", ".cfg", ".txt"} or not path.is_file():
+            continue
+        rel = path.relative_to(ROOT)
+        if rel.parts[0].startswith(".") or "node_modules" in rel.parts:
+            continue
+        for m in cite.finditer(path.read_text(encoding="utf-8", errors="replace")):
+            for number in [m.group(1), *re.findall(r"\d+(?:\.\d+)?", m.group(2))]:
+                cited.setdefault(number, set()).add(str(rel))
+    return cited
+
+
+def test_every_cited_methods_section_exists():
+    """Code comments and docs cite ``methods.md §N``; every cited number is a heading of docs/methods.md."""
+    headings = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)[. ]", (DOCS / "methods.md").read_text(encoding="utf-8"),
+                              flags=re.M))
+    cited = _cited_sections()
+    assert {"1", "6.3", "6.5", "11.1"} <= cited.keys()
+    missing = {number: sorted(files) for number, files in cited.items() if number not in headings}
+    assert not missing, missing
+
+
+def test_benchmarks_rows_hold_one_date():
+    """docs/benchmarks.md gives the current figure per machine: no table row mixes runs of several days."""
+    rows = [line for line in (DOCS / "benchmarks.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("|") and not set(line) <= set("|- ")]
+    assert rows
+    mixed = [row for row in rows if len(set(ISO_DATE.findall(row))) > 1]
+    assert not mixed, mixed
