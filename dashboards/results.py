@@ -565,7 +565,10 @@ def setup_of(data: SweepData) -> dict:
 
     spec = artifact_json(data.client, data.parent_run_id, "sweep_spec.yaml") or {}
     base = spec.get("base") if isinstance(spec.get("base"), dict) else {}
+    run = data.client.get_run(data.parent_run_id)
     out = {}
+    if path := spec_file_of(data.name, run.data.params):
+        out["spec file"] = path
     if spec.get("description"):
         out["spec"] = " ".join(str(spec["description"]).split())
     for key in ("model", "data", "optim"):
@@ -573,10 +576,30 @@ def setup_of(data: SweepData) -> dict:
             out[key] = ", ".join(f"{k}={v}" for k, v in base[key].items())
     if spec.get("seeds"):
         out["seeds"] = spec["seeds"]
-    info = data.client.get_run(data.parent_run_id).info
+    info = run.info
     if info.end_time and info.start_time:
         out["sweep wall time"] = f"{(info.end_time - info.start_time) / 60000:.1f} minutes (the parent run's start to end)"
     return out
+
+
+def spec_file_of(name: str, params: dict) -> str | None:
+    """The spec file that made the sweep, as its page names it: the parent run's ``spec_file`` param (relative to
+    the project root when the spec was inside it); for a sweep that predates the param, the spec of the sweep's
+    name in this checkout's ``search_spaces/`` or ``docs/studies/``, said to be found by name; else None."""
+    from engine.config import read_yaml
+    from engine.errors import ConfigError
+    from orchestrator.provenance import PROJECT_ROOT, SPEC_FOLDERS
+
+    if recorded := params.get("spec_file"):
+        return f"`{recorded}`"
+    for folder in SPEC_FOLDERS:
+        path = PROJECT_ROOT / folder / f"{name}.yaml"
+        try:
+            if path.is_file() and read_yaml(path, "spec").get("name") == name:
+                return f"`{folder}/{name}.yaml` (found by the sweep's name: the sweep did not record its spec file)"
+        except ConfigError:
+            continue
+    return None
 
 
 # a gated setting added after runs were logged: the value that reproduces the engine before it existed. A logged

@@ -140,6 +140,7 @@ def submit(spec_path: str, address: str | None, tracking_uri: str | None, storag
            upload: bool = True, resume: bool = False, submission_id: str | None = None) -> tuple[dict, object]:
     """Submit the sweep; its summary and the connected client (for following the job). The spec, the job id,
     the tracking URI and the address are checked, every problem at once, before anything is contacted."""
+    from orchestrator.provenance import SPEC_FILE_ENV, spec_file
     from orchestrator.store import check_uri
 
     problems: list = []
@@ -164,6 +165,8 @@ def submit(spec_path: str, address: str | None, tracking_uri: str | None, storag
         env["MLFLOW_TRACKING_URI"] = tracking_uri
     if storage:
         env["FRACTUNE_STORAGE"] = storage
+    if named := spec_file(spec_path):  # the job runs a copy: the sweep records the file submitted
+        env[SPEC_FILE_ENV] = named
     folder = stage(tree, upload)
     deadline = time.monotonic() + AGENT_WAIT_S
     try:

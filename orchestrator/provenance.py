@@ -1,8 +1,9 @@
-"""Provenance carried by every run: git sha, package versions, host."""
+"""Provenance carried by every run: git sha, package versions, host; a sweep's spec file."""
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -10,6 +11,8 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fractune", "torch", "torchvision", "ray", "mlflow", "optuna", "pydantic")
+SPEC_FILE_ENV = "FRACTUNE_SPEC_FILE"  # a submitted sweep's spec file as submitted (its job runs a copy)
+SPEC_FOLDERS = ("search_spaces", "docs/studies")  # the presets; the one-off experiment specs behind the notes pages
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,3 +45,15 @@ def tags() -> dict[str, str]:
     t = {"fractune.git_sha": git_sha(), "fractune.host": platform.node()}
     t.update({f"fractune.version.{k}": v for k, v in versions().items()})
     return t
+
+
+def spec_file(path: str | Path | None) -> str | None:
+    """The spec file a sweep runs, as its parent run records it (param ``spec_file``) and its results page names
+    it: relative to the project root when inside it (``docs/studies/X.yaml``), else absolute. A submitted sweep's
+    job runs a copy of the spec: the path the submitter gave, passed on in ``FRACTUNE_SPEC_FILE``."""
+    if named := os.environ.get(SPEC_FILE_ENV):
+        return named
+    if path is None:
+        return None
+    p = Path(path).expanduser().resolve()
+    return p.relative_to(PROJECT_ROOT).as_posix() if p.is_relative_to(PROJECT_ROOT) else str(p)

@@ -30,6 +30,7 @@ from orchestrator.sweep import (
     make_tuner,
     param_space,
     save_summary,
+    spec_file_param,
     storage_problem,
     ui_command,
 )
@@ -71,7 +72,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
     write_manifest(exp_root, manifest)
     info = {"sweep_id": sweep_id, "spec": spec.name, "algorithm": "grid", "stages": ",".join(names),
             "planned_trials": loaded.num_trials(), "seeds": spec.seeds, "resources": spec.resources.model_dump(),
-            "storage": str(exp_root), "scheduler": spec.scheduler.kind}
+            "storage": str(exp_root), "scheduler": spec.scheduler.kind, **spec_file_param(loaded)}
     print(f"staged sweep {sweep_id}: stages {' -> '.join(names)}, {loaded.num_trials()} trials, storage {exp_root}, "
           f"tracking {uri}", file=sys.stderr)
     started = time.perf_counter()

@@ -336,6 +336,14 @@ def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
     return uri, root, sweep_id, trainable, init_runs
 
 
+def spec_file_param(loaded: LoadedSpec) -> dict[str, str]:
+    """``spec_file``, the parent run's param naming the spec file the sweep ran (its results page names it)."""
+    from orchestrator import provenance
+
+    path = provenance.spec_file(loaded.source)
+    return {"spec_file": path} if path else {}
+
+
 def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, sweep_id: str, trainable,
                init_runs) -> dict:
     """A sweep without stages (``orchestrator.runner.run_sweep`` once the sweep id is claimed and Ray is up)."""
@@ -362,7 +370,7 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
         info = {"sweep_id": sweep_id, "spec": spec.name, "algorithm": spec.search.algorithm,
                 "sampler": spec.search.sampler, "num_samples": spec.search.num_samples,
                 "planned_trials": loaded.num_trials(), "seeds": spec.seeds, "resources": spec.resources.model_dump(),
-                "storage": str(exp_path), "scheduler": spec.scheduler.kind}
+                "storage": str(exp_path), "scheduler": spec.scheduler.kind, **spec_file_param(loaded)}
         tracker = MLflowTracker(uri, spec.name, sweep_id, info, spec.model_dump(mode="json"), str(exp_path))
         callbacks: list = [tracker]
         if opts.progress:

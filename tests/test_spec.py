@@ -8,22 +8,30 @@ import pytest
 
 from engine.errors import ConfigError
 from search_spaces import PRESETS_DIR, load_spec, parse_spec
-from tests.conftest import write_yaml
+from tests.conftest import ROOT, write_yaml
+
+STUDIES_DIR = ROOT / "docs" / "studies"  # the one-off experiment specs behind the notes pages, run by path
 
 OK = {"name": "s", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits"}},
       "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}]}}}
 
 
 def test_presets_are_valid():
+    """Every preset of search_spaces/ and every one-off spec of docs/studies/ loads; no two share a name (the
+    MLflow experiment a sweep logs to)."""
     names = []
     from engine.config.experiment import read_yaml
     from search_spaces.ablation import load_ablation
 
-    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+    studies = sorted(STUDIES_DIR.glob("*.yaml"))
+    assert studies, STUDIES_DIR
+    for path in sorted(PRESETS_DIR.glob("*.yaml")) + studies:
         loaded = load_ablation(path) if "ablation" in read_yaml(path) else load_spec(path)
         assert loaded.num_trials() >= 1
         names.append(loaded.name)
+    assert len(names) == len(set(names))
     assert {"demo", "baselines", "pfq_sensitivity", "cifar10_resnet38_pfq_sensitivity"} <= set(names)
+    assert {"study_fmnist", "study_fmnist_long", "study_fmnist_deep"} <= {p.stem for p in PRESETS_DIR.glob("*.yaml")}
     assert load_spec(PRESETS_DIR / "demo.yaml").num_trials() >= 6
 
 

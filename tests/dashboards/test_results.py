@@ -242,6 +242,7 @@ def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
     assert "## The papers' trends, checked" in page and page.rstrip().endswith("Written by a person.")
     assert {t["method"] for t in summary["trends"]} >= {"FW8/BW8", "CPT FW3->8/BW8"}
     assert f"--out {out_md}" in page and "Do not edit by hand" in page
+    assert f"\n## Setting\n\n- spec file: `{(folder / 'spec.yaml').resolve()}`\n- spec: " in page
 
     plot = Path(summary["plot"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({plot.name})" in page
@@ -305,12 +306,14 @@ LM_METHODS = {
 }
 
 
-def _lm_sweep(uri: str, name: str = "lm_mini") -> None:
+def _lm_sweep(uri: str, name: str = "lm_mini", params: dict | None = None) -> None:
     from mlflow.entities import Metric
 
     c = store.client(uri)
     exp = c.create_experiment(name)
     parent = c.create_run(exp, run_name=name, tags={"fractune.kind": "sweep", store.SWEEP_TAG: f"{name}-1"})
+    for k, v in (params or {}).items():
+        c.log_param(parent.info.run_id, k, v)
     c.log_dict(parent.info.run_id, {"name": name, "description": "language models, two seeds", "base": LM_BASE,
                                     "seeds": [0, 1]}, "sweep_spec.yaml")
     for kind, (schedule, ppls, acc, ops) in LM_METHODS.items():
@@ -397,3 +400,27 @@ def test_perplexity_comparable_rule_is_relative_on_the_worst_seed():
     assert comparable({"perplexity_mean": 80.0, "perplexity_std": 0.1}, ref)  # lower is better
     seeds = {0: {"perplexity": 100.5}, 1: {"perplexity": 103.3}}  # mean 101.9, worst seed 3.3 % above
     assert not comparable({"perplexity_mean": 101.9, "perplexity_std": 2.0, "per_seed": seeds}, ref)
+
+
+def test_results_page_names_the_spec_file_that_made_it(tmp_path):
+    """The Setting's first line: the parent run's ``spec_file``; a sweep that predates it, the spec of its name in
+    search_spaces/ or docs/studies/, said to be found by name; no line when there is none."""
+    from tests.conftest import run_main
+
+    uri = f"sqlite:///{tmp_path / 'lm.db'}"
+    _lm_sweep(uri, "lm_recorded", {"spec_file": "docs/studies/lm_recorded.yaml"})
+    _lm_sweep(uri, "lm_demo")  # a preset's name, no spec_file param: an older sweep
+    _lm_sweep(uri, "study_fmnist_routed_half")  # a one-off spec's name
+    _lm_sweep(uri, "lm_mini")  # no such file
+    pages = {}
+    for name in ("lm_recorded", "lm_demo", "study_fmnist_routed_half", "lm_mini"):
+        code, _, out = run_main("results", name, "--tracking-uri", uri, "--out", str(tmp_path / f"{name}.md"),
+                                "--no-log")
+        assert code == 0, out
+        pages[name] = (tmp_path / f"{name}.md").read_text().splitlines()
+    first = {name: page[page.index("## Setting") + 2] for name, page in pages.items()}
+    assert first["lm_recorded"] == "- spec file: `docs/studies/lm_recorded.yaml`"
+    by_name = " (found by the sweep's name: the sweep did not record its spec file)"
+    assert first["lm_demo"] == "- spec file: `search_spaces/lm_demo.yaml`" + by_name
+    assert first["study_fmnist_routed_half"] == "- spec file: `docs/studies/study_fmnist_routed_half.yaml`" + by_name
+    assert first["lm_mini"].startswith("- spec: ") and not any("spec file" in line for line in pages["lm_mini"])

@@ -312,3 +312,27 @@ def test_submit_to_an_address_where_nothing_listens_fails_fast(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--address" in lines[0] and "no Ray dashboard reachable" in lines[0], lines
 
+
+
+def test_a_submitted_sweep_records_the_spec_file_submitted(tmp_path, monkeypatch):
+    """The job runs a copy of the spec (``spec.yaml`` in its working_dir): the file the submitter named reaches
+    the sweep in FRACTUNE_SPEC_FILE, for the parent run's ``spec_file`` param."""
+    from orchestrator import jobs
+
+    submitted = {}
+
+    class FakeJobs:
+        def submit_job(self, **kw):
+            submitted.update(kw)
+            return "job-1"
+
+        def get_address(self):
+            return "http://127.0.0.1:8265"
+
+    monkeypatch.setattr(jobs, "client", lambda address: FakeJobs())
+    monkeypatch.delenv("FRACTUNE_SPEC_FILE", raising=False)
+    out, _ = jobs.submit(str(ROOT / "search_spaces" / "demo.yaml"), "http://127.0.0.1:8265", None, None,
+                         upload=False)
+    assert out["job_id"] == "job-1"
+    assert submitted["runtime_env"]["env_vars"]["FRACTUNE_SPEC_FILE"] == "search_spaces/demo.yaml"
+    assert submitted["entrypoint"].split()[4] == "spec.yaml"

@@ -23,6 +23,27 @@ DIGITS = {
 }
 
 
+def test_the_parent_run_records_the_spec_file(tmp_path, monkeypatch):
+    """``spec_file``: relative to the project root inside it, else absolute; a submitted job's copy: the file
+    submitted (FRACTUNE_SPEC_FILE); none for a spec that is no file."""
+    from orchestrator.sweep import spec_file_param
+    from search_spaces import PRESETS_DIR, load_spec
+    from tests.conftest import ROOT
+
+    monkeypatch.delenv("FRACTUNE_SPEC_FILE", raising=False)
+    assert spec_file_param(load_spec(PRESETS_DIR / "demo.yaml")) == {"spec_file": "search_spaces/demo.yaml"}
+    study = "docs/studies/study_fmnist_routed_half.yaml"
+    monkeypatch.chdir(ROOT / "docs")
+    assert spec_file_param(load_spec("studies/study_fmnist_routed_half.yaml")) == {"spec_file": study}
+    outside = tmp_path / "s.yaml"
+    outside.write_text(json.dumps(DIGITS))
+    monkeypatch.chdir(tmp_path)
+    assert spec_file_param(load_spec("s.yaml")) == {"spec_file": str(outside.resolve())}
+    assert spec_file_param(parse_spec(DIGITS)) == {}
+    monkeypatch.setenv("FRACTUNE_SPEC_FILE", study)
+    assert spec_file_param(load_spec("s.yaml")) == {"spec_file": study}
+
+
 @pytest.mark.slow
 def test_four_trial_sweep_tracks_every_trial(ray_local, tmp_path, sqlite_uri):
     out = run_sweep(parse_spec(DIGITS), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"),
