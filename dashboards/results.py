@@ -586,7 +586,7 @@ def spec_file_of(name: str, params: dict) -> str | None:
     """The spec file that made the sweep, as its page names it: the parent run's ``spec_file`` param (relative to
     the project root when the spec was inside it); for a sweep that predates the param, the spec of the sweep's
     name in this checkout's ``search_spaces/`` or ``docs/studies/``, said to be found by name; else None."""
-    from engine.config import read_yaml
+    from engine.config.experiment import read_yaml
     from engine.errors import ConfigError
     from orchestrator.provenance import PROJECT_ROOT, SPEC_FOLDERS
 
