@@ -25,9 +25,6 @@ from dashboards.data import SweepData, load_sweep
 from engine.config.experiment import ExperimentConfig
 from engine.config.schedule import (
     GatedSettings,
-    default_option_state,
-    default_routed_sample_fraction,
-    default_routed_statistics,
 )
 from engine.safe_yaml import read_text
 from orchestrator import runs
@@ -37,53 +34,12 @@ TOLERANCE_PCT = 2.0  # a language model's test perplexity "comparable": mean wit
 # above the reference's, or within 2 std of the seeds
 
 
-def schedule_label(cfg: ExperimentConfig) -> str:
-    """A method's name from its resolved schedule: the engine's values, defaults included."""
-    s = cfg.schedule
-    w = f" W{s.weight_bits}" if s.kind in ("static", "pfq", "cpt") and s.weight_bits is not None else ""
-    if s.kind == "fp32":
-        return "FP32"
-    if s.kind == "static":
-        return f"FW{s.fw}/BW{s.bw}{w}"
-    if s.kind == "pfq":
-        return f"PFQ {s.mode} FW{'-'.join(map(str, s.fw))}/BW{'-'.join(map(str, s.bw))}{w}"
-    if s.kind == "cpt":
-        bws = f"{s.bw_min}" if s.bw_min == s.bw_max else f"{s.bw_min}->{s.bw_max}"
-        return f"CPT FW{s.fw_min}->{s.fw_max}/BW{bws}{w}"
-    opts = "" if s.options == "paper" else f" {s.options if isinstance(s.options, str) else '[' + ','.join(s.options) + ']'}"
-    defaults = type(s).model_fields  # the gate's settings that differ from the engine's defaults
-    opts += f" {s.controller}" if s.controller != defaults["controller"].default else ""
-    opts += f" beta {s.beta:g}" if s.beta != defaults["beta"].default else ""
-    opts += f" floor {s.block_floor:g}" if s.block_floor else ""
-    execution = _execution_label(s)
-    if s.kind == "dfq":
-        return f"DFQ cp {s.target_cp:g}% {execution}{opts}"
-    return f"FracTrain cp {s.first_target():g}+{s.cp_step:g} {execution}{opts}"  # fractrain
-
-
-def _execution_label(s) -> str:
-    """``masked``, or ``routed (estimator)``; each execution setting that differs from its default (which
-    depends on the execution and estimator: engine.config.schedule) is named in brackets, so two rows of a sweep
-    over them get two names."""
-    extra = [s.routed_estimator] if s.execution == "routed" else []
-    p = s.routed_sample_fraction
-    if p != default_routed_sample_fraction(s.execution, s.routed_estimator):
-        extra.append("whole batch" if p == 1 else "half batch" if p == 0.5 else f"alternative for {p:g}")
-    if s.routed_statistics != default_routed_statistics(s.execution):
-        extra.append(f"{s.routed_statistics} statistics")
-    if s.option_state != default_option_state(s.execution):
-        extra.append(f"{s.option_state} state")
-    if s.routed_warmup:
-        extra.append(f"masked warm-up {s.routed_warmup:g}")
-    return f"{s.execution} ({', '.join(extra)})" if extra else s.execution
-
-
 def method_label(point: dict, cfg: ExperimentConfig | None) -> str:
     """The schedule's name when the point sets the schedule, plus the other swept values; else the values."""
     others = ", ".join(f"{k}={v}" for k, v in sorted(point.items()) if not k.startswith("schedule"))
     if cfg is None or not any(k.startswith("schedule") for k in point):
         return others or "base"
-    return schedule_label(cfg) + (f", {others}" if others else "")
+    return cfg.schedule.label() + (f", {others}" if others else "")
 
 
 def _std(values: list[float]) -> float:

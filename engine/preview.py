@@ -16,7 +16,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 
-from engine.config.experiment import GATED_KINDS, ExperimentConfig
+from engine.config.experiment import ExperimentConfig
 from engine.cost.bitops import FW8BW8, BitOpsCounter
 from engine.data.datasets import INFO, run_length
 from engine.errors import ConfigError
@@ -32,7 +32,7 @@ EXACT_UP_TO = 500_000  # iterations previewed one by one; longer runs are previe
 def schedule_of(cfg: ExperimentConfig):
     """The schedule to preview, its iteration count and whether the preview is exact (auto PFQ: uniform stages)."""
     sched = cfg.schedule
-    if sched.kind in GATED_KINDS:  # no precision schedule to preview: the gate picks each input's bits (§6)
+    if sched.gated:  # no precision schedule to preview: the gate picks each input's bits (§6)
         raise ConfigError.single("schedule.kind", sched.kind, "DFQ's and FracTrain's precision is chosen per input "
                                  "by the gate while training, so it has no schedule to preview (their cost is "
                                  "steered to schedule.target_cp); allowed: fp32, static, pfq, cpt")

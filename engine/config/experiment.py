@@ -251,12 +251,13 @@ class CostConfig(Strict):
         return build_models(self.int_widths, load_cost_table(self.table) if self.table else None)
 
 
-GATED_KINDS = ("dfq", "fractrain")
-
+SCHEDULES = (FP32Schedule, StaticSchedule, PFQSchedule, CPTSchedule, DFQSchedule, FracTrainSchedule)
 Schedule = Annotated[
     FP32Schedule | StaticSchedule | PFQSchedule | CPTSchedule | DFQSchedule | FracTrainSchedule,
     Field(discriminator="kind"),
 ]
+# the kinds whose precision a gate picks, for code that holds a kind's name (a logged row) rather than a config
+GATED_KINDS = tuple(c.model_fields["kind"].default for c in SCHEDULES if c.gated)
 
 
 class ExperimentConfig(Strict):
@@ -277,7 +278,7 @@ class ExperimentConfig(Strict):
     @classmethod
     def _compiled_kinds(cls, v: EngineConfig, info) -> EngineConfig:
         schedule = info.data.get("schedule")
-        if v.compile != "off" and schedule is not None and schedule.kind in GATED_KINDS:
+        if v.compile != "off" and schedule is not None and schedule.gated:
             raise PydanticCustomError(
                 "engine_compile", "compile {c} with schedule kind {k}; allowed: off for dfq and fractrain (their "
                 "routed groups change shape every step), any value for fp32, static, pfq and cpt",
@@ -287,7 +288,7 @@ class ExperimentConfig(Strict):
     @property
     def gated(self) -> bool:
         """DFQ and FracTrain: a gate picks the blocks' precision per input."""
-        return self.schedule.kind in GATED_KINDS
+        return self.schedule.gated
 
     @property
     def act_momentum(self) -> float:

@@ -1,4 +1,5 @@
-"""The ``schedule`` section of an experiment: one class per ``kind`` (a discriminated union in config.py).
+"""The ``schedule`` section of an experiment: one class per ``kind`` (a discriminated union in
+experiment.py). Each kind knows its name in tables (``label()``) and whether a gate prices it (``gated``).
 
 fp32 / static (docs/methods.md §1), pfq (FracTrain PFQ, §4), cpt (+ its precision range test, §5),
 dfq (FracTrain DFQ, §6) and fractrain (PFQ's indicator scheduling DFQ's cp target, §7). Defaults follow the
@@ -7,7 +8,7 @@ reference code; the options it lacks are fields that default to its behaviour.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -16,10 +17,19 @@ from engine.config.types import Bits, Strict, increasing_fractions
 from engine.numerics.precision import SKIP, Precision
 
 
+def _weights(bits: int | None) -> str:
+    return f" W{bits}" if bits is not None else ""
+
+
 class FP32Schedule(Strict):
     """Full precision: the reference point of every cost ratio."""
 
     kind: Literal["fp32"] = "fp32"
+    gated: ClassVar[bool] = False  # a gate picks each input's precision (DFQ, FracTrain: methods.md §6)
+
+    def label(self) -> str:
+        """The method's name in tables, figures and run lists: the resolved values, defaults included."""
+        return "FP32"
 
 
 class StaticSchedule(Strict):
@@ -32,6 +42,11 @@ class StaticSchedule(Strict):
 
     def precision(self) -> Precision:
         return Precision.fwbw(self.fw, self.bw, self.weight_bits)
+
+    gated: ClassVar[bool] = False
+
+    def label(self) -> str:
+        return f"FW{self.fw}/BW{self.bw}{_weights(self.weight_bits)}"
 
 
 class IndicatorSettings(Strict):
@@ -110,6 +125,12 @@ class PFQSchedule(IndicatorSettings):
     def stage_precision(self, stage: int) -> Precision:
         return Precision.fwbw(self.fw[stage], self.bw[stage], self.weight_bits)
 
+    gated: ClassVar[bool] = False
+
+    def label(self) -> str:
+        fw, bw = "-".join(map(str, self.fw)), "-".join(map(str, self.bw))
+        return f"PFQ {self.mode} FW{fw}/BW{bw}{_weights(self.weight_bits)}"
+
 
 class PRTConfig(Strict):
     """Precision range test (CPT 3.3; not in either reference repo): train from scratch, raising the forward
@@ -166,6 +187,12 @@ class CPTSchedule(Strict):
         if lo is not None and lo > v:
             raise PydanticCustomError("range", f"allowed: >= bw_min ({lo})")
         return v
+
+    gated: ClassVar[bool] = False
+
+    def label(self) -> str:
+        bws = f"{self.bw_min}" if self.bw_min == self.bw_max else f"{self.bw_min}->{self.bw_max}"
+        return f"CPT FW{self.fw_min}->{self.fw_max}/BW{bws}{_weights(self.weight_bits)}"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -309,6 +336,34 @@ class GatedSettings(Strict):
             return self.block_cost
         return "macs" if model_name == "mobilenetv2" or is_language_model(model_name) else "uniform"
 
+    gated: ClassVar[bool] = True
+
+    def gate_label(self) -> str:
+        """The execution and each gate setting that differs from its default, so that two rows of a sweep over
+        them get two names: ``routed (sampled)``, ``masked reference``, ``routed (sampled, whole batch) floor 0.5``."""
+        opts = "" if self.options == "paper" else \
+            f" {self.options if isinstance(self.options, str) else '[' + ','.join(self.options) + ']'}"
+        defaults = type(self).model_fields
+        opts += f" {self.controller}" if self.controller != defaults["controller"].default else ""
+        opts += f" beta {self.beta:g}" if self.beta != defaults["beta"].default else ""
+        opts += f" floor {self.block_floor:g}" if self.block_floor else ""
+        return self.execution_label() + opts
+
+    def execution_label(self) -> str:
+        """``masked``, or ``routed (estimator)``; each execution setting that differs from its default (which
+        depends on the execution and estimator) is named in brackets."""
+        extra = [self.routed_estimator] if self.execution == "routed" else []
+        p = self.routed_sample_fraction
+        if p != default_routed_sample_fraction(self.execution, self.routed_estimator):
+            extra.append("whole batch" if p == 1 else "half batch" if p == 0.5 else f"alternative for {p:g}")
+        if self.routed_statistics != default_routed_statistics(self.execution):
+            extra.append(f"{self.routed_statistics} statistics")
+        if self.option_state != default_option_state(self.execution):
+            extra.append(f"{self.option_state} state")
+        if self.routed_warmup:
+            extra.append(f"masked warm-up {self.routed_warmup:g}")
+        return f"{self.execution} ({', '.join(extra)})" if extra else self.execution
+
 
 class DFQSchedule(GatedSettings):
     """Dynamic fractional quantization: a gate picks each block's precision per input, steered to a cp."""
@@ -316,6 +371,9 @@ class DFQSchedule(GatedSettings):
     kind: Literal["dfq"] = "dfq"
     target_cp: float = Field(3.0, gt=0.0, le=100.0)  # percent of the FP32 cost over the gated blocks
     relax: float = Field(0.0, ge=0.0, le=100.0)  # the reference's relax band around the target
+
+    def label(self) -> str:
+        return f"DFQ cp {self.target_cp:g}% {self.gate_label()}"
 
 
 class FracTrainSchedule(GatedSettings, IndicatorSettings):
@@ -345,6 +403,9 @@ class FracTrainSchedule(GatedSettings, IndicatorSettings):
     def targets(self) -> list[float]:
         c0 = self.first_target()
         return [c0 + i * self.cp_step for i in range(self.num_turning_points + 1)]
+
+    def label(self) -> str:
+        return f"FracTrain cp {self.first_target():g}+{self.cp_step:g} {self.gate_label()}"
 
 
 def cp0_for_total(cp_total: float, step: float, stages: int) -> float:

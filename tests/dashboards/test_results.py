@@ -78,7 +78,7 @@ def test_labels_name_each_method_with_the_engines_values():
 def test_a_logged_config_reads_the_settings_it_predates_as_its_engine_ran_them():
     """A run logged before a gated setting existed ran without it: it reads back as the engine then ran, not as
     today's default (routed's defaults are the half batch and batch statistics since 2026-11-26)."""
-    from dashboards.results import as_logged, schedule_label
+    from dashboards.results import as_logged
 
     old = _config({"schedule": {"kind": "dfq", "target_cp": 3.0, "execution": "routed"}}).to_dict()
     for key in ("option_state", "routed_sample_fraction", "routed_statistics"):
@@ -86,13 +86,13 @@ def test_a_logged_config_reads_the_settings_it_predates_as_its_engine_ran_them()
     cfg = parse_config(as_logged(old))
     assert (cfg.schedule.option_state, cfg.schedule.routed_sample_fraction, cfg.schedule.routed_statistics) == \
         ("shared", 1.0, "computed")
-    assert schedule_label(cfg) == "DFQ cp 3% routed (sampled, whole batch, computed statistics, shared state)"
+    assert cfg.schedule.label() == "DFQ cp 3% routed (sampled, whole batch, computed statistics, shared state)"
     new = _config({"schedule": {"kind": "dfq", "target_cp": 3.0, "execution": "routed"}}).to_dict()
     assert parse_config(as_logged(new)) == parse_config(new)  # a log that has them keeps them
-    assert schedule_label(parse_config(new)) == "DFQ cp 3% routed (sampled)"
+    assert parse_config(new).schedule.label() == "DFQ cp 3% routed (sampled)"
     masked = _config({"schedule": {"kind": "dfq", "target_cp": 3.0}}).to_dict()
     del masked["schedule"]["routed_statistics"]
-    assert schedule_label(parse_config(as_logged(masked))) == "DFQ cp 3% masked"
+    assert parse_config(as_logged(masked)).schedule.label() == "DFQ cp 3% masked"
 
 
 def test_fractrain_is_checked_against_dfq_at_its_final_target_with_the_same_gate():

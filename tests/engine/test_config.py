@@ -96,3 +96,21 @@ def test_engine_compile_takes_its_modes_and_refuses_gated_kinds():
         with pytest.raises(ConfigError, match=rf"compile default with schedule kind {kind}; allowed: off for dfq"):
             parse_config({"engine": {"compile": "default"}, "schedule": {"kind": kind}})
         assert parse_config({"engine": {"compile": "off"}, "schedule": {"kind": kind}}).engine.compile == "off"
+
+
+def test_each_schedule_kind_names_itself_and_says_whether_it_is_gated():
+    from engine.config.experiment import GATED_KINDS, SCHEDULES
+
+    labels = {}
+    for cls in SCHEDULES:
+        kind = cls.model_fields["kind"].default
+        cfg = parse_config({"schedule": {"kind": kind}})
+        assert cfg.schedule.gated == (kind in ("dfq", "fractrain")) == cfg.gated
+        labels[kind] = cfg.schedule.label()
+    assert labels == {"fp32": "FP32", "static": "FW8/BW8", "pfq": "PFQ auto FW3-4-6-8/BW6-6-8-8",
+                      "cpt": "CPT FW3->8/BW8", "dfq": "DFQ cp 3% masked",
+                      "fractrain": "FracTrain cp 1.5+0.5 masked"}
+    assert GATED_KINDS == ("dfq", "fractrain")
+    routed = parse_config({"schedule": {"kind": "dfq", "execution": "routed", "block_floor": 0.5,
+                                        "routed_sample_fraction": 1.0}})
+    assert routed.schedule.label() == "DFQ cp 3% routed (sampled, whole batch) floor 0.5"
