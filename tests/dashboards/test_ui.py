@@ -63,11 +63,10 @@ def test_a_sweep_opens_in_training_mode_with_its_summary(served_sweep, mlflow_se
     c = store.client(mlflow_server["uri"])
     exp = c.get_experiment(served_sweep["experiment_id"])
     assert exp.tags[store.KIND_TAG] == "custom_model_development"
-    # trial runs named by method, swept values and seed; Tune's trial id stays a tag
+    # trial runs named by what tells them apart (here the method alone) and the seed; Tune's trial id stays a tag
     parent = c.get_run(served_sweep["parent_run_id"])
     children = store.child_runs(c, parent)
-    assert sorted(r.info.run_name for r in children) == [
-        "dfq paper cp3 routed s0", "pfq auto fw3-4-6-8/bw6-6-8-8 eps0.3 a0.5 ev2 s0", "static fw8/bw8 s0"]
+    assert sorted(r.info.run_name for r in children) == ["dfq s0", "pfq s0", "static s0"]
     assert len({r.data.tags[store.TRIAL_TAG] for r in children}) == 3
     assert all(re.fullmatch(r"[0-9a-f]{5}_\d{5}", r.data.tags[store.TRIAL_TAG]) for r in children)
     # the parent's summary metrics, as the trial rows give them
