@@ -7,8 +7,9 @@ flattened resolved config as params, the per-epoch metrics at ``step = epoch``, 
 config, events and DFQ bit allocations as artifacts.
 
 The metrics are whatever the engine reports: every numeric (not boolean) top-level key of a trial's result is
-logged, except Ray Tune's own bookkeeping (``TUNE_KEYS``: ``training_iteration``, ``time_this_iter_s``,
-``timestamp``, ``pid``...) and where the trial ran (the trainable's ``PLACEMENT_KEYS``, kept as tags). A
+logged (each exact cost with a readable companion in tera-units beside it: ``train_bitops`` and
+``train_tbitops``, ``orchestrator.store.readable_key``), except Ray Tune's own bookkeeping (``TUNE_KEYS``:
+``training_iteration``, ``time_this_iter_s``, ``timestamp``, ``pid``...) and where the trial ran (the trainable's ``PLACEMENT_KEYS``, kept as tags). A
 metric the engine adds reaches MLflow without a change here.
 
 Every write is an operation in a FIFO queue: it runs at once, and when the tracking store is unreachable it
@@ -46,6 +47,7 @@ from orchestrator.store import (
     flatten,
     one_line_error,
     trial_error_text,
+    with_readable,
 )
 from search_spaces import trial as trial_dict
 from trainables.tune_trainable import PLACEMENT_KEYS
@@ -239,7 +241,8 @@ class MLflowTracker(tune.Callback):
             self._flush()
             return  # a retried trial re-reporting an epoch already logged
         ts = int(result.get("timestamp", time.time()) * 1000)
-        metrics = [(k, float(v), ts, epoch) for k, v in result.items() if is_metric(k, v)]
+        exact = {k: float(v) for k, v in result.items() if is_metric(k, v)}
+        metrics = [(k, v, ts, epoch) for k, v in with_readable(exact).items()]
         self.state["last_epoch"][tid] = epoch
         self._submit({"op": "metrics", "trial_id": tid, "metrics": metrics})
         where = {k: str(result[k]) for k in PLACEMENT_KEYS if k in result}

@@ -67,7 +67,7 @@ def test_the_sweeps_view_shows_its_trials_and_charts(browser, served_sweep, mlfl
     assert "Models" in side and "Judges" not in side and "Overview" not in side
     headers = {e.get_attribute("data-testid")[len("sort-header-"):]
                for e in browser.find_elements(By.CSS_SELECTOR, "[data-testid^=sort-header-]")}
-    assert {"Run Name", "accuracy", "train_bitops", "cum_cp"} <= headers, headers
+    assert {"Run Name", "accuracy", "train_tbitops", "cum_cp"} <= headers, headers
     browser.save_screenshot(str(SHOTS / "mlflow_view_table.png"))
 
     browser.get(urls["charts_url"])
@@ -80,7 +80,7 @@ def test_the_sweeps_view_shows_its_trials_and_charts(browser, served_sweep, mlfl
 
     assert _wait(browser, scatter_points, "the scatter chart of every trial") == len(children)
     titles = " ".join(_texts(browser, cards))
-    assert "train_bitops" in titles and "Parallel Coordinates" in titles and "accuracy" in titles
+    assert "train_tbitops" in titles and "Parallel Coordinates" in titles and "accuracy" in titles
     browser.save_screenshot(str(SHOTS / "mlflow_view_charts.png"))
 
 
