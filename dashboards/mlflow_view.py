@@ -37,7 +37,8 @@ NAME_WIDTH = 260  # pixels: the run name column shows names like "pfq auto fw3-4
 MAX_RUNS = 1000  # runs each chart draws (the UI's default is 10 for lines, 100 for scatters)
 REPORT = "report/report.html"
 # MLflow 3.17's UI takes an experiment's mode (GenAI or model training) from this URL parameter, else from the
-# browser's last choice (GenAI at first): the experiment's kind tag is only read with a feature flag it ships off
+# browser's last choice of its sidebar switch (local storage "mlflow.workflowType_v1", GenAI at first); the
+# experiment's kind tag (store.KIND_TAG) is read only with its workflow-based navigation flag off, and it ships on
 TRAINING_MODE = "workflowType=machine_learning"
 
 

@@ -14,8 +14,11 @@ TRIAL_TAG = "ray_trial_id"
 SWEEP_TAG = "fractune.sweep_id"
 POINT_TAG = "fractune.point"  # JSON of the trial's swept values {dotted path: value} (search_spaces.trial)
 PLANNED_TAG = "fractune.planned_epochs"  # the engine's run_length(cfg).epochs of the trial's resolved config
-# MLflow 3's UI opens an experiment by its kind: without this tag it guesses, and shows a sweep in its GenAI mode
-# (traces, judges). "custom_model_development" is the model-training mode (runs table, model metrics charts).
+# An experiment's kind: "custom_model_development" is model training (runs table, metric charts). MLflow 3.17.2's
+# UI does not read it to pick an experiment's first page: its switch (GenAI / Model training, the URL's
+# workflowType, else the browser's last choice, GenAI at first) decides, because the bundle's workflow-based
+# navigation flag is on (the tag is read only with it off). Set all the same: the kind MLflow's API and other
+# clients see, and the one its UI reads where that flag is off.
 KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 TERA = 1e12  # the scale of the readable cost companions (readable_key)
 
