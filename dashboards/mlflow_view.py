@@ -8,9 +8,10 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
 - the view ``fractune-<sweep id>``: the sweep's trials only (``tags.fractune.sweep_id`` and kind ``trial``),
   sorted by the task objective (``orchestrator.runs.task_objective``: accuracy, highest first, or a language
   model's test perplexity, lowest first; a sort by a metric also lists the nested trials flat, no parent row to
-  expand), with the swept parameters, that objective, training BitOPs, cp and the ``pareto`` tag as columns,
-  every trial in the charts, and a first chart section "sweep" with the objective against training BitOPs and
-  against cp, the swept parameters and objectives in parallel coordinates, and the objective per epoch of
+  expand), with the swept parameters, that objective, training TBitOPs (``train_tbitops``, the readable
+  companion of the exact ``train_bitops``: ``orchestrator.store.readable_key``; a sweep logged before it has
+  the exact count), cp and the ``pareto`` tag as columns, every trial in the charts, and a first chart section
+  "sweep" with the objective against training TBitOPs and against cp, the swept parameters and objectives in parallel coordinates, and the objective per epoch of
   every trial;
 - the parent run's summary metrics (``sweep/trials``, ``sweep/finished``, ``sweep/errored``,
   ``sweep/best_accuracy``, or a language model's ``sweep/best_perplexity``, ``sweep/front_size``);
@@ -32,12 +33,12 @@ from orchestrator import runs, store
 
 VIEW_TAG = "mlflow.sharedViewState."
 NOTE_TAG = "mlflow.note.content"
-COST_COLUMNS = ("train_bitops", "cum_cp")  # after the task objective (runs.task_objective), in this order
-NAME_WIDTH = 330  # pixels: the run name column shows names like "pfq auto fw3-4-6-8/bw6-6-8-8 eps0.1 a0.5 s0"
+NAME_WIDTH = 260  # pixels: the run name column shows names like "pfq auto fw3-4-6-8/bw6-6-8-8 s0" (naming.py)
 MAX_RUNS = 1000  # runs each chart draws (the UI's default is 10 for lines, 100 for scatters)
 REPORT = "report/report.html"
 # MLflow 3.17's UI takes an experiment's mode (GenAI or model training) from this URL parameter, else from the
-# browser's last choice (GenAI at first): the experiment's kind tag is only read with a feature flag it ships off
+# browser's last choice of its sidebar switch (local storage "mlflow.workflowType_v1", GenAI at first); the
+# experiment's kind tag (store.KIND_TAG) is read only with its workflow-based navigation flag off, and it ships on
 TRAINING_MODE = "workflowType=machine_learning"
 
 
@@ -82,10 +83,17 @@ def _holds(row: dict, param: str) -> bool:
                for path, v in point.items() if param.startswith(path + "."))
 
 
+def cost_column(rows: list[dict]) -> str:
+    """The training BitOPs' column: ``train_tbitops`` (tera-BitOPs, readable) where every trial logged it, else
+    the exact ``train_bitops`` (a sweep logged before the readable companions existed)."""
+    readable = rows and all(math.isfinite(r.get("train_tbitops", math.nan)) for r in rows if r["epochs"])
+    return "train_tbitops" if readable else "train_bitops"
+
+
 def objective_columns(rows: list[dict]) -> list[str]:
-    """The three objectives' metrics: the task objective (accuracy, or a language model's ``perplexity``), the
-    training BitOPs and cp."""
-    return [runs.task_objective(rows)[0], *COST_COLUMNS]
+    """The three objectives' metrics, in this order: the task objective (accuracy, or a language model's
+    ``perplexity``), the training BitOPs (``cost_column``) and cp."""
+    return [runs.task_objective(rows)[0], cost_column(rows), "cum_cp"]
 
 
 def metric_columns(rows: list[dict]) -> list[str]:
@@ -98,6 +106,8 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
     params, metrics = param_columns(rows, factors), metric_columns(rows)
     key, mode = runs.task_objective(rows)  # accuracy (max), or a language model's test perplexity (min)
     word = "test perplexity" if key == "perplexity" else key
+    cost = cost_column(rows)
+    unit = "TBitOPs" if cost == "train_tbitops" else "BitOPs"
     section = "fractune-sweep"
 
     def chart(n: int, **config) -> dict:
@@ -108,8 +118,8 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
         return {"key": key, "type": "METRIC"}
 
     charts = [
-        chart(1, type="SCATTER", displayName=f"{word} vs training BitOPs (every trial)",
-              xaxis=axis("train_bitops"), yaxis=axis(key)),
+        chart(1, type="SCATTER", displayName=f"{word} vs training {unit} (every trial)",
+              xaxis=axis(cost), yaxis=axis(key)),
         chart(2, type="SCATTER", displayName=f"{word} vs cp (% of FP32 BitOPs)", xaxis=axis("cum_cp"),
               yaxis=axis(key)),
         # the parallel plot draws only the runs that hold every selected param: the swept ones all trials have
@@ -167,11 +177,11 @@ def note(experiment_id: str, sweep_id: str, rows: list[dict], metrics: dict[str,
     if hv:
         lines += [" · ".join(f"{k}: {v:.4g}" for k, v in sorted(hv.items())), ""]
     if front:
-        lines += [f"| run | {key} | training GBitOPs | cp % | seed |", "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| run | {key} | training TBitOPs | cp % | seed |", "| --- | ---: | ---: | ---: | ---: |"]
         for r in front:
             name = (r["name"] or r["run_id"] or "?").replace("|", "/")
             link = f"[{name}]({base}/runs/{r['run_id']})" if r["run_id"] else name
-            lines.append(f"| {link} | {r[key]:.4f} | {r['train_bitops'] / 1e9:.4g} | {r['cp']:.3g} | "
+            lines.append(f"| {link} | {r[key]:.4f} | {r['train_bitops'] / store.TERA:.4g} | {r['cp']:.3g} | "
                          f"{r['seed']} |")
     else:
         lines.append("No trial finished its planned epochs: the front is empty.")

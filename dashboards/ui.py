@@ -7,7 +7,10 @@ For a sqlite store it starts ``mlflow server --backend-store-uri URI --host 127.
 model's test perplexity, with the swept values, objectives, cp and the Pareto tag as columns), and the charts
 view under it; the view, the parent run's summary and note are (re)written first, so sweeps logged before they
 existed get them too. Experiments of
-fractune sweeps get MLflow's model-training kind (the UI otherwise opens them in its GenAI mode).
+fractune sweeps get MLflow's model-training kind tag; the printed URLs name the UI's model-training mode
+(``workflowType=machine_learning``), since MLflow 3.17's UI picks the mode from its sidebar switch, not from the
+tag: an experiment opened from MLflow's own list shows its runs once the browser's switch is on "Model
+training" (docs/usage.md).
 
 The server's own log (deprecation warnings, one access line per request) goes to ``mlflow-ui.log`` beside the
 database, and its tail to stderr if the server fails; ``--verbose`` sends it to stderr as it comes. The server

@@ -63,7 +63,7 @@ def task_label(rows: list[dict]) -> str:
 
 def pareto_table(front: list[dict]) -> None:
     key = "perplexity" if any("perplexity" in r for r in front) else "accuracy"  # a language model's front
-    rows = [{"run_id": (r.get("run_id") or "")[:12], key: r[key], "train_gbitops": r["train_bitops"] / 1e9,
+    rows = [{"run_id": (r.get("run_id") or "")[:12], key: r[key], "train_tbitops": r["train_bitops"] / 1e12,
              **({f"cost_{r['objective']}": r["cost"]} if r.get("objective", "bitops") != "bitops" else {}),
              "cp": r.get("cp"), **{k: _short(v) for k, v in r["params"].items()}} for r in front]
     table(rows)

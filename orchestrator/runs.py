@@ -125,6 +125,7 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
             "accuracy": float(metrics.get("accuracy", math.nan)),
             "perplexity": float(metrics.get("perplexity", math.nan)),
             "train_bitops": float(metrics.get("train_bitops", math.nan)),
+            "train_tbitops": float(metrics.get("train_tbitops", math.nan)),  # its readable companion, where logged
             "cp": float(metrics.get("cum_cp", math.nan)), "cp_gated": cp_gated, "seed": seed,
             "wall_seconds": float(metrics.get("wall_seconds", math.nan)), "point": point, "epochs": epochs,
             "planned_epochs": planned_epochs, "node_id": node_id, "pareto": pareto, "costs": row_costs(metrics),

@@ -57,6 +57,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
     """A staged sweep (``orchestrator.runner.run_sweep`` once the sweep id is claimed and Ray is up)."""
     from ray import tune
 
+    from orchestrator import naming
     from orchestrator.progress import ProgressPrinter
     from orchestrator.tracker import MLflowTracker
 
@@ -94,7 +95,8 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
             print(f"stage {stage.name}: resuming from {stage_path}", file=sys.stderr)
             tuner = tune.Tuner.restore(str(stage_path), trainable, resume_unfinished=True, resume_errored=True)
         else:
-            tracker = MLflowTracker(uri, spec.name, sweep_id, info, spec.model_dump(mode="json"), str(stage_path))
+            tracker = MLflowTracker(uri, spec.name, sweep_id, info, spec.model_dump(mode="json"), str(stage_path),
+                                    variation=naming.variation(sub))
             callbacks: list = [tracker]
             if opts.progress:
                 callbacks.append(ProgressPrinter(sub.num_trials()))

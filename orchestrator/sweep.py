@@ -349,7 +349,7 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
     """A sweep without stages (``orchestrator.runner.run_sweep`` once the sweep id is claimed and Ray is up)."""
     from ray import tune
 
-    from orchestrator import store
+    from orchestrator import naming, store
     from orchestrator.progress import ProgressPrinter
     from orchestrator.tracker import MLflowTracker
 
@@ -371,7 +371,8 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
                 "sampler": spec.search.sampler, "num_samples": spec.search.num_samples,
                 "planned_trials": loaded.num_trials(), "seeds": spec.seeds, "resources": spec.resources.model_dump(),
                 "storage": str(exp_path), "scheduler": spec.scheduler.kind, **spec_file_param(loaded)}
-        tracker = MLflowTracker(uri, spec.name, sweep_id, info, spec.model_dump(mode="json"), str(exp_path))
+        tracker = MLflowTracker(uri, spec.name, sweep_id, info, spec.model_dump(mode="json"), str(exp_path),
+                                variation=naming.variation(loaded))
         callbacks: list = [tracker]
         if opts.progress:
             callbacks.append(ProgressPrinter(loaded.num_trials()))

@@ -1,13 +1,15 @@
 """MLflow tracking from the Ray driver: one Tune callback, one writer (ecosystem.md 3.2, 7.1).
 
 An MLflow experiment per sweep name, a parent run per sweep, a child run per trial (tag
-``mlflow.parentRunId``, named by its method, swept values and seed: ``search_spaces.trial.run_name``, unique
-within the sweep; Tune's trial id is the ``ray_trial_id`` tag) with the flattened resolved config as params, the per-epoch metrics at
-``step = epoch``, provenance tags, the resolved config, events and DFQ bit allocations as artifacts.
+``mlflow.parentRunId``, named by what tells it from the sweep's other trials, and its seed:
+``orchestrator.naming``, unique within the sweep; Tune's trial id is the ``ray_trial_id`` tag) with the
+flattened resolved config as params, the per-epoch metrics at ``step = epoch``, provenance tags, the resolved
+config, events and DFQ bit allocations as artifacts.
 
 The metrics are whatever the engine reports: every numeric (not boolean) top-level key of a trial's result is
-logged, except Ray Tune's own bookkeeping (``TUNE_KEYS``: ``training_iteration``, ``time_this_iter_s``,
-``timestamp``, ``pid``...) and where the trial ran (the trainable's ``PLACEMENT_KEYS``, kept as tags). A
+logged (each exact cost with a readable companion in tera-units beside it: ``train_bitops`` and
+``train_tbitops``, ``orchestrator.store.readable_key``), except Ray Tune's own bookkeeping (``TUNE_KEYS``:
+``training_iteration``, ``time_this_iter_s``, ``timestamp``, ``pid``...) and where the trial ran (the trainable's ``PLACEMENT_KEYS``, kept as tags). A
 metric the engine adds reaches MLflow without a change here.
 
 Every write is an operation in a FIFO queue: it runs at once, and when the tracking store is unreachable it
@@ -31,7 +33,7 @@ from typing import Any
 from ray import tune
 from ray.tune.result import AUTO_RESULT_KEYS, DEFAULT_EXPERIMENT_INFO_KEYS, DONE, SHOULD_CHECKPOINT
 
-from orchestrator import provenance
+from orchestrator import naming, provenance
 from orchestrator.lineage import CHECKPOINT_TAG
 from orchestrator.output import write_atomic
 from orchestrator.store import (
@@ -45,6 +47,7 @@ from orchestrator.store import (
     flatten,
     one_line_error,
     trial_error_text,
+    with_readable,
 )
 from search_spaces import trial as trial_dict
 from trainables.tune_trainable import PLACEMENT_KEYS
@@ -60,8 +63,9 @@ FLUSH_RETRIES, FLUSH_WAIT_S = 5, 2.0
 
 class MLflowTracker(tune.Callback):
     def __init__(self, tracking_uri: str, experiment: str, sweep_id: str, sweep_info: dict[str, Any],
-                 spec_tree: dict, report_dir: str | None = None):
+                 spec_tree: dict, report_dir: str | None = None, variation: dict | None = None):
         self.tracking_uri, self.experiment, self.sweep_id = tracking_uri, experiment, sweep_id
+        self.variation = variation  # what differs between the trials (orchestrator.naming.variation): run names
         self.sweep_info, self.spec_tree, self.report_dir = sweep_info, spec_tree, report_dir
         self.state: dict[str, Any] = {"experiment_id": None, "parent_run_id": None, "runs": {}, "last_epoch": {},
                                       "written_epoch": {},
@@ -194,9 +198,7 @@ class MLflowTracker(tune.Callback):
         if planned is not None:
             tags[PLANNED_TAG] = str(planned)
         names = self.state.setdefault("names", {})
-        stage = tags.get("fractune.stage")  # a staged sweep: the stage leads the run's name
-        name = trial_dict.unique_name((f"{stage}-" if stage else "") + trial_dict.run_name(config, point),
-                                      set(names.values()))
+        name = trial_dict.unique_name(self.run_name(config, point, tags.get("fractune.stage")), set(names.values()))
         run = self.c.create_run(self.state["experiment_id"], run_name=name, tags=tags)
         params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
         for i in range(0, len(params), 100):
@@ -204,6 +206,14 @@ class MLflowTracker(tune.Callback):
         self.c.log_dict(run.info.run_id, config, "config.yaml")
         self.state["runs"][trial_id] = run.info.run_id
         names[trial_id] = name
+
+    def run_name(self, config: dict, point: dict, stage: str | None) -> str:
+        """What tells the trial from the sweep's others, and its seed (``orchestrator.naming``); a staged sweep's
+        stage leads. A tracker pickled before it knew the sweep's variation names every swept value."""
+        varied = getattr(self, "variation", None)
+        if varied is None:
+            return (f"{stage}-" if stage else "") + trial_dict.run_name(config, point)
+        return naming.run_name(point, config.get("seed"), varied, config["schedule"]["kind"], stage)
 
     # -- Tune hooks -----------------------------------------------------------------------------------
     def setup(self, **info) -> None:
@@ -231,7 +241,8 @@ class MLflowTracker(tune.Callback):
             self._flush()
             return  # a retried trial re-reporting an epoch already logged
         ts = int(result.get("timestamp", time.time()) * 1000)
-        metrics = [(k, float(v), ts, epoch) for k, v in result.items() if is_metric(k, v)]
+        exact = {k: float(v) for k, v in result.items() if is_metric(k, v)}
+        metrics = [(k, v, ts, epoch) for k, v in with_readable(exact).items()]
         self.state["last_epoch"][tid] = epoch
         self._submit({"op": "metrics", "trial_id": tid, "metrics": metrics})
         where = {k: str(result[k]) for k in PLACEMENT_KEYS if k in result}

@@ -67,7 +67,7 @@ def test_the_sweeps_view_shows_its_trials_and_charts(browser, served_sweep, mlfl
     assert "Models" in side and "Judges" not in side and "Overview" not in side
     headers = {e.get_attribute("data-testid")[len("sort-header-"):]
                for e in browser.find_elements(By.CSS_SELECTOR, "[data-testid^=sort-header-]")}
-    assert {"Run Name", "accuracy", "train_bitops", "cum_cp"} <= headers, headers
+    assert {"Run Name", "accuracy", "train_tbitops", "cum_cp"} <= headers, headers
     browser.save_screenshot(str(SHOTS / "mlflow_view_table.png"))
 
     browser.get(urls["charts_url"])
@@ -80,7 +80,7 @@ def test_the_sweeps_view_shows_its_trials_and_charts(browser, served_sweep, mlfl
 
     assert _wait(browser, scatter_points, "the scatter chart of every trial") == len(children)
     titles = " ".join(_texts(browser, cards))
-    assert "train_bitops" in titles and "Parallel Coordinates" in titles and "accuracy" in titles
+    assert "train_tbitops" in titles and "Parallel Coordinates" in titles and "accuracy" in titles
     browser.save_screenshot(str(SHOTS / "mlflow_view_charts.png"))
 
 
@@ -126,3 +126,47 @@ def test_report_opens_inside_the_mlflow_ui(browser, served_sweep, mlflow_server)
     finally:
         browser.switch_to.default_content()
     browser.save_screenshot(str(SHOTS / "report_in_mlflow_ui.png"))
+
+
+WORKFLOW_KEY = "mlflow.workflowType_v1"  # where MLflow 3.17's UI keeps the GenAI / Model training switch
+
+
+def _open_from_experiment_list(driver, base: str, experiment_id: str) -> str:
+    """Click the experiment's name in MLflow's own experiment list; the page it lands on, once drawn."""
+    driver.get(f"{base}/#/experiments")
+    driver.refresh()  # a new page: the UI reads the switch from local storage once, when it starts
+    link = _wait(driver, lambda d: next((a for a in d.find_elements(By.CSS_SELECTOR, "a[href]")
+                                         if a.get_attribute("href").endswith(f"/experiments/{experiment_id}")), None),
+                 "the experiment in MLflow's experiment list")
+    link.click()
+    _wait(driver, lambda d: any(e.text in ("Runs", "Overview") for e in d.find_elements(By.TAG_NAME, "h2")),
+          "the experiment's first page")
+    return driver.current_url
+
+
+@pytest.mark.slow
+def test_an_experiment_opened_from_mlflows_list_shows_its_runs_in_model_training_mode(browser, served_sweep,
+                                                                                        mlflow_server):
+    """MLflow 3.17.2 picks an experiment's first page from the UI's GenAI / Model training switch (the URL's
+    workflowType, else the browser's last choice, GenAI at first), not from the experiment's kind tag, which
+    fractune sets all the same: a browser that never chose lands in the GenAI overview; once a person picks
+    "Model training" (one click, kept by the browser), the list opens fractune's experiments on their runs."""
+    base, exp_id = mlflow_server["uri"], served_sweep["experiment_id"]
+    assert store.client(base).get_experiment(exp_id).tags[store.KIND_TAG] == store.TRAINING_KIND
+    browser.get(f"{base}/#/experiments")
+    browser.execute_script(f"window.localStorage.removeItem('{WORKFLOW_KEY}')")
+    try:
+        landed = _open_from_experiment_list(browser, base, exp_id)
+        # if this fails, MLflow reads the kind tag again: docs/usage.md's note on the switch can go
+        assert "/overview" in landed and "workflowType=genai" in landed, landed
+        browser.get(f"{base}/#/experiments")
+        switch = _wait(browser, lambda d: next((e for e in d.find_elements(By.XPATH, "//*[text()='Model training']")
+                                                if e.is_displayed()), None), "the Model training switch")
+        switch.click()
+        assert browser.execute_script(f"return window.localStorage.getItem('{WORKFLOW_KEY}')") == '"machine_learning"'
+        landed = _open_from_experiment_list(browser, base, exp_id)
+        assert f"/experiments/{exp_id}/runs" in landed and "workflowType=machine_learning" in landed, landed
+        assert browser.find_element(By.TAG_NAME, "h2").text == "Runs"
+        browser.save_screenshot(str(SHOTS / "experiment_from_list.png"))
+    finally:
+        browser.execute_script(f"window.localStorage.removeItem('{WORKFLOW_KEY}')")

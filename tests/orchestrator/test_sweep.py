@@ -58,6 +58,14 @@ def test_four_trial_sweep_tracks_every_trial(ray_local, tmp_path, sqlite_uri):
     assert {r.info.status for r in children} == {"FINISHED"}
     kinds = sorted(r.data.params["schedule.kind"] for r in children)
     assert kinds == ["fp32", "static", "static", "static"]
+    # named by what tells the trials apart (method, then the static rows' bits) and the seed; short and unique
+    by_name = {r.info.run_name: r for r in children}
+    assert sorted(by_name) == ["fp32 s0", "static fw2/bw4 s0", "static fw4/bw8 s0", "static fw8/bw8 s0"]
+    # the full configuration stays in the params and the point tag: what the name leaves out included
+    fw4 = by_name["static fw4/bw8 s0"].data
+    assert (fw4.params["schedule.fw"], fw4.params["schedule.bw"], fw4.params["seed"]) == ("4", "8", "0")
+    assert {"optim.epochs", "optim.lr", "data.batch_size", "data.dataset", "model.name"} <= set(fw4.params)
+    assert json.loads(fw4.tags[store.POINT_TAG]) == {"schedule": {"kind": "static", "fw": 4, "bw": 8}}
     for run in children:
         assert run.data.tags[store.TRIAL_TAG]
         assert run.data.params["model.name"] == "tiny" and run.data.params["data.dataset"] == "digits"

@@ -36,7 +36,15 @@ def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server)
         history = _engine_history(Path(served_sweep["storage"]), run.data.tags[store.TRIAL_TAG])
         reported = {k for k, v in history[-1].items() if isinstance(v, int | float) and not isinstance(v, bool)}
         logged = set(run.data.metrics)
-        assert logged == reported, (run.info.run_name, logged ^ reported)  # nothing dropped, nothing of Tune's
+        readable = {store.readable_key(k): k for k in reported if store.readable_key(k)}  # e.g. train_tbitops
+        assert {"train_tbitops", "step_tbitops"} <= set(readable), readable
+        # nothing dropped, nothing of Tune's; beside each exact cost its readable companion
+        assert logged == reported | set(readable), (run.info.run_name, logged ^ (reported | set(readable)))
+        for companion, exact in readable.items():  # the last epoch's, and at every epoch
+            assert run.data.metrics[companion] == pytest.approx(run.data.metrics[exact] / 1e12, rel=1e-12), companion
+            steps = {m.step: m.value for m in c.get_metric_history(run.info.run_id, exact)}
+            assert {m.step: m.value * 1e12 for m in c.get_metric_history(run.info.run_id, companion)} == \
+                pytest.approx(steps, rel=1e-12), companion
         for key in ("accuracy", "epoch"):
             assert [m.step for m in c.get_metric_history(run.info.run_id, key)] == [1, 2]
     dfq = next(r for r in children if r.data.tags["fractune.schedule"] == "dfq")
@@ -45,6 +53,18 @@ def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server)
         assert [m.step for m in c.get_metric_history(dfq.info.run_id, key)] == [1, 2], key
     # where a trial ran is a tag, not a metric
     assert {"fractune.node_id", "fractune.device", "fractune.torch_threads"} <= set(dfq.data.tags)
+
+
+def test_each_exact_cost_has_a_readable_companion_in_tera_units():
+    exact = {"train_bitops": 1.234567890123e15, "step_bitops": 3.2e11, "fp32_bitops": 9e15, "gate_bitops": 4e12,
+             "train_cost_energy": 7.5e13, "epoch_cost_memory": 2e12, "cum_gbitops": 1234.5, "train_gbitops": 1234.5,
+             "bitops_per_token": 5e9, "accuracy": 0.9, "cp": 12.5}
+    out = store.with_readable(exact)
+    assert {k: v for k, v in out.items() if k not in exact} == pytest.approx({
+        "train_tbitops": 1234.567890123, "step_tbitops": 0.32, "fp32_tbitops": 9000.0, "gate_tbitops": 4.0,
+        "train_tcost_energy": 75.0, "epoch_tcost_memory": 2.0})
+    assert {k: out[k] for k in exact} == exact  # the exact ones stay, unchanged
+    assert all(store.readable_key(k) is None for k in ("cum_gbitops", "bitops_per_token", "accuracy", "train_cost_"))
 
 
 def test_tune_bookkeeping_and_placement_are_not_metrics():
