@@ -11,6 +11,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
 from orchestrator.runs import cost_of
 
 PRECISION_KEYS = ("fw_bits", "bw_bits", "target_cp", "stage")
@@ -22,15 +23,15 @@ def objective_axis(rows: list[dict]) -> tuple[str, str, str]:
     from orchestrator.runs import task_objective
 
     key, mode = task_objective(rows)
-    return key, ("test perplexity" if key == "perplexity" else "test accuracy"), mode
+    return key, ("test perplexity" if key == PERPLEXITY else "test accuracy"), mode
 
 
 def _hover(row: dict, objective: str = "bitops") -> str:
     point = ", ".join(f"{k}={_short(v)}" for k, v in (row.get("point") or {}).items())
-    quality = (f"perplexity {row['perplexity']:.2f}" if math.isfinite(row.get("perplexity", math.nan))
-               else f"accuracy {row['accuracy']:.4f}")
+    quality = (f"perplexity {row[PERPLEXITY]:.2f}" if math.isfinite(row.get(PERPLEXITY, math.nan))
+               else f"accuracy {row[ACCURACY]:.4f}")
     other = "" if objective == "bitops" else f"<br>{objective} {cost_of(row, objective):.4g}"
-    return (f"{row.get('name')}<br>{quality}<br>{row['train_bitops'] / 1e9:.3f} GBitOPs"
+    return (f"{row.get('name')}<br>{quality}<br>{row[TRAIN_BITOPS] / 1e9:.3f} GBitOPs"
             f"{other}<br>seed {row.get('seed')}<br>{point}")
 
 
@@ -67,7 +68,7 @@ def pareto_figure(rows: list[dict], front: list[dict], objective: str = "bitops"
                                  text=[_hover(r, objective) for r in front], hoverinfo="text"))
     costs = [c for r in rows if (c := cost_of(r, objective)) > 0]
     log = bool(costs) and max(costs) / min(costs) > 20  # fp32 next to 4-bit runs spans decades
-    word = "perplexity" if key == "perplexity" else "accuracy"
+    word = PERPLEXITY if key == PERPLEXITY else ACCURACY
     fig.update_layout(title=f"{word.capitalize()} vs {label.removeprefix('training ')} (front: {word} {mode}, "
                       "cost min)", height=520,
                       xaxis={"title": label + (" (log)" if log else ""), "type": "log" if log else "linear"},
@@ -98,7 +99,7 @@ def parallel_figure(rows: list[dict], factors: list[str], objectives: list[str])
     return fig
 
 
-def sensitivity_figure(levels: dict, verdicts: dict, task: str = "accuracy") -> go.Figure:
+def sensitivity_figure(levels: dict, verdicts: dict, task: str = ACCURACY) -> go.Figure:
     """Per factor: the mean task objective (accuracy, or a language model's test ``perplexity``) and mean
     GBitOPs per level, error bars one std over seeds."""
     factors = list(levels)
@@ -110,14 +111,14 @@ def sensitivity_figure(levels: dict, verdicts: dict, task: str = "accuracy") -> 
     for i, f in enumerate(factors, start=1):
         labels = list(levels[f])
         stats = [levels[f][k] for k in labels]
-        for col, key, scale in ((1, task, 1.0), (2, "train_bitops", 1e9)):
+        for col, key, scale in ((1, task, 1.0), (2, TRAIN_BITOPS, 1e9)):
             fig.add_trace(go.Scatter(
                 x=labels, y=[s[f"{key}_mean"] / scale for s in stats], mode="lines+markers", showlegend=False,
                 name=f, error_y={"type": "data", "array": [_zero(s[f"{key}_std"]) / scale for s in stats],
                                  "visible": True},
                 text=[f"n={s['n']}" for s in stats]), row=i, col=col)
             fig.update_xaxes(title_text=f, type="category", row=i, col=col)
-        fig.update_yaxes(title_text="test perplexity" if task == "perplexity" else "accuracy", row=i, col=1)
+        fig.update_yaxes(title_text="test perplexity" if task == PERPLEXITY else ACCURACY, row=i, col=1)
         fig.update_yaxes(title_text="GBitOPs", row=i, col=2)
     fig.update_layout(title="Sensitivity: mean ± std over seeds per level", height=height)
     return fig
@@ -143,8 +144,8 @@ def importance_objectives(importance: dict) -> list[str]:
 
 
 def importance_title(key: str) -> str:
-    return {"accuracy": "for accuracy", "perplexity": "for test perplexity",
-            "train_bitops": "for training BitOPs"}.get(key, f"for {key}")
+    return {ACCURACY: "for accuracy", PERPLEXITY: "for test perplexity",
+            TRAIN_BITOPS: "for training BitOPs"}.get(key, f"for {key}")
 
 
 def importance_figure(importance: dict) -> go.Figure:

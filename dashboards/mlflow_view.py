@@ -9,7 +9,7 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
   sorted by the task objective (``orchestrator.runs.task_objective``: accuracy, highest first, or a language
   model's test perplexity, lowest first; a sort by a metric also lists the nested trials flat, no parent row to
   expand), with the swept parameters, that objective, training TBitOPs (``train_tbitops``, the readable
-  companion of the exact ``train_bitops``: ``orchestrator.store.readable_key``; a sweep logged before it has
+  companion of the exact ``train_bitops``: ``engine.metrics.readable_key``; a sweep logged before it has
   the exact count), cp and the ``pareto`` tag as columns, every trial in the charts, and a first chart section
   "sweep" with the objective against training TBitOPs and against cp, the swept parameters and objectives in parallel coordinates, and the objective per epoch of
   every trial;
@@ -29,6 +29,7 @@ import json
 import math
 import re
 
+from engine.metrics import CUM_CP, PERPLEXITY, TERA, TRAIN_BITOPS, TRAIN_TBITOPS
 from orchestrator import runs, store
 
 VIEW_TAG = "mlflow.sharedViewState."
@@ -86,14 +87,14 @@ def _holds(row: dict, param: str) -> bool:
 def cost_column(rows: list[dict]) -> str:
     """The training BitOPs' column: ``train_tbitops`` (tera-BitOPs, readable) where every trial logged it, else
     the exact ``train_bitops`` (a sweep logged before the readable companions existed)."""
-    readable = rows and all(math.isfinite(r.get("train_tbitops", math.nan)) for r in rows if r["epochs"])
-    return "train_tbitops" if readable else "train_bitops"
+    readable = rows and all(math.isfinite(r.get(TRAIN_TBITOPS, math.nan)) for r in rows if r["epochs"])
+    return TRAIN_TBITOPS if readable else TRAIN_BITOPS
 
 
 def objective_columns(rows: list[dict]) -> list[str]:
     """The three objectives' metrics, in this order: the task objective (accuracy, or a language model's
     ``perplexity``), the training BitOPs (``cost_column``) and cp."""
-    return [runs.task_objective(rows)[0], cost_column(rows), "cum_cp"]
+    return [runs.task_objective(rows)[0], cost_column(rows), CUM_CP]
 
 
 def metric_columns(rows: list[dict]) -> list[str]:
@@ -105,9 +106,9 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
     """The page's state as the UI reads it from a shared-view tag (its search facets and UI state keys)."""
     params, metrics = param_columns(rows, factors), metric_columns(rows)
     key, mode = runs.task_objective(rows)  # accuracy (max), or a language model's test perplexity (min)
-    word = "test perplexity" if key == "perplexity" else key
+    word = "test perplexity" if key == PERPLEXITY else key
     cost = cost_column(rows)
-    unit = "TBitOPs" if cost == "train_tbitops" else "BitOPs"
+    unit = "TBitOPs" if cost == TRAIN_TBITOPS else "BitOPs"
     section = "fractune-sweep"
 
     def chart(n: int, **config) -> dict:
@@ -120,7 +121,7 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
     charts = [
         chart(1, type="SCATTER", displayName=f"{word} vs training {unit} (every trial)",
               xaxis=axis(cost), yaxis=axis(key)),
-        chart(2, type="SCATTER", displayName=f"{word} vs cp (% of FP32 BitOPs)", xaxis=axis("cum_cp"),
+        chart(2, type="SCATTER", displayName=f"{word} vs cp (% of FP32 BitOPs)", xaxis=axis(CUM_CP),
               yaxis=axis(key)),
         # the parallel plot draws only the runs that hold every selected param: the swept ones all trials have
         chart(3, type="PARALLEL", displayName="swept parameters and objectives", selectedMetrics=objective_columns(rows),
@@ -169,7 +170,7 @@ def note(experiment_id: str, sweep_id: str, rows: list[dict], metrics: dict[str,
     lines = [f"**Sweep `{sweep_id}`**: {len(rows)} trials, {int(metrics['sweep/finished'])} finished, "
              f"{int(metrics['sweep/errored'])} errored, {len(front)} on the Pareto front "
              f"({key} {mode}, training BitOPs min).", "",
-             f"[All trials, sorted by {'test perplexity' if key == 'perplexity' else 'accuracy'}]"
+             f"[All trials, sorted by {'test perplexity' if key == PERPLEXITY else 'test accuracy'}]"
              f"({view_url('', experiment_id, sweep_id)}) · "
              f"[Charts of every trial]({view_url('', experiment_id, sweep_id, charts=True)})"
              + (f" · [HTML report]({base}/runs/{report_run}/artifacts/{REPORT})" if report_run else ""), ""]
@@ -181,7 +182,7 @@ def note(experiment_id: str, sweep_id: str, rows: list[dict], metrics: dict[str,
         for r in front:
             name = (r["name"] or r["run_id"] or "?").replace("|", "/")
             link = f"[{name}]({base}/runs/{r['run_id']})" if r["run_id"] else name
-            lines.append(f"| {link} | {r[key]:.4f} | {r['train_bitops'] / store.TERA:.4g} | {r['cp']:.3g} | "
+            lines.append(f"| {link} | {r[key]:.4f} | {r[TRAIN_BITOPS] / TERA:.4g} | {r['cp']:.3g} | "
                          f"{r['seed']} |")
     else:
         lines.append("No trial finished its planned epochs: the front is empty.")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import matplotlib
 
+from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
@@ -54,14 +56,14 @@ def pareto_png(rows: list[dict], front: list[dict], path: Path, objective: str =
     return _save(fig, path)
 
 
-def sensitivity_png(levels: dict, verdicts: dict, path: Path, task: str = "accuracy") -> Path:
+def sensitivity_png(levels: dict, verdicts: dict, path: Path, task: str = ACCURACY) -> Path:
     factors = list(levels)
     fig, axes = plt.subplots(len(factors), 2, figsize=(10, 3.2 * len(factors)), squeeze=False)
     for i, f in enumerate(factors):
         labels = list(levels[f])
         stats = [levels[f][k] for k in labels]
-        quality = "test perplexity" if task == "perplexity" else "accuracy"
-        for j, (key, scale, unit) in enumerate(((task, 1.0, quality), ("train_bitops", 1e9, "GBitOPs"))):
+        quality = "test perplexity" if task == PERPLEXITY else ACCURACY
+        for j, (key, scale, unit) in enumerate(((task, 1.0, quality), (TRAIN_BITOPS, 1e9, "GBitOPs"))):
             ax = axes[i][j]
             ax.errorbar(range(len(labels)), [s[f"{key}_mean"] / scale for s in stats],
                         yerr=[_zero(s[f"{key}_std"]) / scale for s in stats], marker="o", capsize=4)

@@ -25,6 +25,7 @@ from dashboards.data import SweepData, bit_allocation, histories, load_sweep
 from dashboards.mlflow_view import publish_sweep, view_url
 from engine.config.experiment import GATED_KINDS
 from engine.errors import ConfigError
+from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
 from orchestrator.output import emit_json, info
 from orchestrator.store import artifact_json
 
@@ -104,7 +105,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
                                          analysis["objective"]))
     if importance.get(importance["objective"]):
         what = "BitOPs" if analysis else "the training cost under each cost model in turn"
-        task = ("test perplexity" if importance["objective"] == "perplexity" else "accuracy") + " " + \
+        task = ("test perplexity" if importance["objective"] == PERPLEXITY else ACCURACY) + " " + \
             importance["direction"]
         sections.append(("Parameter importance", H.figure(figures.importance_figure(importance)) + H.note(
             f"Optuna get_param_importances, {importance['evaluator']} evaluator, over {importance['trials']} "
@@ -168,7 +169,7 @@ def _front_rows(front: list[dict], objective: str = "bitops") -> list[dict]:
     from orchestrator.runs import cost_of
 
     key = figures.objective_axis(front)[0]  # a language model's front: perplexity
-    return [{"run": r["name"], "run_id": r["run_id"], key: r[key], "train_gbitops": r["train_bitops"] / 1e9,
+    return [{"run": r["name"], "run_id": r["run_id"], key: r[key], "train_gbitops": r[TRAIN_BITOPS] / 1e9,
              **({f"cost_{objective}": cost_of(r, objective)} if objective != "bitops" else {}),
              "cp": r["cp"], "point": figures._short(r["point"]), "seed": r["seed"]} for r in front]
 
@@ -181,7 +182,7 @@ def _trials_table(data: SweepData) -> str:
                                                                                      r.get("init_run") or "")}
                                   if staged else {}),
              "status": r["status"] + ("" if r["complete"] or r["status"] != "FINISHED" else " (stopped early)"),
-             "schedule": r["schedule"] or "", key: r[key], "train_gbitops": r["train_bitops"] / 1e9,
+             "schedule": r["schedule"] or "", key: r[key], "train_gbitops": r[TRAIN_BITOPS] / 1e9,
              "cp %": r["cp"], "seed": r["seed"], "point": figures._short(r["point"])} for r in data.rows]
     return H.table(rows)
 
@@ -194,8 +195,8 @@ def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
     from orchestrator.runs import task_objective
 
     task = task_objective(last.rows)[0]
-    scale, unit = (100, " %") if task == "accuracy" else (1, "")
-    delta = ("accuracy_delta_vs_fw8bw8_pp", "acc. vs FW8/BW8 (pp)") if task == "accuracy" else (
+    scale, unit = (100, " %") if task == ACCURACY else (1, "")
+    delta = ("accuracy_delta_vs_fw8bw8_pp", "acc. vs FW8/BW8 (pp)") if task == ACCURACY else (
         "perplexity_delta_vs_fw8bw8_pct", "perplexity vs FW8/BW8 (%)")
     stage = next((r.get("stage") for r in last.rows if r.get("stage")), "last")
     ref_rows = [{"stage": r["stage"], "runs": r["n"], f"{task}{unit}": scale * r[f"{task}_mean"],
@@ -221,10 +222,10 @@ def _sensitivity_html(a: dict) -> str:
                 for f, v in a["verdicts"].items()]
     how = ("one factor at a time around the baseline (the baseline point is in every curve)" if a["mode"] == "ofat"
            else "marginal over every combination of the other factors")
-    what = " (test perplexity, lower is better)" if task == "perplexity" else ""
+    what = " (test perplexity, lower is better)" if task == PERPLEXITY else ""
     return (H.figure(figures.sensitivity_figure(a["levels"], a["verdicts"], task)) + H.note(f"Levels{what}: {how}; "
             f"std over seeds (ddof 1). Pooled seed std: {task} {H.fmt(a['pooled_seed_std'][task])}, "
-            f"BitOPs {H.fmt(a['pooled_seed_std']['train_bitops'])}.") + H.table(levels) + H.table(verdicts)
+            f"BitOPs {H.fmt(a['pooled_seed_std'][TRAIN_BITOPS])}.") + H.table(levels) + H.table(verdicts)
             + H.note("Verdict rule: " + a["verdict_rule"] + "."))
 
 

@@ -26,6 +26,7 @@ from engine.config.experiment import ExperimentConfig
 from engine.config.schedule import (
     GatedSettings,
 )
+from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
 from engine.safe_yaml import read_text
 from orchestrator import runs
 
@@ -64,7 +65,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     out = []
     for g in groups.values():
         acc = [r[task] for r in g["runs"]]
-        ops = [r["train_bitops"] for r in g["runs"]]
+        ops = [r[TRAIN_BITOPS] for r in g["runs"]]
         cps = [r["cp"] for r in g["runs"] if math.isfinite(r.get("cp", math.nan))]
         gated = [r["cp_gated"] for r in g["runs"] if math.isfinite(r.get("cp_gated", math.nan))]
         walls = [r["wall_seconds"] for r in g["runs"] if math.isfinite(r.get("wall_seconds", math.nan))]
@@ -76,7 +77,7 @@ def summarise(rows: list[dict]) -> list[dict]:
                     "cp_mean": statistics.fmean(cps) if cps else math.nan,
                     "cp_gated_mean": statistics.fmean(gated) if gated else math.nan,
                     "wall_seconds_mean": statistics.fmean(walls) if walls else math.nan,
-                    "per_seed": {r["seed"]: {task: r[task], "train_bitops": r["train_bitops"]}
+                    "per_seed": {r["seed"]: {task: r[task], TRAIN_BITOPS: r[TRAIN_BITOPS]}
                                  for r in sorted(g["runs"], key=lambda r: r["seed"])}})
     models = list(dict.fromkeys(m for r in rows for m in r.get("costs", {})))
     for o, g in zip(out, groups.values()):
@@ -102,12 +103,12 @@ def _mean(values: list[float]) -> float:
 def task_of(groups: list[dict]) -> tuple[str, str]:
     """The task objective ``summarise`` keyed the groups by (``orchestrator.runs.task_objective`` of their
     rows): ("accuracy", "max"), or ("perplexity", "min") for language models."""
-    return ("perplexity", "min") if any("perplexity_mean" in g for g in groups) else ("accuracy", "max")
+    return (PERPLEXITY, "min") if any("perplexity_mean" in g for g in groups) else (ACCURACY, "max")
 
 
 def quality_delta(g: dict, ref: dict | None, name: str, task: str) -> dict:
     """The task objective of ``g`` against the reference group: accuracy in points, perplexity in percent."""
-    if task == "perplexity":
+    if task == PERPLEXITY:
         pct = 100 * (g["perplexity_mean"] / ref["perplexity_mean"] - 1) if ref and ref["perplexity_mean"] else math.nan
         return {f"perplexity_delta_vs_{name}_pct": pct}
     return {f"accuracy_delta_vs_{name}_pp": (100 * (g["accuracy_mean"] - ref["accuracy_mean"])) if ref else math.nan}
@@ -134,7 +135,7 @@ def front_of(groups: list[dict], objective: str = "bitops") -> list[dict]:
     from orchestrator.pareto import pareto_rows
 
     key, mode = task_of(groups)  # accuracy max, or a language model's test perplexity min
-    rows = [{key: g[f"{key}_mean"], "train_bitops": g["train_bitops_mean"], "cost": cost_mean(g, objective),
+    rows = [{key: g[f"{key}_mean"], TRAIN_BITOPS: g["train_bitops_mean"], "cost": cost_mean(g, objective),
              "method": g["method"]} for g in groups]
     return pareto_rows(rows, acc_key=key, cost_key="cost", maximize=mode == "max")
 
@@ -148,8 +149,8 @@ def seed_values(g: dict, key: str) -> list[float]:
 def worst_seed(g: dict) -> float:
     """The group's worst seed: the lowest accuracy, or a language model's highest test perplexity."""
     if "perplexity_mean" in g:
-        return max(seed_values(g, "perplexity"))
-    return min(seed_values(g, "accuracy"))
+        return max(seed_values(g, PERPLEXITY))
+    return min(seed_values(g, ACCURACY))
 
 
 def comparable(g: dict, ref: dict) -> bool:
@@ -163,7 +164,7 @@ def comparable(g: dict, ref: dict) -> bool:
 
 def comparable_rule(task: str) -> str:
     """``comparable`` in words, as the page states it."""
-    if task == "perplexity":
+    if task == PERPLEXITY:
         return (f"its worst seed's test perplexity is no more than {TOLERANCE_PCT:g}% above the reference's mean "
                 "(lower is better)")
     return f"its worst seed's accuracy is no more than {TOLERANCE_PP:g} point below the reference's mean"
@@ -173,9 +174,9 @@ def split_seeds(g: dict) -> list[list[float]] | None:
     """The seeds in clusters where they fall apart (bimodal): sorted, split wherever two neighbours lie more than
     twice the tolerance apart (2 points of accuracy, or 2 x TOLERANCE_PCT percent of the median perplexity); None
     when they form one cluster."""
-    key = "perplexity" if "perplexity_mean" in g else "accuracy"
+    key = PERPLEXITY if "perplexity_mean" in g else ACCURACY
     values = sorted(seed_values(g, key))
-    gap = (2 * TOLERANCE_PCT / 100 * statistics.median(values)) if key == "perplexity" else 2 * TOLERANCE_PP / 100
+    gap = (2 * TOLERANCE_PCT / 100 * statistics.median(values)) if key == PERPLEXITY else 2 * TOLERANCE_PP / 100
     clusters = [[values[0]]]
     for a, b in zip(values, values[1:]):
         if b - a > gap:
@@ -188,9 +189,9 @@ def static_front(groups: list[dict]) -> list[dict]:
     """The static rows' Pareto front of the means (accuracy max, BitOPs min), cheapest first."""
     from orchestrator.pareto import pareto_rows
 
-    rows = [{"accuracy": g["accuracy_mean"], "cost": g["train_bitops_mean"], "method": g["method"]}
+    rows = [{ACCURACY: g["accuracy_mean"], "cost": g["train_bitops_mean"], "method": g["method"]}
             for g in groups if g["kind"] == "static"]
-    return sorted(pareto_rows(rows, acc_key="accuracy", cost_key="cost", maximize=True), key=lambda r: r["cost"])
+    return sorted(pareto_rows(rows, acc_key=ACCURACY, cost_key="cost", maximize=True), key=lambda r: r["cost"])
 
 
 def front_at(front: list[dict], cost: float) -> tuple[float, str] | None:
@@ -201,15 +202,15 @@ def front_at(front: list[dict], cost: float) -> tuple[float, str] | None:
     for a, b in zip(front, front[1:]):
         if a["cost"] <= cost <= b["cost"]:
             t = (cost - a["cost"]) / (b["cost"] - a["cost"]) if b["cost"] > a["cost"] else 1.0
-            return a["accuracy"] + t * (b["accuracy"] - a["accuracy"]), f"{a['method']} .. {b['method']}"
-    return front[-1]["accuracy"], front[-1]["method"]
+            return a[ACCURACY] + t * (b[ACCURACY] - a[ACCURACY]), f"{a['method']} .. {b['method']}"
+    return front[-1][ACCURACY], front[-1]["method"]
 
 
 def cost_at(front: list[dict], accuracy: float) -> float:
     """The static front's BitOPs at ``accuracy`` (the inverse of ``front_at``); NaN outside its accuracies."""
     for a, b in zip(front, front[1:]):
-        if a["accuracy"] <= accuracy <= b["accuracy"]:
-            t = (accuracy - a["accuracy"]) / (b["accuracy"] - a["accuracy"]) if b["accuracy"] > a["accuracy"] else 0.0
+        if a[ACCURACY] <= accuracy <= b[ACCURACY]:
+            t = (accuracy - a[ACCURACY]) / (b[ACCURACY] - a[ACCURACY]) if b[ACCURACY] > a[ACCURACY] else 0.0
             return a["cost"] + t * (b["cost"] - a["cost"])
     return math.nan
 
@@ -254,12 +255,12 @@ def trends(groups: list[dict]) -> list[dict]:
 
     def check(claim: str, source: str, g: dict, ref: dict, min_savings: float = 0.0) -> None:
         saved = 1 - g["train_bitops_mean"] / ref["train_bitops_mean"]
-        if word == "perplexity":
+        if word == PERPLEXITY:
             delta = {"perplexity_delta_pct": quality_delta(g, ref, "ref", word)["perplexity_delta_vs_ref_pct"]}
         else:
             delta = {"accuracy_delta_pp": 100 * (g["accuracy_mean"] - ref["accuracy_mean"])}
         ok_acc, ok_cost = comparable(g, ref), saved > min_savings
-        worse = "perplexity above the reference" if word == "perplexity" else "accuracy below the reference"
+        worse = "perplexity above the reference" if word == PERPLEXITY else "accuracy below the reference"
         out.append({"claim": claim, "source": source, "method": g["method"], "reference": ref["method"],
                     **delta, "savings": saved, "holds": ok_acc and ok_cost,
                     "why_not": None if ok_acc and ok_cost else
@@ -284,7 +285,7 @@ def trends(groups: list[dict]) -> list[dict]:
             check(f"DFQ saves most of FW8/BW8's BitOPs at comparable {word}", "FracTrain supplement sec. 6", g, sbm)
         for g in by_kind.get("fractrain", []):
             check(f"FracTrain saves BitOPs over FW8/BW8 at comparable {word}", "FracTrain abstract", g, sbm)
-    statics_front = static_front(groups) if word == "accuracy" else []
+    statics_front = static_front(groups) if word == ACCURACY else []
     if len(statics_front) >= 2:
         for g in by_kind.get("dfq", []) + by_kind.get("fractrain", []):
             out.append(beats_static(g, statics_front))
@@ -315,7 +316,7 @@ def results_png(groups: list[dict], front: list[dict], path: Path, objective: st
     bitops = objective == "bitops"
     scale, unit = (1e12, "TBitOPs") if bitops else (1.0, UNITS.get(objective, "cost"))
     key = task_of(groups)[0]  # accuracy in %, or a language model's test perplexity as it is
-    y = 1.0 if key == "perplexity" else 100.0
+    y = 1.0 if key == PERPLEXITY else 100.0
     fig, ax = plt.subplots(figsize=(8, 5.5))
     markers = {"fp32": "o", "static": "s", "pfq": "^", "cpt": "D", "dfq": "v", "fractrain": "P"}
     for i, g in enumerate(groups):  # one colour per method, one marker per kind
@@ -327,7 +328,7 @@ def results_png(groups: list[dict], front: list[dict], path: Path, objective: st
                 color="k", lw=1, label="Pareto front (means)")
     log_x_if_wide(ax, [cost_mean(g, objective) for g in groups])
     ax.set_xlabel(f"training cost under {objective}, {unit} (mean over seeds)")
-    if key == "perplexity":
+    if key == PERPLEXITY:
         ax.set_ylabel("test perplexity (mean +/- std over seeds; lower is better)")
         ax.set_title(f"Test perplexity vs training cost ({objective}) per method")
         ax.legend(fontsize=7, loc="upper right")
@@ -344,13 +345,13 @@ def seeds_png(groups: list[dict], path: Path) -> Path | None:
     language model's sweep or one without static rows."""
     from dashboards.pngs import _save, log_x_if_wide, plt
 
-    if task_of(groups)[0] != "accuracy" or not any(g["kind"] == "static" for g in groups):
+    if task_of(groups)[0] != ACCURACY or not any(g["kind"] == "static" for g in groups):
         return None
     seeds = sorted({seed for g in groups for seed in (g.get("per_seed") or {})})
     fig, axes = plt.subplots(1, len(seeds), figsize=(5 * len(seeds), 4.8), sharey=True, squeeze=False)
     markers = {"fp32": "o", "static": "s", "pfq": "^", "cpt": "D", "dfq": "v", "fractrain": "P"}
     for ax, seed in zip(axes[0], seeds):
-        static = sorted((g["per_seed"][seed]["train_bitops"], g["per_seed"][seed]["accuracy"], g["method"])
+        static = sorted((g["per_seed"][seed][TRAIN_BITOPS], g["per_seed"][seed][ACCURACY], g["method"])
                          for g in groups if g["kind"] == "static" and seed in g["per_seed"])
         ax.plot([c / 1e12 for c, _, _ in static], [100 * a for _, a, _ in static], "s-", color="0.4",
                 label="static rows")
@@ -360,9 +361,9 @@ def seeds_png(groups: list[dict], path: Path) -> Path | None:
             if g["kind"] == "static" or seed not in g["per_seed"]:
                 continue
             v = g["per_seed"][seed]
-            ax.plot(v["train_bitops"] / 1e12, 100 * v["accuracy"], markers.get(g["kind"], "o"),
+            ax.plot(v[TRAIN_BITOPS] / 1e12, 100 * v[ACCURACY], markers.get(g["kind"], "o"),
                     color=plt.cm.tab10(i % 10), label=g["method"])
-        log_x_if_wide(ax, [g["per_seed"][seed]["train_bitops"] for g in groups if seed in g["per_seed"]])
+        log_x_if_wide(ax, [g["per_seed"][seed][TRAIN_BITOPS] for g in groups if seed in g["per_seed"]])
         ax.set_title(f"seed {seed}")
         ax.set_xlabel("training TBitOPs")
     axes[0][0].set_ylabel("test accuracy, %")
@@ -386,7 +387,7 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
                   + ": their training loss passed three times chance's (docs/methods.md §8).", ""]
     if setup:
         lines += ["## Setting", ""] + [f"- {k}: {v}" for k, v in setup.items()] + [""]
-    if task_of(groups)[0] == "perplexity":
+    if task_of(groups)[0] == PERPLEXITY:
         lines += perplexity_table(groups, on_front)
     else:
         lines += accuracy_table(groups, on_front)
@@ -401,11 +402,11 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
     return "\n".join(lines) + "\n"
 
 
-SECTION = {"accuracy": "## Accuracy and training BitOPs", "perplexity": "## Test perplexity and training BitOPs"}
+SECTION = {ACCURACY: "## Accuracy and training BitOPs", PERPLEXITY: "## Test perplexity and training BitOPs"}
 
 
 def accuracy_table(groups: list[dict], on_front: set[str]) -> list[str]:
-    lines = [SECTION["accuracy"], "",
+    lines = [SECTION[ACCURACY], "",
               "Mean +/- std over seeds of the final test accuracy; training BitOPs of the whole run (forward, "
               "error and weight-gradient passes, exact counts); savings against this sweep's FP32 and FW8/BW8 "
               "rows (positive: cheaper); cp: the run's cost as a percentage of FP32, every layer counted; gated "
@@ -422,7 +423,7 @@ def accuracy_table(groups: list[dict], on_front: set[str]) -> list[str]:
                      f"{_pct(g['savings_vs_fp32'])} | {_pct(g['savings_vs_fw8bw8'])} | "
                      f"{_fmt(g['accuracy_delta_vs_fw8bw8_pp'], '+.2f')} | {_fmt(g['cp_mean'], '.2f')} | "
                      f"{_fmt(g['cp_gated_mean'], '.2f').replace('n/a', '-')} | "
-                     f"{_fmt(g['wall_seconds_mean'] / 60, '.1f')} | {_per_seed(g, 'accuracy', 100)} |")
+                     f"{_fmt(g['wall_seconds_mean'] / 60, '.1f')} | {_per_seed(g, ACCURACY, 100)} |")
     return lines
 
 
@@ -435,7 +436,7 @@ def _per_seed(g: dict, key: str, scale: float) -> str:
 def perplexity_table(groups: list[dict], on_front: set[str]) -> list[str]:
     """A language model's table: test perplexity (lower is better) and its relative change against FP32 and
     FW8/BW8, where a classifier's has accuracy and its difference in points."""
-    lines = [SECTION["perplexity"], "",
+    lines = [SECTION[PERPLEXITY], "",
              "Mean +/- std over seeds of the final test perplexity (exp of the mean next-token cross-entropy on the "
              "test split; lower is better); training BitOPs of the whole run (forward, error and weight-gradient "
              "passes over every token, exact counts); savings against this sweep's FP32 and FW8/BW8 rows "
@@ -454,14 +455,14 @@ def perplexity_table(groups: list[dict], on_front: set[str]) -> list[str]:
                      f"{_pct(g['savings_vs_fw8bw8'])} | {_fmt(g['perplexity_delta_vs_fp32_pct'], '+.1f')} | "
                      f"{_fmt(g['perplexity_delta_vs_fw8bw8_pct'], '+.1f')} | {_fmt(g['cp_mean'], '.2f')} | "
                      f"{_fmt(g['cp_gated_mean'], '.2f').replace('n/a', '-')} | "
-                     f"{_fmt(g['wall_seconds_mean'] / 60, '.1f')} | {_per_seed(g, 'perplexity', 1)} |")
+                     f"{_fmt(g['wall_seconds_mean'] / 60, '.1f')} | {_per_seed(g, PERPLEXITY, 1)} |")
     return lines
 
 
 def trends_section(groups: list[dict], checks: list[dict], plot: str, seeds_plot: str | None = None) -> list[str]:
     key = task_of(groups)[0]
-    word, delta, column = (("perplexity", "perplexity_delta_pct", "ppl. change (%)") if key == "perplexity" else
-                           ("accuracy", "accuracy_delta_pp", "acc. delta (pp)"))
+    word, delta, column = ((PERPLEXITY, "perplexity_delta_pct", "ppl. change (%)") if key == PERPLEXITY else
+                           (ACCURACY, "accuracy_delta_pp", "acc. delta (pp)"))
     lines = ["", f"![{word} vs training cost]({plot})", ""]
     if seeds_plot:
         lines += [f"![{word} vs training cost, each seed]({seeds_plot})", ""]
@@ -475,18 +476,18 @@ def trends_section(groups: list[dict], checks: list[dict], plot: str, seeds_plot
                   "or above that accuracy; its delta is the mean's, its BitOPs saving is against the front's cost "
                   "at the method's mean accuracy (n/a outside the front's accuracies).", ""]
     lines += [f"A method's seeds are *split* (bimodal) where two of them, sorted, lie more than "
-              f"{'twice ' + format(TOLERANCE_PCT, 'g') + '% of the median' if key == 'perplexity' else format(2 * TOLERANCE_PP, 'g') + ' points'} "
+              f"{'twice ' + format(TOLERANCE_PCT, 'g') + '% of the median' if key == PERPLEXITY else format(2 * TOLERANCE_PP, 'g') + ' points'} "
               "apart: its mean describes none of them, and its verdict names the clusters.", "",
               f"| claim | source | method | reference | {column} | BitOPs saving | holds |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
-    scale = 1 if key == "perplexity" else 100
+    scale = 1 if key == PERPLEXITY else 100
     for c in checks:
         verdict = "yes" if c["holds"] else f"no ({c['why_not']})"
         if c.get("split_seeds"):
             verdict += "; seeds split: " + " | ".join(", ".join(f"{scale * v:.2f}" for v in part)
                                                       for part in c["split_seeds"])
         lines.append(f"| {c['claim']} | {c['source']} | {c['method']} | {c['reference']} | "
-                     f"{_fmt(c[delta], '+.1f' if key == 'perplexity' else '+.2f')} | "
+                     f"{_fmt(c[delta], '+.1f' if key == PERPLEXITY else '+.2f')} | "
                      f"{_fmt(100 * c['savings'], '.1f')}{'%' if math.isfinite(c['savings']) else ''} | {verdict} |")
     return lines
 
@@ -608,7 +609,7 @@ def last_stage(data: SweepData) -> tuple[SweepData, list[dict]]:
                      f"{task}_std": _std(acc)})
     last = [r for r in data.rows if r.get("stage") == order[-1]]
     init = [r["init_accuracy"] for r in runs.finished(last) if math.isfinite(r.get("init_accuracy", math.nan))]
-    if init and task == "accuracy":  # the engine measures a loaded model's accuracy only (no perplexity)
+    if init and task == ACCURACY:  # the engine measures a loaded model's accuracy only (no perplexity)
         refs.append({"stage": f"{order[-1]} before any step (init_accuracy)", "n": len(init),
                      "accuracy_mean": sum(init) / len(init), "accuracy_std": _std(init)})
     return dataclasses.replace(data, rows=last), refs
@@ -634,7 +635,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
                     per_seed.name if per_seed else None)
     task, mode = runs.task_objective(done)
     if stage_refs:  # a staged sweep: the table is its last stage; the earlier stages for reference
-        y, column = (1, "test perplexity") if task == "perplexity" else (100, "accuracy %")
+        y, column = (1, "test perplexity") if task == PERPLEXITY else (100, "accuracy %")
         text = text.replace(SECTION[task], "\n".join(
             ["## Earlier stages (reference)", "", "The tables below compare the last stage's methods; each of its runs "
              "started from the earlier stage's run of the same seed.", "", f"| stage | runs | {column} |",

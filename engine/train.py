@@ -28,11 +28,24 @@ import torch.nn.functional as F
 from engine import checkpoint
 from engine.config.experiment import ExperimentConfig
 from engine.cost.bitops import FW8BW8, BitOpsCounter, CostTotals
-from engine.cost.hardware import metric_key
 from engine.data.datasets import DataSplits, load_data, run_length
 from engine.dfq.gated import GatedModel
 from engine.dfq.runner import GatedRunner
 from engine.errors import CheckpointError, ConfigError, TrainingDiverged
+from engine.metrics import (
+    ACCURACY,
+    COST_PREFIX,
+    CUM_CP,
+    EPOCH_COST_PREFIX,
+    FP32_BITOPS,
+    FW8BW8_BITOPS,
+    PERPLEXITY,
+    TRAIN_BITOPS,
+    VAL_ACCURACY,
+    VAL_PERPLEXITY,
+    Task,
+    cost_key,
+)
 from engine.models import build_model
 from engine.numerics.precision import FP32
 from engine.schedules.progress import PrecisionTrace, build_schedule
@@ -311,9 +324,9 @@ class Trainer:
             "step_bitops": epoch_cost.bitops / max(trace.n, 1),
             "epoch_gbitops": epoch_cost.bitops / 1e9,
             "cum_gbitops": self.totals.bitops / 1e9,
-            "train_bitops": float(self.totals.bitops),
+            TRAIN_BITOPS: float(self.totals.bitops),
             "cp": epoch_cost.cp,
-            "cum_cp": self.totals.cp,
+            CUM_CP: self.totals.cp,
             **cost_metrics(epoch_cost, self.totals),
             "fw_bits": fw_bits,
             "bw_bits": bw_bits,
@@ -341,7 +354,7 @@ class Trainer:
         if self.data.val is not None:
             val_acc, val_loss = evaluate(self.model, runner.eval_logits, self.data.val, batch, self.device)
         test_acc, test_loss = evaluate(self.model, runner.eval_logits, self.data.test, batch, self.device)
-        out = {"val_accuracy": val_acc, "val_loss": val_loss, "accuracy": test_acc, "test_loss": test_loss}
+        out = {VAL_ACCURACY: val_acc, "val_loss": val_loss, ACCURACY: test_acc, "test_loss": test_loss}
         if self.data.info.is_text:  # language models: accuracy is next-token accuracy; perplexity = exp(mean CE)
             out.update(val_perplexity=perplexity(val_loss), perplexity=perplexity(test_loss))
         return out
@@ -394,13 +407,13 @@ def lm_summary(history: list[dict], data: DataSplits, counter: BitOpsCounter, su
     the unigram baseline, vocabulary, tokens per second of training and training BitOPs per token (a "sample"
     of the counter is one predicted token)."""
     last = history[-1] if history else {}
-    val = [h["val_perplexity"] for h in history if not math.isnan(h.get("val_perplexity", math.nan))]
+    val = [h[VAL_PERPLEXITY] for h in history if not math.isnan(h.get(VAL_PERPLEXITY, math.nan))]
     trained = sum(h.get("tokens", 0) for h in history)
     seconds = sum(h.get("train_seconds", 0.0) for h in history)
     return {
-        "task": "language_model",
-        "perplexity": last.get("perplexity", math.nan),
-        "val_perplexity": last.get("val_perplexity", math.nan),
+        "task": Task.LANGUAGE_MODEL.value,
+        PERPLEXITY: last.get(PERPLEXITY, math.nan),
+        VAL_PERPLEXITY: last.get(VAL_PERPLEXITY, math.nan),
         "best_val_perplexity": min(val) if val else math.nan,
         "test_loss": last.get("test_loss", math.nan),
         "unigram_perplexity": data.unigram_perplexity,
@@ -408,7 +421,7 @@ def lm_summary(history: list[dict], data: DataSplits, counter: BitOpsCounter, su
         "seq_len": data.train.seq_len,
         "train_tokens": trained,
         "tokens_per_second": trained / seconds if seconds else math.nan,  # the training loops, evaluation excluded
-        "bitops_per_token": summary["train_bitops"] / trained if trained else math.nan,
+        "bitops_per_token": summary[TRAIN_BITOPS] / trained if trained else math.nan,
         "forward_macs_per_token": counter.forward_macs,
     }
 
@@ -419,9 +432,9 @@ def cost_metrics(epoch: CostTotals, totals: CostTotals) -> dict:
     out = {}
     for name, (run, _, _) in totals.models.items():
         if name != "bitops":
-            key = metric_key(name)
+            key = cost_key(name)
             out[key] = float(run)
-            out["epoch_cost_" + key.removeprefix("train_cost_")] = float(epoch.models.get(name, [0])[0])
+            out[EPOCH_COST_PREFIX + key.removeprefix(COST_PREFIX)] = float(epoch.models.get(name, [0])[0])
     return out
 
 
@@ -429,23 +442,23 @@ def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, co
               wall: float) -> dict:
     last = history[-1] if history else {}
     units = {m.name: m.unit for m in counter.models}
-    val = [h["val_accuracy"] for h in history if not math.isnan(h["val_accuracy"])]
-    best_epoch = (max(range(len(history)), key=lambda i: history[i]["val_accuracy"]) + 1) if val else None
+    val = [h[VAL_ACCURACY] for h in history if not math.isnan(h[VAL_ACCURACY])]
+    best_epoch = (max(range(len(history)), key=lambda i: history[i][VAL_ACCURACY]) + 1) if val else None
     return {
         "name": cfg.name,
         "seed": cfg.seed,
         "model": cfg.model.name,
         "dataset": cfg.data.dataset,
         "schedule": cfg.schedule.kind,
-        "accuracy": last.get("accuracy", float("nan")),
-        "val_accuracy": last.get("val_accuracy", float("nan")),
+        ACCURACY: last.get(ACCURACY, float("nan")),
+        VAL_ACCURACY: last.get(VAL_ACCURACY, float("nan")),
         "best_val_accuracy": max(val) if val else float("nan"),
         "best_epoch": best_epoch,
         "epochs": last.get("epoch", 0),
         "iterations": last.get("iteration", 0),
-        "train_bitops": float(totals.bitops),
-        "fp32_bitops": float(totals.fp32),
-        "fw8bw8_bitops": float(totals.fw8bw8),
+        TRAIN_BITOPS: float(totals.bitops),
+        FP32_BITOPS: float(totals.fp32),
+        FW8BW8_BITOPS: float(totals.fw8bw8),
         "train_gbitops": totals.bitops / 1e9,
         "savings_vs_fp32": totals.savings_vs_fp32,
         "savings_vs_fw8bw8": totals.savings_vs_fw8bw8,
@@ -454,6 +467,6 @@ def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, co
         "wall_seconds": wall,
         "cpu_seconds": last.get("cpu_seconds", float("nan")),
         **{k: v for k, v in (history[0] if history else {}).items() if k.startswith("init_")},
-        **{metric_key(n): v["total"] for n, v in totals.model_summary().items() if n != "bitops"},
+        **{cost_key(n): v["total"] for n, v in totals.model_summary().items() if n != "bitops"},
         "costs": {n: {**v, "unit": units.get(n, "")} for n, v in totals.model_summary().items()},
     }

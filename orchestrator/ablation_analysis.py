@@ -19,10 +19,11 @@ from typing import Any
 
 import pandas as pd
 
+from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
 from orchestrator.runs import DIRECTIONS, task_objective
 from search_spaces.ablation import level_label
 
-COST = ("train_bitops", "minimize")  # the cost objective (a cost model's cost is put in this column)
+COST = (TRAIN_BITOPS, "minimize")  # the cost objective (a cost model's cost is put in this column)
 
 
 def objectives(rows: list[dict]) -> tuple[tuple[str, str], tuple[str, str]]:
@@ -38,20 +39,20 @@ def frame(rows: list[dict], factors: list[str], task: str | None = None) -> pd.D
     task = task or task_objective(rows)[0]
     records = []
     for r in rows:
-        quality, cost = r.get(task), r.get("train_bitops")
+        quality, cost = r.get(task), r.get(TRAIN_BITOPS)
         if quality is None or cost is None or not (math.isfinite(quality) and math.isfinite(cost)):
             continue
         point = r.get("point") or {}
         if any(f not in point for f in factors):
             continue  # a trial of another design (e.g. a sweep of this name with other parameters)
         records.append({**{f: level_label(point[f]) for f in factors}, "seed": r.get("seed"),
-                        task: float(quality), "train_bitops": float(cost), "run_id": r.get("run_id")})
-    return pd.DataFrame.from_records(records, columns=[*factors, "seed", task, "train_bitops", "run_id"])
+                        task: float(quality), TRAIN_BITOPS: float(cost), "run_id": r.get("run_id")})
+    return pd.DataFrame.from_records(records, columns=[*factors, "seed", task, TRAIN_BITOPS, "run_id"])
 
 
 def frame_task(df: pd.DataFrame) -> str:
     """The task objective column of a ``frame``."""
-    return "perplexity" if "perplexity" in df.columns else "accuracy"
+    return PERPLEXITY if PERPLEXITY in df.columns else ACCURACY
 
 
 def level_stats(df: pd.DataFrame, meta: dict) -> dict[str, dict[str, dict]]:
@@ -70,15 +71,15 @@ def level_stats(df: pd.DataFrame, meta: dict) -> dict[str, dict[str, dict]]:
             for other in factors:
                 if other != f:
                     sub = sub[sub[other] == meta["baseline"][other]]
-        groups = sub.groupby(f, sort=False)[[task, "train_bitops"]].agg(["mean", "std", "count"])
+        groups = sub.groupby(f, sort=False)[[task, TRAIN_BITOPS]].agg(["mean", "std", "count"])
         levels = {}
         for label in meta["labels"][f]:  # the spec's order, not pandas' (levels are labels, not numbers)
             if label not in groups.index:
                 continue
             g = groups.loc[label]
             levels[label] = {f"{task}_mean": g[(task, "mean")], f"{task}_std": g[(task, "std")],
-                             "train_bitops_mean": g[("train_bitops", "mean")],
-                             "train_bitops_std": g[("train_bitops", "std")], "n": int(g[(task, "count")])}
+                             "train_bitops_mean": g[(TRAIN_BITOPS, "mean")],
+                             "train_bitops_std": g[(TRAIN_BITOPS, "std")], "n": int(g[(task, "count")])}
         out[f] = levels
     return out
 
@@ -132,9 +133,9 @@ def importances(rows: list[dict], factors: list[str], evaluator: str = "fanova")
 
     (task, direction), _ = study_objectives = objectives(rows)
     usable = [r for r in rows if all(f in (r.get("point") or {}) for f in factors)
-              and math.isfinite(r.get(task, math.nan)) and math.isfinite(r.get("train_bitops", math.nan))]
+              and math.isfinite(r.get(task, math.nan)) and math.isfinite(r.get(TRAIN_BITOPS, math.nan))]
     varied = [f for f in factors if len({level_label(r["point"][f]) for r in usable}) > 1]
-    out = {"evaluator": evaluator, "objective": task, "direction": direction, task: {}, "train_bitops": {},
+    out = {"evaluator": evaluator, "objective": task, "direction": direction, task: {}, TRAIN_BITOPS: {},
            "trials": len(usable)}
     if len(usable) < 3 or not varied:
         out["note"] = "needs three or more finished trials and a factor with two or more levels"
@@ -146,12 +147,12 @@ def importances(rows: list[dict], factors: list[str], evaluator: str = "fanova")
         params = {f: level_label(r["point"][f]) if cat else r["point"][f] for f, (_, cat) in dists.items()}
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions={f: d for f, (d, _) in dists.items()},
-            values=[r[task], r["train_bitops"]], user_attrs={"run_id": r.get("run_id")}))
+            values=[r[task], r[TRAIN_BITOPS]], user_attrs={"run_id": r.get("run_id")}))
     # Each evaluator gets one objective through `target`. PED-ANOVA ranks low targets as good (it warns when
     # given a target), so an objective to maximize (accuracy) goes in negated, one to minimize (perplexity,
     # BitOPs) as it is; fANOVA and MDI are variance-based and sign-blind.
     sign = -1.0 if direction == "maximize" else 1.0
-    targets = {task: lambda t: sign * t.values[0], "train_bitops": lambda t: t.values[1]}
+    targets = {task: lambda t: sign * t.values[0], TRAIN_BITOPS: lambda t: t.values[1]}
     for name, target in targets.items():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -168,8 +169,8 @@ def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, 
     (task, direction), _ = objectives(rows)
     out: dict = {"evaluator": evaluator, "objective": task, "direction": direction, "trials": 0, task: {}}
     for name, cost in costs.items():
-        priced = [{**r, "train_bitops": cost(r)} for r in rows]
-        values = {p["train_bitops"] for p in priced if math.isfinite(p["train_bitops"])}
+        priced = [{**r, TRAIN_BITOPS: cost(r)} for r in rows]
+        values = {p[TRAIN_BITOPS] for p in priced if math.isfinite(p[TRAIN_BITOPS])}
         if len(values) < 2:  # e.g. MACs across precisions: no variance to explain
             out[name] = {}
             out.setdefault("constant", []).append(name)
@@ -182,7 +183,7 @@ def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, 
             continue
         out[task] = out[task] or imp[task]
         out["trials"] = max(out["trials"], imp["trials"])
-        out[name] = imp["train_bitops"]
+        out[name] = imp[TRAIN_BITOPS]
         if "note" in imp:
             out["note"] = imp["note"]
     return out
@@ -211,7 +212,7 @@ def analyse(rows: list[dict], meta: dict) -> dict:
     verdicts = {}
     for f, lv in levels.items():
         quality = verdict([s[f"{task}_mean"] for s in lv.values()], pooled[task], meta["verdict"])
-        cost = verdict([s["train_bitops_mean"] for s in lv.values()], pooled["train_bitops"], meta["verdict"])
+        cost = verdict([s["train_bitops_mean"] for s in lv.values()], pooled[TRAIN_BITOPS], meta["verdict"])
         verdicts[f] = {**quality, "train_bitops_verdict": cost["verdict"], "train_bitops_ratio": cost["ratio"]}
     return {"mode": meta["mode"], "objective": task, "direction": direction, "trials": int(len(df)),
             "levels": levels, "pooled_seed_std": pooled,

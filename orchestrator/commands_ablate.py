@@ -3,6 +3,7 @@ and the HTML report, all computed from the finished trials in MLflow."""
 
 from __future__ import annotations
 
+from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
 from orchestrator.output import emit_json, fmt, info, table
 
 
@@ -44,24 +45,24 @@ def cmd_ablate(args) -> int:
                                        "errors", "pareto", "tracking_uri", "storage", "wall_seconds")}
                   | {"mode": meta["mode"], "factors": meta["labels"], "baseline": meta["baseline"],
                      "objective": a["objective"], "direction": a["direction"],
-                     "importance": imp[a["objective"]], "importance_train_bitops": imp["train_bitops"],
+                     "importance": imp[a["objective"]], "importance_train_bitops": imp[TRAIN_BITOPS],
                      "importance_evaluator": imp["evaluator"], "levels": a["levels"], "verdicts": a["verdicts"],
                      "verdict_rule": a["verdict_rule"], "pooled_seed_std": a["pooled_seed_std"], **report})
     return 1 if out["errored"] else 0
 
 
 def print_analysis(a: dict) -> None:
-    task = a.get("objective", "accuracy")  # accuracy, or a language model's test perplexity (lower is better)
+    task = a.get("objective", ACCURACY)  # accuracy, or a language model's test perplexity (lower is better)
     rows = [{"factor": f, "level": lv, "n": s["n"], f"{task}_mean": s[f"{task}_mean"], f"{task}_std": s[f"{task}_std"],
              "gbitops_mean": s["train_bitops_mean"] / 1e9, "gbitops_std": _nan(s["train_bitops_std"]) / 1e9}
             for f, levels in a["levels"].items() for lv, s in levels.items()]
-    print("\nper level (mean and std over seeds" + ("; test perplexity, lower is better):" if task == "perplexity"
+    print("\nper level (mean and std over seeds" + ("; test perplexity, lower is better):" if task == PERPLEXITY
                                                    else "):"))
     table(rows)
     imp = a["importance"]
     print(f"\nparameter importance (Optuna, {imp['evaluator']} evaluator; {_what(a)} and BitOPs separately):")
     if imp[task]:
-        table([{"factor": f, f"for_{task}": imp[task].get(f), "for_bitops": imp["train_bitops"].get(f)}
+        table([{"factor": f, f"for_{task}": imp[task].get(f), "for_bitops": imp[TRAIN_BITOPS].get(f)}
                for f in imp[task]])
     else:
         print(f"(none: {imp.get('note', '')})")
@@ -73,7 +74,7 @@ def print_analysis(a: dict) -> None:
 
 
 def _what(a: dict) -> str:
-    return "accuracy" if a.get("objective", "accuracy") == "accuracy" else "test perplexity (minimize)"
+    return ACCURACY if a.get("objective", ACCURACY) == ACCURACY else "test perplexity (minimize)"
 
 
 def _nan(v) -> float:

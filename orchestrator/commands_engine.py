@@ -7,14 +7,15 @@ import sys
 from pathlib import Path
 
 from engine.errors import ConfigError
+from engine.metrics import ACCURACY, PERPLEXITY, VAL_ACCURACY, VAL_PERPLEXITY
 from orchestrator.output import PLOT_SUFFIXES, check_output_file, check_output_folder, emit_json, info, table
 
-SUMMARY_KEYS = ("accuracy", "val_accuracy", "best_val_accuracy", "epochs", "iterations", "train_gbitops",
+SUMMARY_KEYS = (ACCURACY, VAL_ACCURACY, "best_val_accuracy", "epochs", "iterations", "train_gbitops",
                 "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds", "init_accuracy")
 GATED_KEYS = ("target_cp", "cp_last_epoch", "gate_bitops")
-LM_KEYS = ("perplexity", "val_perplexity", "best_val_perplexity", "unigram_perplexity", "tokens_per_second",
+LM_KEYS = (PERPLEXITY, VAL_PERPLEXITY, "best_val_perplexity", "unigram_perplexity", "tokens_per_second",
            "bitops_per_token")  # language models (accuracy is then next-token accuracy)
-EPOCH_KEYS = ("epoch", "loss", "train_accuracy", "val_accuracy", "accuracy", "val_perplexity", "perplexity",
+EPOCH_KEYS = ("epoch", "loss", "train_accuracy", VAL_ACCURACY, ACCURACY, VAL_PERPLEXITY, PERPLEXITY,
               "cum_gbitops", "cp", "fw_bits",
               "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
 

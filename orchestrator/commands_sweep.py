@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from engine.errors import ConfigError
+from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS, TRAIN_TBITOPS
 from orchestrator.lifecycle import SweepInterrupted
 from orchestrator.output import emit_json, info, table
 
@@ -62,8 +63,8 @@ def task_label(rows: list[dict]) -> str:
 
 
 def pareto_table(front: list[dict]) -> None:
-    key = "perplexity" if any("perplexity" in r for r in front) else "accuracy"  # a language model's front
-    rows = [{"run_id": (r.get("run_id") or "")[:12], key: r[key], "train_tbitops": r["train_bitops"] / 1e12,
+    key = PERPLEXITY if any(PERPLEXITY in r for r in front) else ACCURACY  # a language model's front
+    rows = [{"run_id": (r.get("run_id") or "")[:12], key: r[key], TRAIN_TBITOPS: r[TRAIN_BITOPS] / 1e12,
              **({f"cost_{r['objective']}": r["cost"]} if r.get("objective", "bitops") != "bitops" else {}),
              "cp": r.get("cp"), **{k: _short(v) for k, v in r["params"].items()}} for r in front]
     table(rows)

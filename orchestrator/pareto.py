@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.metrics import ACCURACY, TRAIN_BITOPS
+
 
 def pareto_mask(accuracy: Sequence[float], bitops: Sequence[float]) -> np.ndarray:
     acc = np.asarray(accuracy, dtype=float)
@@ -29,7 +31,7 @@ def pareto_mask(accuracy: Sequence[float], bitops: Sequence[float]) -> np.ndarra
     return mask
 
 
-def pareto_rows(rows: list[dict], acc_key: str = "accuracy", cost_key: str = "train_bitops",
+def pareto_rows(rows: list[dict], acc_key: str = ACCURACY, cost_key: str = TRAIN_BITOPS,
                 maximize: bool = True) -> list[dict]:
     """The rows on the front, sorted by cost (cheapest first); ``maximize=False``: ``acc_key`` is a loss to
     minimise (a language model's perplexity)."""

@@ -9,6 +9,8 @@ import sys
 
 from ray import tune
 
+from engine.metrics import ACCURACY, PERPLEXITY
+
 
 class ProgressPrinter(tune.Callback):
     def __init__(self, total: int | None):
@@ -16,8 +18,8 @@ class ProgressPrinter(tune.Callback):
         self.done = 0
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        quality = (f"perplexity {result['perplexity']:.2f}" if "perplexity" in result  # a language model
-                   else f"accuracy {result.get('accuracy', float('nan')):.4f}")
+        quality = (f"perplexity {result[PERPLEXITY]:.2f}" if PERPLEXITY in result  # a language model
+                   else f"accuracy {result.get(ACCURACY, float('nan')):.4f}")
         print(f"  {trial.trial_id} epoch {result.get('epoch')}: {quality} "
               f"cp {result.get('cp', float('nan')):.2f}% fw {result.get('fw_bits', 0):.2f} "
               f"bw {result.get('bw_bits', 0):.2f}", file=sys.stderr, flush=True)

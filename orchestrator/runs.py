@@ -24,14 +24,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.cost.hardware import check_model_name, metric_key
+from engine.cost.hardware import check_model_name
 from engine.errors import ConfigError
+from engine.metrics import (
+    ACCURACY,
+    COST_PREFIX,
+    CUM_CP,
+    PERPLEXITY,
+    TRAIN_BITOPS,
+    TRAIN_TBITOPS,
+    Task,
+    cost_key,
+)
 from orchestrator import store
 from orchestrator.pareto import hypervolume, pareto_rows
 from search_spaces import trial
 
 OBJECTIVE_TAG = "fractune.objective"
-COST_PREFIX = "train_cost_"
 
 
 @dataclass
@@ -122,11 +131,11 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
     epochs = metrics.get("epoch")
     epochs = int(epochs) if epochs is not None else None
     return {"run_id": run_id, "trial_id": trial_id, "name": name, "status": status, "schedule": schedule,
-            "accuracy": float(metrics.get("accuracy", math.nan)),
-            "perplexity": float(metrics.get("perplexity", math.nan)),
-            "train_bitops": float(metrics.get("train_bitops", math.nan)),
-            "train_tbitops": float(metrics.get("train_tbitops", math.nan)),  # its readable companion, where logged
-            "cp": float(metrics.get("cum_cp", math.nan)), "cp_gated": cp_gated, "seed": seed,
+            ACCURACY: float(metrics.get(ACCURACY, math.nan)),
+            PERPLEXITY: float(metrics.get(PERPLEXITY, math.nan)),
+            TRAIN_BITOPS: float(metrics.get(TRAIN_BITOPS, math.nan)),
+            TRAIN_TBITOPS: float(metrics.get(TRAIN_TBITOPS, math.nan)),  # its readable companion, where logged
+            "cp": float(metrics.get(CUM_CP, math.nan)), "cp_gated": cp_gated, "seed": seed,
             "wall_seconds": float(metrics.get("wall_seconds", math.nan)), "point": point, "epochs": epochs,
             "planned_epochs": planned_epochs, "node_id": node_id, "pareto": pareto, "costs": row_costs(metrics),
             "complete": (status == "FINISHED" and epochs is not None and planned_epochs is not None
@@ -140,14 +149,12 @@ def task_objective(rows: list[dict]) -> tuple[str, str]:
     """The task objective of a sweep's trials: test ``perplexity`` (min) when they are language models (they
     report it), else ``accuracy`` (max). The cost objective (the cost model of the cost axis) is separate:
     the ``objective`` argument of ``finished``/``front``."""
-    if any(math.isfinite(r.get("perplexity", math.nan)) for r in rows):
-        return "perplexity", "min"
-    return "accuracy", "max"
+    return Task.of_rows(rows).objective
 
 
 def row_costs(metrics: dict) -> dict[str, float]:
     """Cost model name -> the run's training cost (``train_bitops`` and every ``train_cost_<model>`` metric)."""
-    out = {"bitops": float(metrics.get("train_bitops", math.nan))}
+    out = {"bitops": float(metrics.get(TRAIN_BITOPS, math.nan))}
     for key, value in metrics.items():
         if key.startswith(COST_PREFIX):
             name = key[len(COST_PREFIX):]
@@ -158,7 +165,7 @@ def row_costs(metrics: dict) -> dict[str, float]:
 def cost_of(row: dict, objective: str = "bitops") -> float:
     """A row's training cost under the cost model ``objective`` (NaN when the run did not log it)."""
     if objective == "bitops":
-        return row["train_bitops"]
+        return row[TRAIN_BITOPS]
     return float(row.get("costs", {}).get(objective, math.nan))
 
 
@@ -168,7 +175,7 @@ def check_objective(objective: str, rows: list[dict] | None = None, field_name: 
     if rows and not any(math.isfinite(cost_of(r, objective)) for r in rows):
         logged = sorted({n for r in rows for n, v in r.get("costs", {}).items() if math.isfinite(v)})
         raise ConfigError.single(field_name, objective, "no trial logged it (metric "
-                                 f"{metric_key(objective)}); allowed here: {', '.join(logged) or 'none'}")
+                                 f"{cost_key(objective)}); allowed here: {', '.join(logged) or 'none'}")
     return objective
 
 
@@ -192,11 +199,11 @@ def front(rows: list[dict], objective: str = "bitops") -> list[dict]:
 def front_entry(row: dict, objective: str = "bitops") -> dict:
     """A front member as the sweep's and ``fractune pareto``'s JSON give it: the swept values and the seed as
     ``params``, its ``cost`` under the front's ``objective`` and, for a language model, its ``perplexity``."""
-    entry = {"run_id": row["run_id"], "trial_id": row["trial_id"], "accuracy": row["accuracy"],
-             "train_bitops": row["train_bitops"], "objective": objective, "cost": cost_of(row, objective),
+    entry = {"run_id": row["run_id"], "trial_id": row["trial_id"], ACCURACY: row[ACCURACY],
+             TRAIN_BITOPS: row[TRAIN_BITOPS], "objective": objective, "cost": cost_of(row, objective),
              "cp": row["cp"], "params": {**row["point"], "seed": row["seed"]}}
-    if math.isfinite(row.get("perplexity", math.nan)):  # a language model: the front's task objective
-        entry["perplexity"] = row["perplexity"]
+    if math.isfinite(row.get(PERPLEXITY, math.nan)):  # a language model: the front's task objective
+        entry[PERPLEXITY] = row[PERPLEXITY]
     return entry
 
 
@@ -206,17 +213,17 @@ def front_quality(done: list[dict], front: list[dict], objective: str) -> dict:
     (0, 1], the analogue of accuracy), from the reference point perplexity infinity."""
     costs = [cost_of(r, objective) for r in done]
     ref = max(costs) if costs else float("nan")
-    if task_objective(done)[0] == "perplexity":
-        quality = [1.0 / r["perplexity"] if r["perplexity"] > 0 else 0.0 for r in done]
-        return {"objective": objective, "task_objective": "perplexity",
+    if task_objective(done)[0] == PERPLEXITY:
+        quality = [1.0 / r[PERPLEXITY] if r[PERPLEXITY] > 0 else 0.0 for r in done]
+        return {"objective": objective, "task_objective": PERPLEXITY,
                 "hypervolume": hypervolume(quality, costs, ref) if costs else float("nan"),
                 "reference": {"inverse_perplexity": 0.0, "cost": ref},
                 "rule": f"area dominated by the front in the (cost / reference cost, 1 / test perplexity) unit "
                         f"square, from the reference point perplexity infinity at the dearest finished trial's "
                         f"cost under {objective} ({ref:.6g}); 1 = perplexity 1 at no cost", "front_size": len(front)}
-    return {"objective": objective, "task_objective": "accuracy",
-            "hypervolume": hypervolume([r["accuracy"] for r in done], costs, ref) if costs
-            else float("nan"), "reference": {"accuracy": 0.0, "cost": ref},
+    return {"objective": objective, "task_objective": ACCURACY,
+            "hypervolume": hypervolume([r[ACCURACY] for r in done], costs, ref) if costs
+            else float("nan"), "reference": {ACCURACY: 0.0, "cost": ref},
             "rule": f"area dominated by the front in the (cost / reference cost, accuracy) unit square, from the "
                     f"reference point accuracy 0 at the dearest finished trial's cost under {objective} "
                     f"({ref:.6g}); 1 = accuracy 1 at no cost", "front_size": len(front)}

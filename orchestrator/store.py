@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from engine.metrics import TERA, readable_key
+
 PARENT_TAG = "mlflow.parentRunId"
 TRIAL_TAG = "ray_trial_id"
 SWEEP_TAG = "fractune.sweep_id"
@@ -20,25 +22,6 @@ PLANNED_TAG = "fractune.planned_epochs"  # the engine's run_length(cfg).epochs o
 # navigation flag is on (the tag is read only with it off). Set all the same: the kind MLflow's API and other
 # clients see, and the one its UI reads where that flag is off.
 KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
-TERA = 1e12  # the scale of the readable cost companions (readable_key)
-
-
-def readable_key(key: str) -> str | None:
-    """The readable companion of an exact cost metric (a count in the 10^12 to 10^16 range that MLflow's run list
-    cuts off), or None for any other metric: the same key with its quantity word prefixed by ``t`` (tera,
-    value / 10^12, a float): ``train_bitops`` -> ``train_tbitops``, ``step_bitops`` -> ``step_tbitops``,
-    ``train_cost_energy`` -> ``train_tcost_energy`` (pJ -> J), ``epoch_cost_memory`` -> ``epoch_tcost_memory``
-    (bytes -> TB). The engine's own scaled keys (``cum_gbitops``, ``train_gbitops``) and per-unit ones
-    (``bitops_per_token``) have none."""
-    head, _, last = key.rpartition("_")
-    if last == "bitops":
-        return f"{head}_tbitops" if head else "tbitops"
-    for prefix in ("train_cost_", "epoch_cost_"):
-        if key.startswith(prefix) and len(key) > len(prefix):
-            return f"{prefix[:-5]}tcost_{key[len(prefix):]}"
-    return None
-
-
 def with_readable(metrics: dict[str, float]) -> dict[str, float]:
     """``metrics`` and, beside each exact cost, its readable companion (``readable_key``: value / 10^12)."""
     out = dict(metrics)

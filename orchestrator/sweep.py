@@ -20,20 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError, FractuneError
+from engine.metrics import ACCURACY, TRAIN_BITOPS, Objective, cost_key
 from orchestrator.lifecycle import SweepInterrupted, claim_sweep_id, hold_sweep, interruptible, reconcile
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
-OBJECTIVES = (("accuracy", "max"), ("train_bitops", "min"))  # a classifier's, under the default cost model
-TASK_OBJECTIVES = {"classifier": ("accuracy", "max"), "language_model": ("perplexity", "min")}
+OBJECTIVES = (Objective(ACCURACY, "max"), Objective(TRAIN_BITOPS, "min"))  # a classifier's, BitOPs
 
 
-def task_objective(loaded: LoadedSpec) -> tuple[str, str]:
+def task_objective(loaded: LoadedSpec) -> Objective:
     """The sweep's task objective: accuracy (max) for classifiers, test perplexity (min) for language models."""
-    from engine.models import is_language_model
+    from engine.models import task_of
 
-    lm = is_language_model(trial.decode(loaded.base_trial()).model.name)
-    return TASK_OBJECTIVES["language_model" if lm else "classifier"]
+    return task_of(trial.decode(loaded.base_trial()).model.name).objective
 
 
 def objectives(loaded: LoadedSpec) -> tuple[tuple[str, str], ...]:
@@ -275,13 +274,11 @@ def param_space(loaded: LoadedSpec, sweep_id: str, init_runs: dict[str, str] | N
                                 init_runs)
 
 
-def sweep_objectives(objective: str = "bitops", task: tuple[str, str] = ("accuracy", "max")
+def sweep_objectives(objective: str = "bitops", task: tuple[str, str] = OBJECTIVES[0]
                      ) -> tuple[tuple[str, str], ...]:
     """The task objective (accuracy max by default) and the training cost under the cost model ``objective``
     (min), as the trials' metric keys."""
-    from engine.cost.hardware import metric_key
-
-    return task, (metric_key(objective), "min")
+    return task, (cost_key(objective), "min")
 
 
 def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):

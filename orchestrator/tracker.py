@@ -8,7 +8,7 @@ config, events and DFQ bit allocations as artifacts.
 
 The metrics are whatever the engine reports: every numeric (not boolean) top-level key of a trial's result is
 logged (each exact cost with a readable companion in tera-units beside it: ``train_bitops`` and
-``train_tbitops``, ``orchestrator.store.readable_key``), except Ray Tune's own bookkeeping (``TUNE_KEYS``:
+``train_tbitops``, ``engine.metrics.readable_key``), except Ray Tune's own bookkeeping (``TUNE_KEYS``:
 ``training_iteration``, ``time_this_iter_s``, ``timestamp``, ``pid``...) and where the trial ran (the trainable's ``PLACEMENT_KEYS``, kept as tags). A
 metric the engine adds reaches MLflow without a change here.
 
@@ -33,6 +33,7 @@ from typing import Any
 from ray import tune
 from ray.tune.result import AUTO_RESULT_KEYS, DEFAULT_EXPERIMENT_INFO_KEYS, DONE, SHOULD_CHECKPOINT
 
+from engine.metrics import ACCURACY
 from orchestrator import naming, provenance
 from orchestrator.lineage import CHECKPOINT_TAG
 from orchestrator.output import write_atomic
@@ -142,7 +143,7 @@ class MLflowTracker(tune.Callback):
                 self.state.setdefault("final", {})[op["trial_id"]] = True
             else:
                 self.c.update_run(run_id, status="RUNNING")
-            logged = max((m.step for m in self.c.get_metric_history(run_id, "accuracy")), default=0)
+            logged = max((m.step for m in self.c.get_metric_history(run_id, ACCURACY)), default=0)
             tid = op["trial_id"]
             self.state["written_epoch"][tid] = max(self.state["written_epoch"].get(tid, 0), logged)
             self.state["last_epoch"][tid] = max(self.state["last_epoch"].get(tid, 0), logged)
@@ -185,7 +186,7 @@ class MLflowTracker(tune.Callback):
             f"tags.`{TRIAL_TAG}` = '{trial_id}' and tags.`{PARENT_TAG}` = '{parent}'"), max_results=1)
         if found:  # created before a driver crash that lost the saved mapping
             run_id = found[0].info.run_id
-            logged = max((m.step for m in self.c.get_metric_history(run_id, "accuracy")), default=0)
+            logged = max((m.step for m in self.c.get_metric_history(run_id, ACCURACY)), default=0)
             self.state["written_epoch"][trial_id] = self.state["last_epoch"][trial_id] = logged
             self.state["runs"][trial_id] = run_id
             self.state.setdefault("names", {})[trial_id] = found[0].info.run_name

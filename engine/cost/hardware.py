@@ -221,8 +221,3 @@ def check_model_name(name: str, field_name: str = "objective", allowed: Sequence
         raise ConfigError.single(field_name, name, "allowed: " + ", ".join(allowed) + ", table:NAME")
     return name
 
-
-def metric_key(name: str) -> str:
-    """The MLflow/metrics key of a model's cumulative training cost: ``train_bitops`` for BitOPs (as before),
-    ``train_cost_<name>`` for the others (``table:x`` -> ``train_cost_table_x``)."""
-    return "train_bitops" if name == "bitops" else "train_cost_" + name.replace(":", "_")

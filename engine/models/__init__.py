@@ -7,13 +7,19 @@ Transformer language models (``transformer_base``, ``transformer_small``, ``tran
 from __future__ import annotations
 
 from engine.errors import ConfigError
+from engine.metrics import Task
 from engine.models import mobilenetv2, resnet_cifar, resnet_imagenet, transformer  # noqa: F401  (registration)
 from engine.models.base import MODELS, LayerInfo, LayerMap, QModel
 
 
+def task_of(name: str) -> Task:
+    """What the model ``name`` learns: a causal Transformer LM (text data, token inputs, per-token costs) or an
+    image classifier."""
+    return Task.LANGUAGE_MODEL if name in transformer.PRESETS else Task.CLASSIFIER
+
+
 def is_language_model(name: str) -> bool:
-    """A causal Transformer LM (text data, token inputs, per-token costs) rather than an image classifier."""
-    return name in transformer.PRESETS
+    return task_of(name) is Task.LANGUAGE_MODEL
 
 
 def build_model(name: str, in_channels: int, num_classes: int, act_momentum: float = 0.9) -> QModel:
@@ -22,4 +28,4 @@ def build_model(name: str, in_channels: int, num_classes: int, act_momentum: flo
     return MODELS[name](in_channels=in_channels, num_classes=num_classes, act_momentum=act_momentum)
 
 
-__all__ = ["MODELS", "LayerInfo", "LayerMap", "QModel", "build_model", "is_language_model"]
+__all__ = ["MODELS", "LayerInfo", "LayerMap", "QModel", "build_model", "is_language_model", "task_of"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine import checkpoint
+from engine.metrics import readable_key
 from orchestrator import store
 from orchestrator.runner import run_sweep
 from orchestrator.sweep import SweepOptions
@@ -36,7 +37,7 @@ def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server)
         history = _engine_history(Path(served_sweep["storage"]), run.data.tags[store.TRIAL_TAG])
         reported = {k for k, v in history[-1].items() if isinstance(v, int | float) and not isinstance(v, bool)}
         logged = set(run.data.metrics)
-        readable = {store.readable_key(k): k for k in reported if store.readable_key(k)}  # e.g. train_tbitops
+        readable = {readable_key(k): k for k in reported if readable_key(k)}  # e.g. train_tbitops
         assert {"train_tbitops", "step_tbitops"} <= set(readable), readable
         # nothing dropped, nothing of Tune's; beside each exact cost its readable companion
         assert logged == reported | set(readable), (run.info.run_name, logged ^ (reported | set(readable)))
@@ -64,7 +65,7 @@ def test_each_exact_cost_has_a_readable_companion_in_tera_units():
         "train_tbitops": 1234.567890123, "step_tbitops": 0.32, "fp32_tbitops": 9000.0, "gate_tbitops": 4.0,
         "train_tcost_energy": 75.0, "epoch_tcost_memory": 2.0})
     assert {k: out[k] for k in exact} == exact  # the exact ones stay, unchanged
-    assert all(store.readable_key(k) is None for k in ("cum_gbitops", "bitops_per_token", "accuracy", "train_cost_"))
+    assert all(readable_key(k) is None for k in ("cum_gbitops", "bitops_per_token", "accuracy", "train_cost_"))
 
 
 def test_tune_bookkeeping_and_placement_are_not_metrics():
