@@ -188,12 +188,65 @@ def resolve_fw_min(cfg: ExperimentConfig, data: DataSplits, device: torch.device
     if state is not None:
         return state["prt"]
     result, counter = run_prt(cfg, data, device)
-    samples = result.iterations * cfg.data.batch_size * (cfg.data.seq_len if data.info.is_text else 1)  # LM: tokens
+    b = cfg.data.batch_size * task_role(cfg, data).predictions_per_sample  # an iteration's samples (LM: tokens)
+    samples = result.iterations * b
     totals.add(result.bitops, samples * counter.fp32_per_sample(), samples * counter.fw8bw8_per_sample())
-    b = cfg.data.batch_size * (cfg.data.seq_len if data.info.is_text else 1)  # samples (LM: tokens) an iteration
     totals.add_costs(result.costs, *({n: result.iterations * v for n, v in counter.costs(ref, b).items()}
                                      for ref in (FP32, FW8BW8)))
     return result.as_dict()
+
+
+class ClassifierRole:
+    """What the training loop does differently for each task (engine.metrics.Task), decided once per run: a
+    classifier's sample is one prediction and its metrics are accuracies."""
+
+    task = Task.CLASSIFIER
+    predictions_per_sample = 1
+
+    def __init__(self, cfg: ExperimentConfig, data: DataSplits):
+        self.cfg, self.data = cfg, data
+
+    def eval_batch_size(self, batch: int) -> int:
+        return batch
+
+    def epoch_metrics(self, seen: int, loop_seconds: float, epoch_cost: CostTotals) -> dict:
+        return {}
+
+    def eval_metrics(self, val_loss: float, test_loss: float) -> dict:
+        return {}
+
+    def summary(self, history: list[dict], counter: BitOpsCounter, summary: dict) -> dict:
+        return {}
+
+
+class LanguageModelRole(ClassifierRole):
+    """A language model's sample is a sequence of predicted tokens (its accuracy is next-token accuracy); it
+    also reports perplexity = exp(mean CE), tokens per second and BitOPs per token."""
+
+    task = Task.LANGUAGE_MODEL
+
+    def __init__(self, cfg: ExperimentConfig, data: DataSplits):
+        super().__init__(cfg, data)
+        self.predictions_per_sample = cfg.data.seq_len
+
+    def eval_batch_size(self, batch: int) -> int:
+        # at most 2^28 logits (1 GiB) a batch: WikiText-103's vocabulary is 267,735
+        return max(1, min(batch, 2**28 // (self.cfg.data.seq_len * self.data.info.classes)))
+
+    def epoch_metrics(self, seen: int, loop_seconds: float, epoch_cost: CostTotals) -> dict:
+        # seen counts predicted tokens (y is flattened)
+        return {"tokens": seen, "train_seconds": loop_seconds, "tokens_per_second": seen / max(loop_seconds, 1e-9),
+                "bitops_per_token": epoch_cost.bitops / max(seen, 1)}
+
+    def eval_metrics(self, val_loss: float, test_loss: float) -> dict:
+        return {VAL_PERPLEXITY: perplexity(val_loss), PERPLEXITY: perplexity(test_loss)}
+
+    def summary(self, history: list[dict], counter: BitOpsCounter, summary: dict) -> dict:
+        return lm_summary(history, self.data, counter, summary)
+
+
+def task_role(cfg: ExperimentConfig, data: DataSplits) -> ClassifierRole:
+    return (LanguageModelRole if data.info.task is Task.LANGUAGE_MODEL else ClassifierRole)(cfg, data)
 
 
 class Trainer:
@@ -206,6 +259,7 @@ class Trainer:
         self.cpu_started, self.cpu_before = time.process_time(), 0.0
         seed_everything(cfg.seed)
         self.model, self.counter = prepare(cfg, data.info, device)
+        self.role = task_role(cfg, data)
         self.run = run_length(cfg, len(data.train))
         self.opt = make_optimizer(cfg, self.model)
         if cfg.gated:
@@ -338,33 +392,26 @@ class Trainer:
         }
         # a loss that explodes without turning NaN: flagged, not stopped (methods.md §8)
         metrics["diverged"] = float(metrics["loss"] > DIVERGENCE_FACTOR * math.log(self.data.info.classes))
-        if self.data.info.is_text:  # seen counts predicted tokens (y is flattened)
-            metrics.update(tokens=seen, train_seconds=loop_seconds, tokens_per_second=seen / max(loop_seconds, 1e-9),
-                           bitops_per_token=epoch_cost.bitops / max(seen, 1))
+        metrics.update(self.role.epoch_metrics(seen, loop_seconds, epoch_cost))
         self.history.append(metrics)
         return metrics
 
     def evaluate(self) -> dict:
         """Validation and test accuracy and loss at the precision in use."""
         cfg, runner = self.cfg, self.runner
-        batch = cfg.data.eval_batch_size
-        if self.data.info.is_text:  # at most 2^28 logits (1 GiB) a batch: WikiText-103's vocabulary is 267,735
-            batch = max(1, min(batch, 2**28 // (cfg.data.seq_len * self.data.info.classes)))
+        batch = self.role.eval_batch_size(cfg.data.eval_batch_size)
         val_acc = val_loss = float("nan")
         if self.data.val is not None:
             val_acc, val_loss = evaluate(self.model, runner.eval_logits, self.data.val, batch, self.device)
         test_acc, test_loss = evaluate(self.model, runner.eval_logits, self.data.test, batch, self.device)
         out = {VAL_ACCURACY: val_acc, "val_loss": val_loss, ACCURACY: test_acc, "test_loss": test_loss}
-        if self.data.info.is_text:  # language models: accuracy is next-token accuracy; perplexity = exp(mean CE)
-            out.update(val_perplexity=perplexity(val_loss), perplexity=perplexity(test_loss))
-        return out
+        return {**out, **self.role.eval_metrics(val_loss, test_loss)}
 
     def result(self) -> RunResult:
         if self.bar is not None:
             self.bar.close()
         summary = summarize(self.cfg, self.history, self.totals, self.counter, self.wall_seconds())
-        if self.data.info.is_text:
-            summary.update(lm_summary(self.history, self.data, self.counter, summary))
+        summary.update(self.role.summary(self.history, self.counter, summary))
         summary["events"] = [e for h in self.history for e in h["events"]]
         summary.update(self.runner.summary())
         if self.cfg.gated and self.history:
