@@ -1,5 +1,5 @@
 """``fractune ablate``: an ablation spec run as a grid sweep, then per-level statistics, importance, verdicts
-and the HTML report, all computed from the finished trials in MLflow."""
+and the HTML report, all computed from the finished trials in MLflow (``orchestrator.api.ablate``); printed here."""
 
 from __future__ import annotations
 
@@ -8,46 +8,31 @@ from orchestrator.output import emit_json, fmt, info, table
 
 
 def cmd_ablate(args) -> int:
-    from dashboards.data import load_sweep
-    from orchestrator import store
-    from orchestrator.ablation_analysis import analyse
-    from orchestrator.commands_sweep import load_for_cluster, write_report
-    from orchestrator.runner import run_sweep
-    from orchestrator.sweep import SweepOptions
-    from search_spaces.ablation import load_ablation
+    from orchestrator.api import REPORT_KEYS, ablate
+    from orchestrator.commands_sweep import print_report
 
-    loaded, uri = load_for_cluster(args.spec, args.address, args.dashboard, loader=load_ablation,
-                                 tracking_uri=args.tracking_uri, storage=args.storage, resume=args.resume,
-                                 outputs={"--out": args.out})
-    opts = SweepOptions(address=args.address, tracking_uri=args.tracking_uri, storage=args.storage,
-                        resume=args.resume, dashboard=args.dashboard, progress=not args.quiet,
-                        verbose=args.verbose)
-    out = run_sweep(loaded, opts)
-    meta = loaded.meta()
-    c = store.client(uri)  # out["tracking_uri"] is the printable (redacted) one
-    if out["parent_run_id"]:
-        # The design travels with the sweep, so `fractune report` can rebuild the curves from MLflow alone.
-        c.log_dict(out["parent_run_id"], meta, "ablation.json")
-        c.set_tag(out["parent_run_id"], "fractune.ablation", meta["mode"])
-    data = load_sweep(uri, out["sweep"], out["sweep_id"])
-    a = analyse(data.finished(), data.meta or meta)
-    print(f"\nablation {out['sweep_id']} ({meta['mode']}): {len(loaded.points)} points x {len(meta['seeds'])} seeds, "
+    res = ablate(args.spec, tracking_uri=args.tracking_uri, storage=args.storage, address=args.address,
+                 resume=args.resume, out=args.out, dashboard=args.dashboard, progress=not args.quiet,
+                 verbose=args.verbose)
+    out, a = res.raw, res.analysis
+    print(f"\nablation {out['sweep_id']} ({res.mode}): {res.points} points x {len(res.seeds)} seeds, "
           f"{out['trials']} trials, {out['errored']} errored, {a['trials']} finished with results")
     print_analysis(a)
     for e in out["errors"]:
         info(f"trial {e['trial_id']} errored: {e['error']}")
-    report = write_report(out, args.out, data=data, uri=uri)
+    print_report(out)
     print(f"\nMLflow: experiment {out['sweep']!r} (id {out['experiment_id']}), parent run {out['parent_run_id']}")
     print(f"open the UI: {out['ui']}")
     if args.json:
         imp = a["importance"]
         emit_json({k: out[k] for k in ("sweep", "sweep_id", "experiment_id", "parent_run_id", "trials", "errored",
                                        "errors", "pareto", "tracking_uri", "storage", "wall_seconds")}
-                  | {"mode": meta["mode"], "factors": meta["labels"], "baseline": meta["baseline"],
+                  | {"mode": res.mode, "factors": res.factors, "baseline": res.baseline,
                      "objective": a["objective"], "direction": a["direction"],
                      "importance": imp[a["objective"]], "importance_train_bitops": imp[TRAIN_BITOPS],
                      "importance_evaluator": imp["evaluator"], "levels": a["levels"], "verdicts": a["verdicts"],
-                     "verdict_rule": a["verdict_rule"], "pooled_seed_std": a["pooled_seed_std"], **report})
+                     "verdict_rule": a["verdict_rule"], "pooled_seed_std": a["pooled_seed_std"]}
+                  | {k: out[k] for k in REPORT_KEYS if k in out})
     return 1 if out["errored"] else 0
 
 

@@ -1,23 +1,17 @@
-"""Commands that need only the engine: ``train`` and ``cost`` (no Ray, no MLflow)."""
+"""Commands that need only the engine: ``train`` (through ``orchestrator.api.train``), ``cost``, ``schedule``,
+``prt`` (no Ray, no MLflow)."""
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, PERPLEXITY, VAL_ACCURACY, VAL_PERPLEXITY
-from orchestrator.output import PLOT_SUFFIXES, check_output_file, check_output_folder, emit_json, info, table
+from orchestrator.output import PLOT_SUFFIXES, check_output_file, emit_json, info, table
 
 SUMMARY_KEYS = (ACCURACY, VAL_ACCURACY, "best_val_accuracy", "epochs", "iterations", "train_gbitops",
                 "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds", "init_accuracy")
 GATED_KEYS = ("target_cp", "cp_last_epoch", "gate_bitops")
 LM_KEYS = (PERPLEXITY, VAL_PERPLEXITY, "best_val_perplexity", "unigram_perplexity", "tokens_per_second",
            "bitops_per_token")  # language models (accuracy is then next-token accuracy)
-EPOCH_KEYS = ("epoch", "loss", "train_accuracy", VAL_ACCURACY, ACCURACY, VAL_PERPLEXITY, PERPLEXITY,
-              "cum_gbitops", "cp", "fw_bits",
-              "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
 
 
 def config_overrides(args) -> list[str]:
@@ -31,43 +25,10 @@ def config_overrides(args) -> list[str]:
 
 
 def cmd_train(args) -> int:
-    from engine.config.experiment import load_config
-    from engine.data.datasets import check_available
-    from engine.train import train_and_evaluate
-    from orchestrator import lineage
+    from orchestrator.api import train
 
-    cfg = lineage.resolve_config(load_config(args.config, config_overrides(args)), args.tracking_uri)
-    check_available(cfg.data)
-    # every output path and the checkpoint to resume from are checked before any work; files are opened only
-    # once the first epoch is done (a refused resume leaves --history as it was); history is appended to
-    history = check_output_file("--history", args.history) if args.history else None
-    ckpt_dir = check_output_folder("--checkpoint-dir", args.checkpoint_dir) if args.checkpoint_dir else None
-    if args.resume:
-        check_resume(args.resume)
-        from engine.train import load_resume_state
-
-        load_resume_state(cfg, args.resume, "cpu")  # refused here, before any output, when it cannot resume
-    opened: list = []
-
-    def report(metrics: dict, save) -> None:
-        info("epoch " + "  ".join(f"{k}={_short(metrics[k])}" for k in EPOCH_KEYS if k in metrics))
-        for ev in metrics.get("events", []):
-            what = f"target cp {ev['target_cp']}" if "target_cp" in ev else f"FW{ev['fw_bits']}/BW{ev['bw_bits']}"
-            info(f"  {ev['reason']} at iteration {ev['iteration']}: stage {ev['stage']} -> {what}")
-        if history is not None:
-            if not opened:
-                opened.append(open(history, "a"))  # noqa: SIM115  closed after training
-            opened[0].write(json.dumps(metrics) + "\n")
-            opened[0].flush()
-        if ckpt_dir is not None:
-            save(ckpt_dir)
-
-    info(f"training {cfg.name}: {cfg.model.name} on {cfg.data.dataset}, schedule {cfg.schedule.kind}, seed {cfg.seed}")
-    try:
-        result = train_and_evaluate(cfg, report=report, resume_from=args.resume, progress=sys.stderr.isatty())
-    finally:
-        for fh in opened:
-            fh.close()
+    result = train(args.config, overrides=args.overrides, data_dir=args.data_dir, tracking_uri=args.tracking_uri,
+                   checkpoint_dir=args.checkpoint_dir, resume=args.resume, history=args.history)
     m = result.metrics
     table([{"metric": k, "value": m[k]} for k in LM_KEYS + SUMMARY_KEYS + GATED_KEYS if k in m])
     if m.get("costs"):
@@ -110,27 +71,6 @@ def cost_config(args):
     except ValidationError as exc:
         flags = {"int_widths": "--int-widths", "table": "--table"}
         raise ConfigError([(flags.get(f, f), v, a) for f, v, a in validation_problems(exc, CostConfig)]) from None
-
-
-def check_resume(path: str) -> None:
-    """``--resume``: a checkpoint folder written by ``--checkpoint-dir`` (or its state.pt)."""
-    import stat
-
-    from engine.checkpoint import FILENAME
-
-    p = Path(path)
-    state = p / FILENAME if p.is_dir() else p
-    try:
-        ok = stat.S_ISREG(state.stat().st_mode)
-    except OSError:
-        ok = False
-    if not ok:
-        raise ConfigError.single("--resume", path, f"allowed: a checkpoint folder written by --checkpoint-dir "
-                                 f"(holding {FILENAME})")
-
-
-def _short(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def parse_precision(text: str, weight_bits: int | None):
@@ -225,8 +165,9 @@ def cmd_cost(args) -> int:
 
 
 def cmd_schedule(args) -> int:
+    from engine.schedules.preview import precision_series, preview
+
     from engine.config.experiment import load_config
-    from engine.preview import precision_series, preview
 
     cfg = load_config(args.config, list(args.overrides))
     plot = check_output_file("--plot", args.plot, PLOT_SUFFIXES) if args.plot else None
