@@ -7,12 +7,12 @@ option is in use in every block, the hardest case for routing (a trained gate co
 sample in seven skips each block, the hardest case for ``routed_statistics: batch``. The step is the full DFQ
 step: gated forward, CE + beta * cost, backward, SGD. ``routed`` is the config's default (the ``sampled``
 estimator with its alternative for half the batch, ``routed_statistics: batch``: methods.md §6.3). Target:
-routed <= 2.0x FP32 (the reference implementation measures about 10x FP32 on this machine). Last stdout line: one
+routed <= 2.0x FP32 (docs/benchmarks.md has the reference implementation's figure). Last stdout line: one
 JSON object with ``masked_ratio``, ``routed_ratio`` (the default) and routed's other settings against FP32:
 ``routed_computed_half_ratio`` (``computed`` statistics, half batch), ``routed_batch_whole_ratio`` (``batch``,
-the alternative for every sample), ``routed_computed_whole_ratio`` (``computed``, every sample: the default until
-2026-11-26), ``routed_skip_ratio`` (the ``skip`` estimator: no alternative pass) and ``routed_exact_ratio``
-(``exact``: every other forward group for every sample, masked's gate gradient); on CUDA also
+the alternative for every sample), ``routed_computed_whole_ratio`` (``computed``, every sample: the setting the
+published study specs pin), ``routed_skip_ratio`` (the ``skip`` estimator: no alternative pass) and
+``routed_exact_ratio`` (``exact``: every other forward group for every sample, masked's gate gradient); on CUDA also
 ``host_syncs_per_step``, how often each step makes the host wait for the GPU.
 """
 

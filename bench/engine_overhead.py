@@ -3,8 +3,8 @@
 ``--model transformer_small`` (or any transformer_*) times the language model instead: ``--batch`` sequences
 of ``--seq-len`` tokens over a ``--vocab``-word vocabulary, Adam, the output layer fp32 as in training.
 
-ratio = median step time at FW8/BW8 / median step time at FP32 (target <= 1.2 on CPU; the reference
-implementation measures about 1.65 on this machine). Steps alternate in blocks so drift hits both alike.
+ratio = median step time at FW8/BW8 / median step time at FP32 (target <= 1.2 on CPU; docs/benchmarks.md has
+the reference implementation's figure). Steps alternate in blocks so drift hits both alike.
 Last stdout line: one JSON object with ``ratio``, on CPU ``fw8bw8_unfused_ratio`` (FW8/BW8 with the quantizers'
 torch passes instead of the fused kernels, engine/numerics/fused.py) where the kernels are on, on CUDA
 ``host_syncs_per_step`` (how often a step makes the host wait for the GPU).

@@ -129,7 +129,8 @@ def server_command(uri: str, host: str, port: int, quiet: bool = False) -> list[
 def server_env(verbose: bool = False) -> dict:
     """The server's environment. MLflow 3's job execution (a job runner and seven huey consumers, each a Python
     process importing MLflow, for its GenAI scorers and trace jobs) is off unless the user's environment turns it
-    on: fractune's runs never use it, and on two cores it costs about ten seconds of CPU at every start."""
+    on: fractune's runs never use it, and starting those processes costs CPU at every server start, which a
+    two-core machine feels."""
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
                                                                                "false")}
     if not verbose:

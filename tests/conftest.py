@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # The suite trains tiny models on small batches: one torch/OpenMP thread per process (this one and the CLI
 # subprocesses; a trial's threads follow its CPUs). Extra threads gain nothing there and, on two shared cores,
-# spin against each other: a tiny-model epoch measured 8x slower with two threads than with one.
+# spin against each other, so a tiny-model epoch runs far slower with two threads than with one.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

@@ -345,7 +345,7 @@ def test_dockerfile_variant_and_pinned_install():
     # fractune's dependencies come from its metadata alone, so that a code change keeps that layer
     assert {x.get("source") for x in _mounts_of(deps_run)} >= {"pyproject.toml", "constraints.txt"}
     assert "--no-deps" in app_run and "--no-deps" not in deps_run
-    # triton (about 0.9 GB) stays in the cuda variant (the GPU quantizer kernels and engine.compile) and is
+    # triton (about a gigabyte) stays in the cuda variant (the GPU quantizer kernels and engine.compile) and is
     # removed from the cpu variant by every step that may install it; the build checks which it has
     assert all('if [ "$VARIANT" = cpu ]; then pip uninstall --yes --quiet triton; fi' in r
                for r in (torch_run, deps_run))

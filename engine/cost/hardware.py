@@ -8,7 +8,7 @@ passes per training sample, each with two quantized operands (``Precision.pass_b
 
 The per-MAC models price one MAC of each pass from its operand widths ``(x, y)``:
 
-* ``bitops``    x * y (today's numbers, unchanged: ``Precision.pass_bits``);
+* ``bitops``    x * y (the papers' BitOPs, exactly ``Precision.pass_bits``);
 * ``macs``      1 (bit-agnostic);
 * ``int_units`` each width rounded up to the integer unit widths the hardware offers (4, 8, 16, 32 by default),
                 priced by the product of the rounded widths; a pass with an fp32 operand (32 bits: the exact

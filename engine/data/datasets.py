@@ -297,7 +297,7 @@ def _fashion_mnist(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor, torch.T
 def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's digits (1797 8x8 images, values 0..16) and labels. Read from the CSV that scikit-learn ships
     (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label per row, what ``load_digits`` parses) without
-    importing scikit-learn, which costs about a second of CPU in every trial process; ``load_digits`` where that
+    importing scikit-learn, whose import costs CPU time in every trial process; ``load_digits`` where that
     file is not found."""
     import importlib.util
 

@@ -253,7 +253,7 @@ def usable(*tensors: torch.Tensor | None) -> bool:
 
 def random_words(words: torch.Tensor) -> torch.Tensor:
     """``words.random_(-2**63, None)`` from torch's default CPU generator, bit for bit and leaving the generator
-    where that call leaves it, about four times faster (a contiguous int64 CPU tensor; ``usable`` checked)."""
+    where that call leaves it, faster (docs/benchmarks.md; a contiguous int64 CPU tensor; ``usable`` checked)."""
     state = torch.get_rng_state()
     if _state["lib"].fq_mt_words(state.data_ptr(), words.data_ptr(), words.numel()) != 0:
         return words.random_(-(2**63), None)  # a state this code does not know: torch's own draw

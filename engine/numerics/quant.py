@@ -104,7 +104,7 @@ def quantize(
         u = torch.sub(x.detach(), lo, out=out).div_(step)
         if drawn:
             u.add_(0.5 / NOISE_LEVELS)
-    else:  # per-tensor: u = x * (1/s) - lo/s in one pass (torch.add: addcmul with 0-d tensors is ~5x slower)
+    else:  # per-tensor: u = x * (1/s) - lo/s in one pass (torch.add: addcmul with 0-d tensors is slower)
         inv, offset, step = tensor_affine(bits, lo, hi, drawn)
         if (noise is None or not stochastic) and fused.usable(x, out):  # the whole chain in one pass, same bits
             words = noise_words(x, reuse=True) if drawn else None

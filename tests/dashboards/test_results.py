@@ -77,7 +77,7 @@ def test_labels_name_each_method_with_the_engines_values():
 
 def test_a_logged_config_reads_the_settings_it_predates_as_its_engine_ran_them():
     """A run logged before a gated setting existed ran without it: it reads back as the engine then ran, not as
-    today's default (routed's defaults are the half batch and batch statistics since 2026-11-26)."""
+    the engine's current default (routed's defaults are the half batch and batch statistics)."""
     from dashboards.results import as_logged
 
     old = _config({"schedule": {"kind": "dfq", "target_cp": 3.0, "execution": "routed"}}).to_dict()

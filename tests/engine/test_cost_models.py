@@ -37,7 +37,7 @@ def one_conv(table=None) -> BitOpsCounter:
 def test_one_conv_under_every_model_by_hand():
     c = one_conv()
     got = c.costs(P, 10)
-    assert got["bitops"] == 10 * M * (4 * 6 + 8 * 6 + 4 * 8) == 460_062_720  # today's number, an exact int
+    assert got["bitops"] == 10 * M * (4 * 6 + 8 * 6 + 4 * 8) == 460_062_720  # the papers' BitOPs, an exact int
     assert got["bitops"] == 10 * c.per_sample(P)
     assert got["macs"] == 10 * 3 * M == 13_271_040
     # int_units: 4 -> 4, 6 -> 8, 8 -> 8: FW 4*8, EB 8*8, GC 4*8 = 128 per MAC

@@ -78,7 +78,8 @@ def test_gated_step_is_the_same_on_both_paths(execution, statistics, monkeypatch
 
     In float64: in float32 a quantization step computed as a 0-d tensor and one computed as a Python float may
     differ in the last bit, and an element on a rounding boundary of a 4-bit gradient then lands one level
-    apart on one path, which moves a few weight gradients by about 2e-4 (seen on an AVX-512 CPU, not on AVX2).
+    apart on one path, which moves a few weight gradients by far more than rounding (on some CPUs' vector units,
+    not on others).
     In float64 no element of this step sits that close to a boundary, so both paths must agree to rounding."""
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
