@@ -32,6 +32,7 @@ from engine.errors import ConfigError
 from engine.models import MODELS, is_language_model
 from engine.models.base import LayerMap
 from engine.numerics.precision import Precision
+from engine.schedules.progress import cycles_problem
 
 MAX_ITERATIONS = 10**9  # a run's iterations (ImageNet, 90 epochs at batch 256: 4.5e5)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
@@ -384,9 +385,8 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
         problems.append((field, getattr(cfg.optim, field.split(".")[1]),
                          f"allowed: a run of at most {MAX_ITERATIONS:.0e} iterations (this one: {total:.3g})"))
         return problems
-    if sched.kind == "cpt" and sched.num_cycles > total:
-        problems.append(("schedule.num_cycles", sched.num_cycles,
-                         f"allowed: <= the run's {total} iterations (a cycle needs at least one iteration)"))
+    if sched.kind == "cpt" and (problem := cycles_problem(sched.num_cycles, total)):
+        problems.append(problem)
     if cfg.gated:
         if is_lm:  # methods.md §11.1: the gate sets the blocks' precision only
             problems += [(f"quant.{key}", True, f"allowed: false with schedule.kind {sched.kind} (the embedding and "
