@@ -7,12 +7,12 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine.numerics.precision import FULL_BITS, MIN_BITS
+from engine.numerics.precision import BITS_ALLOWED, valid_bits
 
 
 def _bits(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not MIN_BITS <= value <= FULL_BITS:
-        raise PydanticCustomError("bits", f"allowed: an integer {MIN_BITS}..{FULL_BITS}")
+    if not valid_bits(value):
+        raise PydanticCustomError("bits", BITS_ALLOWED)
     return value
 
 
