@@ -26,7 +26,7 @@ from engine.config.schedule import (
     PFQSchedule,
     StaticSchedule,
 )
-from engine.config.types import Bits, Strict
+from engine.config.types import Bits, Seed, Strict
 from engine.data.datasets import INFO, run_length
 from engine.errors import ConfigError
 from engine.models import MODELS, is_language_model
@@ -179,6 +179,9 @@ class QuantConfig(Strict):
     quantize_embedding: bool = False  # language models: the token embedding's weights at FW, its gradient at BW
 
 
+Head = Literal["keep", "reset"]  # init.head, and a sweep stage's head (search_spaces.spec.Stage)
+
+
 class InitConfig(Strict):
     """Start from a pretrained model: the weights of ``checkpoint`` (a run's folder holding ``state.pt``, or the
     file), loaded with ``weights_only=True``; the optimizer, schedule and BitOPs start afresh. ``head: keep``
@@ -191,7 +194,7 @@ class InitConfig(Strict):
     lineage of ``checkpoint`` (staged sweeps set both)."""
 
     checkpoint: str | None = None
-    head: Literal["keep", "reset"] = "keep"
+    head: Head = "keep"
     run_id: str | None = None  # an MLflow run whose final checkpoint to start from (resolved by the orchestrator)
 
     @field_validator("checkpoint")
@@ -263,7 +266,7 @@ GATED_KINDS = tuple(c.model_fields["kind"].default for c in SCHEDULES if c.gated
 
 class ExperimentConfig(Strict):
     name: str = Field("experiment", pattern=NAME_PATTERN)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: Seed = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()

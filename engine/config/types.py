@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from annotated_types import Ge, Le
 from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
 
@@ -17,6 +18,8 @@ def _bits(value: Any) -> int:
 
 
 Bits = Annotated[int, BeforeValidator(_bits)]
+SEED_MAX = 2**31 - 1
+Seed = Annotated[int, Ge(0), Le(SEED_MAX)]  # a run's seed: ExperimentConfig.seed and a sweep's seeds
 
 
 class Strict(BaseModel):
