@@ -29,7 +29,7 @@ from engine.config.schedule import (
 from engine.config.types import Bits, Seed, Strict
 from engine.data.datasets import INFO, run_length
 from engine.errors import ConfigError
-from engine.models import MODELS, is_language_model
+from engine.models import is_language_model, unknown_model
 from engine.models.base import LayerMap
 from engine.numerics.precision import Precision
 from engine.schedules.progress import cycles_problem
@@ -60,8 +60,8 @@ class ModelConfig(Strict):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in MODELS:
-            raise PydanticCustomError("unknown_model", f"allowed: {', '.join(sorted(MODELS))}")
+        if allowed := unknown_model(v):
+            raise PydanticCustomError("unknown_model", allowed)
         return v
 
 
@@ -117,9 +117,11 @@ def check_path(field: str, v: str) -> str:
         raise ConfigError.single(field, v, err.message()) from None
 
 
+DatasetName = Literal[tuple(INFO)]  # the data sets engine.data.datasets knows, in its order
+
+
 class DataConfig(Strict):
-    dataset: Literal["fashion-mnist", "digits", "cifar10", "cifar100", "imagenet", "wikitext103", "wikitext2",
-                     "fortunes"] = "fashion-mnist"
+    dataset: DatasetName = "fashion-mnist"
     data_dir: str | None = None  # default: the Debian package's folder for fashion-mnist
     download: bool = False  # torchvision download for CIFAR (needs network access)
     batch_size: int = Field(128, ge=1, le=65536)
