@@ -362,6 +362,16 @@ def read_yaml(path: str | Path, field: str = "config") -> dict:
     return data
 
 
+def task_problem(model: str, dataset: str, dataset_field: str = "data.dataset") -> tuple[str, object, str] | None:
+    """A language model trains on a text corpus, an image classifier on an image data set: the one rule, for a
+    config (``cross_field_problems``) and for ``fractune cost``'s flags."""
+    is_text = INFO[dataset].is_text
+    if is_language_model(model) == is_text:
+        return None
+    return ("model.name", model, f"allowed with {dataset_field} {dataset}: "
+            + ("a transformer_* language model" if is_text else "an image classifier, not a transformer_*"))
+
+
 def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
     """Checks that need more than one section (the run's length comes from optim and data)."""
     problems = []
@@ -375,11 +385,9 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
         problems.append(("data.split.parts", split.parts,
                          f"allowed: <= {INFO[cfg.data.dataset].classes} (the classes of {cfg.data.dataset})"))
     sched = cfg.schedule
-    is_lm, is_text = is_language_model(cfg.model.name), INFO[cfg.data.dataset].is_text
-    if is_lm != is_text:
-        problems.append(("model.name", cfg.model.name, f"allowed with data.dataset {cfg.data.dataset}: "
-                         + ("a transformer_* language model" if is_text
-                            else "an image classifier, not a transformer_*")))
+    is_lm = is_language_model(cfg.model.name)
+    if problem := task_problem(cfg.model.name, cfg.data.dataset):
+        problems.append(problem)
         return problems
     if is_lm and cfg.quant.quantize_stem:
         problems.append(("quant.quantize_stem", True, "allowed: null/false with a language model (no stem; "
