@@ -73,6 +73,28 @@ def cost_config(args):
         raise ConfigError([(flags.get(f, f), v, a) for f, v, a in validation_problems(exc, CostConfig)]) from None
 
 
+def cost_flags(args):
+    """``fractune cost``'s --model, --dataset, --seq-len and --batch-size, checked by the config's own rules
+    (``model.name``, ``data.dataset``, ``data.seq_len``, ``data.batch_size``), every problem at once and named
+    by its flag; the ``DataConfig`` they give."""
+    from pydantic import ValidationError
+
+    from engine.config.experiment import DataConfig, ModelConfig
+    from engine.config.problems import validation_problems
+
+    flags = {"name": "--model", "dataset": "--dataset", "seq_len": "--seq-len", "batch_size": "--batch-size"}
+    problems, data_cfg = [], None
+    for model, tree in ((ModelConfig, {"name": args.model}),
+                        (DataConfig, {"dataset": args.dataset, "seq_len": args.seq_len, "batch_size": args.batch_size})):
+        try:
+            data_cfg = model.model_validate(tree)
+        except ValidationError as exc:
+            problems += [(flags.get(f, f), v, a) for f, v, a in validation_problems(exc, model)]
+    if problems:
+        raise ConfigError(problems)
+    return data_cfg
+
+
 def parse_precision(text: str, weight_bits: int | None):
     from engine.numerics.precision import FP32, Precision
 
@@ -88,22 +110,16 @@ def parse_precision(text: str, weight_bits: int | None):
 
 
 def cmd_cost(args) -> int:
-    from engine.config.experiment import DataConfig
+    from engine.config.experiment import task_problem
     from engine.cost.bitops import FW8BW8, BitOpsCounter
     from engine.data.datasets import INFO
-    from engine.models import MODELS, LayerMap, build_model, is_language_model
+    from engine.models import LayerMap, build_model, is_language_model
     from engine.numerics.precision import FP32
 
-    problems = []
-    if args.model not in MODELS:
-        problems.append(("--model", args.model, f"allowed: {', '.join(sorted(MODELS))}"))
-    if args.dataset not in INFO:
-        problems.append(("--dataset", args.dataset, f"allowed: {', '.join(INFO)}"))
-    if not 1 <= args.seq_len <= 65536:
-        problems.append(("--seq-len", args.seq_len, "allowed: an integer 1..65536"))
-    if problems:
-        raise ConfigError(problems)
-    data_cfg = DataConfig(dataset=args.dataset, seq_len=args.seq_len)
+    data_cfg = cost_flags(args)
+    problem = task_problem(args.model, args.dataset, "--dataset")
+    if problem:
+        raise ConfigError.single("--model", *problem[1:])
     info_ = INFO[args.dataset]
     prec = parse_precision(args.precision, args.weight_bits)
     import torch
@@ -112,16 +128,11 @@ def cmd_cost(args) -> int:
     with torch.device("meta" if is_language_model(args.model) else "cpu"):
         model = build_model(args.model, info_.channels, info_.classes)
     is_lm = getattr(model, "is_language_model", False)
-    if is_lm != info_.is_text:
-        allowed = "wikitext103, wikitext2, fortunes" if is_lm else "an image data set (transformer_* models need text)"
-        raise ConfigError.single("--dataset", args.dataset, f"allowed with --model {args.model}: {allowed}")
     layer_map = LayerMap(stem=args.stem == "quantized", fc=args.fc == "quantized", head=True, depthwise=None)
     model.set_layer_map(layer_map)
     models = cost_config(args).models()
     counter = BitOpsCounter(model.layer_table(info_.input_shape(data_cfg)), layer_map, models)
     bitops, fp32 = counter.per_sample(prec), counter.fp32_per_sample()
-    if args.batch_size < 1:
-        raise ConfigError.single("--batch-size", args.batch_size, "allowed: an integer >= 1")
     b = args.batch_size * (args.seq_len if is_lm else 1)  # a language model's samples are its predicted tokens
     run, ref32, ref8 = counter.costs(prec, b), counter.costs(FP32, b), counter.costs(FW8BW8, b)
     costs = {m.name: {"unit": m.unit, "per_sample": counter.costs(prec, 1)[m.name] - counter.costs(prec, 0)[m.name],

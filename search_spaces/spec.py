@@ -21,9 +21,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.config.experiment import NAME_PATTERN, parse_config, read_yaml, set_path
+from engine.config.experiment import NAME_PATTERN, Head, parse_config, read_yaml, set_path
 from engine.config.problems import validation_problems
-from engine.config.types import Strict
+from engine.config.types import Seed, Strict
 from engine.errors import ConfigError
 from search_spaces import trial
 
@@ -108,7 +108,7 @@ class Stage(Strict):
     set: dict[str, Any] = Field(default_factory=dict)  # dotted overrides applied after the spec's own ``set``
     parameters: dict[str, Param] = Field(default_factory=dict)  # grid parameters only
     init_from: str | None = None
-    head: Literal["keep", "reset"] = "keep"  # the supplement retrains the same model: keep
+    head: Head = "keep"  # init.head for init_from; the supplement retrains the same model: keep
 
     @field_validator("parameters")
     @classmethod
@@ -125,7 +125,7 @@ class SweepSpec(Strict):
     base: dict[str, Any] | str = Field(default_factory=dict)
     set: dict[str, Any] = Field(default_factory=dict)  # dotted overrides applied to the base
     parameters: dict[str, Param] = Field(default_factory=dict)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_VALUES)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_VALUES)
     search: Search = Search()
     scheduler: Scheduler = Scheduler()
     budget: Budget = Budget()
@@ -136,17 +136,18 @@ class SweepSpec(Strict):
     @field_validator("objective")
     @classmethod
     def _objective(cls, v: str) -> str:
-        from engine.cost.hardware import MODEL_NAMES
+        from engine.cost.hardware import check_model_name
 
-        if v not in MODEL_NAMES and not (v.startswith("table:") and len(v) > 6):
-            raise PydanticCustomError("objective", "allowed: " + ", ".join(MODEL_NAMES) + ", table:NAME")
-        return v
+        try:
+            return check_model_name(v)
+        except ConfigError as err:
+            raise PydanticCustomError("objective", err.problems[0][2]) from None
 
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, v: list[int]) -> list[int]:
-        if any(not 0 <= s <= 2**31 - 1 for s in v) or len(set(v)) != len(v):
-            raise ValueError("seeds must be distinct integers 0..2147483647")
+        if len(set(v)) != len(v):  # each seed's range: ExperimentConfig.seed's type
+            raise PydanticCustomError("seeds", "allowed: distinct seeds")
         return v
 
     @field_validator("parameters")

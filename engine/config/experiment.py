@@ -26,12 +26,13 @@ from engine.config.schedule import (
     PFQSchedule,
     StaticSchedule,
 )
-from engine.config.types import Bits, Strict
+from engine.config.types import Bits, Seed, Strict
 from engine.data.datasets import INFO, run_length
 from engine.errors import ConfigError
-from engine.models import MODELS, is_language_model
+from engine.models import is_language_model, unknown_model
 from engine.models.base import LayerMap
 from engine.numerics.precision import Precision
+from engine.schedules.progress import cycles_problem
 
 MAX_ITERATIONS = 10**9  # a run's iterations (ImageNet, 90 epochs at batch 256: 4.5e5)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
@@ -59,8 +60,8 @@ class ModelConfig(Strict):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in MODELS:
-            raise PydanticCustomError("unknown_model", f"allowed: {', '.join(sorted(MODELS))}")
+        if allowed := unknown_model(v):
+            raise PydanticCustomError("unknown_model", allowed)
         return v
 
 
@@ -116,9 +117,11 @@ def check_path(field: str, v: str) -> str:
         raise ConfigError.single(field, v, err.message()) from None
 
 
+DatasetName = Literal[tuple(INFO)]  # the data sets engine.data.datasets knows, in its order
+
+
 class DataConfig(Strict):
-    dataset: Literal["fashion-mnist", "digits", "cifar10", "cifar100", "imagenet", "wikitext103", "wikitext2",
-                     "fortunes"] = "fashion-mnist"
+    dataset: DatasetName = "fashion-mnist"
     data_dir: str | None = None  # default: the Debian package's folder for fashion-mnist
     download: bool = False  # torchvision download for CIFAR (needs network access)
     batch_size: int = Field(128, ge=1, le=65536)
@@ -178,6 +181,9 @@ class QuantConfig(Strict):
     quantize_embedding: bool = False  # language models: the token embedding's weights at FW, its gradient at BW
 
 
+Head = Literal["keep", "reset"]  # init.head, and a sweep stage's head (search_spaces.spec.Stage)
+
+
 class InitConfig(Strict):
     """Start from a pretrained model: the weights of ``checkpoint`` (a run's folder holding ``state.pt``, or the
     file), loaded with ``weights_only=True``; the optimizer, schedule and BitOPs start afresh. ``head: keep``
@@ -190,7 +196,7 @@ class InitConfig(Strict):
     lineage of ``checkpoint`` (staged sweeps set both)."""
 
     checkpoint: str | None = None
-    head: Literal["keep", "reset"] = "keep"
+    head: Head = "keep"
     run_id: str | None = None  # an MLflow run whose final checkpoint to start from (resolved by the orchestrator)
 
     @field_validator("checkpoint")
@@ -262,7 +268,7 @@ GATED_KINDS = tuple(c.model_fields["kind"].default for c in SCHEDULES if c.gated
 
 class ExperimentConfig(Strict):
     name: str = Field("experiment", pattern=NAME_PATTERN)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: Seed = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -356,6 +362,16 @@ def read_yaml(path: str | Path, field: str = "config") -> dict:
     return data
 
 
+def task_problem(model: str, dataset: str, dataset_field: str = "data.dataset") -> tuple[str, object, str] | None:
+    """A language model trains on a text corpus, an image classifier on an image data set: the one rule, for a
+    config (``cross_field_problems``) and for ``fractune cost``'s flags."""
+    is_text = INFO[dataset].is_text
+    if is_language_model(model) == is_text:
+        return None
+    return ("model.name", model, f"allowed with {dataset_field} {dataset}: "
+            + ("a transformer_* language model" if is_text else "an image classifier, not a transformer_*"))
+
+
 def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
     """Checks that need more than one section (the run's length comes from optim and data)."""
     problems = []
@@ -369,11 +385,9 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
         problems.append(("data.split.parts", split.parts,
                          f"allowed: <= {INFO[cfg.data.dataset].classes} (the classes of {cfg.data.dataset})"))
     sched = cfg.schedule
-    is_lm, is_text = is_language_model(cfg.model.name), INFO[cfg.data.dataset].is_text
-    if is_lm != is_text:
-        problems.append(("model.name", cfg.model.name, f"allowed with data.dataset {cfg.data.dataset}: "
-                         + ("a transformer_* language model" if is_text
-                            else "an image classifier, not a transformer_*")))
+    is_lm = is_language_model(cfg.model.name)
+    if problem := task_problem(cfg.model.name, cfg.data.dataset):
+        problems.append(problem)
         return problems
     if is_lm and cfg.quant.quantize_stem:
         problems.append(("quant.quantize_stem", True, "allowed: null/false with a language model (no stem; "
@@ -384,9 +398,8 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
         problems.append((field, getattr(cfg.optim, field.split(".")[1]),
                          f"allowed: a run of at most {MAX_ITERATIONS:.0e} iterations (this one: {total:.3g})"))
         return problems
-    if sched.kind == "cpt" and sched.num_cycles > total:
-        problems.append(("schedule.num_cycles", sched.num_cycles,
-                         f"allowed: <= the run's {total} iterations (a cycle needs at least one iteration)"))
+    if sched.kind == "cpt" and (problem := cycles_problem(sched.num_cycles, total)):
+        problems.append(problem)
     if cfg.gated:
         if is_lm:  # methods.md §11.1: the gate sets the blocks' precision only
             problems += [(f"quant.{key}", True, f"allowed: false with schedule.kind {sched.kind} (the embedding and "

@@ -80,12 +80,16 @@ def _models_in(ann: Any) -> list[type[BaseModel]]:
 
 
 def _bounds_msg(holder: Any, loc: list[str]) -> str | None:
+    """The bounds of the field at ``loc``, or of its items (``seeds.1``: a ``list[Seed]``'s bounds)."""
     fields = getattr(holder, "model_fields", {})
-    info = fields.get(loc[-1]) if loc else None
+    name = next((p for p in reversed(loc) if not p.isdigit()), None)
+    info = fields.get(name) if name else None
     if info is None:
         return None
+    metadata = list(info.metadata) if name == loc[-1] else \
+        [m for arg in getattr(info.annotation, "__args__", ()) for m in getattr(arg, "__metadata__", ())]
     lo = hi = None
-    for meta in info.metadata:
+    for meta in metadata:
         for attr in ("ge", "gt"):
             if getattr(meta, attr, None) is not None:
                 lo = f"{'>=' if attr == 'ge' else '>'} {getattr(meta, attr)}"

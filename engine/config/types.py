@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from annotated_types import Ge, Le
 from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine.numerics.precision import FULL_BITS, MIN_BITS
+from engine.numerics.precision import BITS_ALLOWED, valid_bits
 
 
 def _bits(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not MIN_BITS <= value <= FULL_BITS:
-        raise PydanticCustomError("bits", f"allowed: an integer {MIN_BITS}..{FULL_BITS}")
+    if not valid_bits(value):
+        raise PydanticCustomError("bits", BITS_ALLOWED)
     return value
 
 
 Bits = Annotated[int, BeforeValidator(_bits)]
+SEED_MAX = 2**31 - 1
+Seed = Annotated[int, Ge(0), Le(SEED_MAX)]  # a run's seed: ExperimentConfig.seed and a sweep's seeds
 
 
 class Strict(BaseModel):

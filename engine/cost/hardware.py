@@ -217,7 +217,9 @@ def build_models(int_widths: Sequence[int] = DEFAULT_INT_WIDTHS, table: CostTabl
 
 
 def check_model_name(name: str, field_name: str = "objective", allowed: Sequence[str] = MODEL_NAMES) -> str:
-    if name not in allowed and not name.startswith("table:"):
+    """A cost model's name (a built-in one, or ``table:NAME`` with a name): the one rule for a sweep spec's
+    ``objective`` and every ``--objective`` flag."""
+    if name not in allowed and not (name.startswith("table:") and len(name) > len("table:")):
         raise ConfigError.single(field_name, name, "allowed: " + ", ".join(allowed) + ", table:NAME")
     return name
 

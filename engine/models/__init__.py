@@ -22,10 +22,17 @@ def is_language_model(name: str) -> bool:
     return task_of(name) is Task.LANGUAGE_MODEL
 
 
+def unknown_model(name: str) -> str | None:
+    """What is allowed, where ``name`` is no model of the zoo: the one rule for a config's ``model.name`` and
+    for ``build_model`` called directly."""
+    return None if name in MODELS else f"allowed: {', '.join(sorted(MODELS))}"
+
+
 def build_model(name: str, in_channels: int, num_classes: int, act_momentum: float = 0.9) -> QModel:
-    if name not in MODELS:
-        raise ConfigError.single("model.name", name, f"allowed: {', '.join(sorted(MODELS))}")
+    if allowed := unknown_model(name):
+        raise ConfigError.single("model.name", name, allowed)
     return MODELS[name](in_channels=in_channels, num_classes=num_classes, act_momentum=act_momentum)
 
 
-__all__ = ["MODELS", "LayerInfo", "LayerMap", "QModel", "build_model", "is_language_model", "task_of"]
+__all__ = ["MODELS", "LayerInfo", "LayerMap", "QModel", "build_model", "is_language_model", "task_of",
+           "unknown_model"]

@@ -27,6 +27,15 @@ MIN_BITS = 1
 FP32_BITOPS_PER_MAC = 3 * FULL_BITS * FULL_BITS  # 3072: the three passes of one MAC at 32x32
 
 
+BITS_ALLOWED = f"allowed: an integer {MIN_BITS}..{FULL_BITS}"
+
+
+def valid_bits(value: object) -> bool:
+    """The one bit-width rule: an integer MIN_BITS..FULL_BITS (not a bool), for a config's ``Bits`` fields
+    (engine.config.types) and for a ``Precision`` built directly."""
+    return not isinstance(value, bool) and isinstance(value, int) and MIN_BITS <= value <= FULL_BITS
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Precision:
     act: int = FULL_BITS
@@ -37,8 +46,8 @@ class Precision:
     def __post_init__(self) -> None:
         for name in ("act", "weight", "grad"):
             bits = getattr(self, name)
-            if isinstance(bits, bool) or not isinstance(bits, int) or not MIN_BITS <= bits <= FULL_BITS:
-                raise ConfigError.single(f"precision.{name}", bits, f"allowed: an integer {MIN_BITS}..{FULL_BITS}")
+            if not valid_bits(bits):
+                raise ConfigError.single(f"precision.{name}", bits, BITS_ALLOWED)
 
     @classmethod
     def fwbw(cls, fw: int, bw: int, weight: int | None = None) -> Precision:

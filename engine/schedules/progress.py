@@ -114,6 +114,15 @@ def cyclic_bits(t: int, lo: int, hi: int, period: float, rounding: str = "rint")
     return int(round(x))  # Python's round is half-to-even, like numpy's rint
 
 
+def cycles_problem(num_cycles: int, total_iterations: int) -> tuple[str, object, str] | None:
+    """CPT's cycles against the run's length (a cycle needs at least one iteration): the one rule, read by
+    ``CPT`` (a schedule built directly) and by the config's ``cross_field_problems`` (engine.config sits above)."""
+    if num_cycles > total_iterations:
+        return ("schedule.num_cycles", num_cycles,
+                f"allowed: <= the run's {total_iterations} iterations (a cycle needs at least one iteration)")
+    return None
+
+
 class CPT(RunSchedule):
     def __init__(self, cfg, run: RunLength, fw_min: int | None = None):
         fw_min = cfg.fw_min if fw_min is None else fw_min
@@ -121,13 +130,13 @@ class CPT(RunSchedule):
             raise ConfigError.single("schedule.fw_min", "auto", "resolved by the precision range test before "
                                      "training; pass the chosen value")
         self.cfg, self.fw_min = cfg, int(fw_min)
+        problem = cycles_problem(cfg.num_cycles, run.total_iterations)  # the config's rule (a period >= 1)
+        if problem:
+            raise ConfigError([problem])
         # total / cycles, not floor division: with a remainder, floor division starts an extra cycle at the
         # run's end, so the final iterations (and the final evaluation) would run at fw_min (reference runs
         # have 64000 / 32 = 2000 exactly, where both agree)
         self.period = run.total_iterations / cfg.num_cycles
-        if self.period < 1:
-            raise ConfigError.single("schedule.num_cycles", cfg.num_cycles,
-                                     f"allowed: <= the run's {run.total_iterations} iterations")
         super().__init__(self.precision(0))
 
     def precision(self, iteration: int) -> Precision:
