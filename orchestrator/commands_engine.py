@@ -176,7 +176,7 @@ def cmd_cost(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from engine.schedules.preview import precision_series, preview
+    from engine.preview import precision_series, preview
 
     from engine.config.experiment import load_config
 
