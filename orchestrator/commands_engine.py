@@ -176,9 +176,8 @@ def cmd_cost(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from engine.preview import precision_series, preview
-
     from engine.config.experiment import load_config
+    from engine.preview import precision_series, preview
 
     cfg = load_config(args.config, list(args.overrides))
     plot = check_output_file("--plot", args.plot, PLOT_SUFFIXES) if args.plot else None

@@ -14,6 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine.config.types import Bits, Strict, increasing_fractions
+from engine.dfq.gated import EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, ROUTED_STATISTICS
 from engine.numerics.precision import SKIP, Precision
 
 
@@ -250,11 +251,11 @@ class GatedSettings(Strict):
     # chose to skip, the least decided skippers compute; keeps one block from collapsing to skip. 0: off (the
     # reference has none)
     block_floor: float = Field(0.0, ge=0.0, lt=1.0)
-    execution: Literal["masked", "routed"] = "masked"  # masked: the reference (every option for every sample)
+    execution: Literal[EXECUTIONS] = "masked"  # masked: the reference (every option for every sample)
     # routed's gate gradient (methods.md §6.3): skip = computing against skipping; sampled = also the chosen
     # option against one sampled alternative per sample (one forward-only pass more); grouped = sampled over
     # forward groups (FW bit-widths); exact = every other forward group (masked's gradient, one pass each)
-    routed_estimator: Literal["skip", "sampled", "grouped", "exact"] = "sampled"
+    routed_estimator: Literal[ROUTED_ESTIMATORS] = "sampled"
     # sampled / grouped: the fraction of each batch that runs the alternative (its contrast weighted by 1/fraction).
     # Unset: 0.5 with execution routed and estimator sampled or grouped, else 1
     routed_sample_fraction: float | None = Field(None, gt=0.0, le=1.0, validate_default=True)
@@ -265,12 +266,12 @@ class GatedSettings(Strict):
     # it; batch = the samples that skip it too, each at its drawn alternative (outputs discarded), so its BN batch
     # statistics and activation range cover the whole batch as in masked execution. Unset: batch with execution
     # routed, computed with masked
-    routed_statistics: Literal["computed", "batch"] | None = Field(None, validate_default=True)
+    routed_statistics: Literal[ROUTED_STATISTICS] | None = Field(None, validate_default=True)
     # running statistics per block (BN, activation ranges; methods.md §6.3): shared (the reference) = one set,
     # updated by every option in turn; skip_apart = the skip path (a downsampling block's fp32 projection) keeps
     # its own, apart from the computed options'; per_option (masked only) = each option keeps its own copy.
     # Unset: shared with execution masked (the reference), skip_apart with routed
-    option_state: Literal["shared", "skip_apart", "per_option"] | None = Field(None, validate_default=True)
+    option_state: Literal[OPTION_STATES] | None = Field(None, validate_default=True)
     gate_dim: int = Field(32, ge=1, le=4096)
     embed_dim: int = Field(16, ge=1, le=4096)
     hidden_dim: int = Field(16, ge=1, le=4096)

@@ -49,6 +49,13 @@ from engine.numerics.autograd import weights_fixed
 from engine.numerics.layers import frozen_state
 from engine.numerics.precision import FP32, MixedPrecision, Precision
 
+# The choices of the gated model's settings, defined once (methods.md §6.3): engine.config.schedule's
+# GatedSettings takes its Literal types from these, and a GatedModel built directly holds its arguments to them.
+EXECUTIONS = ("masked", "routed")
+ROUTED_ESTIMATORS = ("skip", "sampled", "grouped", "exact")
+ROUTED_STATISTICS = ("computed", "batch")
+OPTION_STATES = ("shared", "skip_apart", "per_option")
+
 
 def rows(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A per-input (B,) weight shaped to broadcast over ``like``'s rows, whatever its rank."""
@@ -165,8 +172,15 @@ class GatedModel(nn.Module):
                  sample_fraction: float = 1.0, option_state: str = "shared", routed_statistics: str = "computed",
                  block_floor: float = 0.0):
         super().__init__()
-        # the settings are not checked here: engine.config.schedule.GatedSettings is their one rule (validated at
-        # the boundary; engine.dfq sits below engine.config and cannot call it), so build from a validated config
+        # a config is validated at the boundary (GatedSettings, with its bounds and cross-field rules); a model
+        # built directly is held to the same choices, so that a misspelt one fails here instead of running as
+        # another setting
+        for name, value, choices in (("execution", execution, EXECUTIONS),
+                                     ("routed_estimator", routed_estimator, ROUTED_ESTIMATORS),
+                                     ("routed_statistics", routed_statistics, ROUTED_STATISTICS),
+                                     ("option_state", option_state, OPTION_STATES)):
+            if value not in choices:
+                raise ValueError(f"{name} {value!r} is not one of {', '.join(choices)}")
         self.block_floor = block_floor
         self.sample_fraction = sample_fraction
         self.backbone = backbone

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import ast
 import re
+import typing
 from pathlib import Path
 
 import pytest
 
 from engine.config.experiment import parse_config
+from engine.config.schedule import GatedSettings
 from engine.data.datasets import RunLength
+from engine.dfq import gated
 from engine.errors import ConfigError
 from engine.models import build_model
-from engine.numerics.precision import Precision
+from engine.numerics.precision import SKIP, Precision
 from engine.schedules.progress import CPT
 from search_spaces.spec import parse_spec
 from tests.conftest import ROOT, run_main
@@ -34,8 +37,8 @@ def spec_problems(base: dict, **spec) -> list[tuple]:
     return info.value.problems
 
 
-# the gate's settings: (config field, value, the execution). GatedModel itself checks
-# none of them (engine.dfq sits below engine.config, whose GatedSettings is their one rule): see the last test
+# the gate's settings: (config field, value, the execution). GatedSettings is their one rule; GatedModel,
+# below engine.config, holds a model built directly to the same choices (see the last tests)
 GATED = [
     ("block_floor", 1.0, "routed"),
     ("routed_estimator", "every", "routed"),
@@ -121,9 +124,20 @@ def test_each_rule_is_written_in_one_place(pattern, home):
 
 
 def test_the_gated_model_writes_no_rule_message_of_its_own():
-    """GatedModel's settings are refused by engine.config.schedule's GatedSettings at the boundary, never by a
-    copy of its rules in engine/dfq."""
+    """GatedModel's settings are refused with (field, value, allowed) by engine.config.schedule's GatedSettings at
+    the boundary, never by a copy of its rules in engine/dfq; the choices themselves are defined once, in dfq."""
     for path in sorted((ROOT / "engine" / "dfq").glob("*.py")):
         texts = [n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)
                  and isinstance(n.value, str)]
         assert not [t for t in texts if "allowed: " in t], path
+    fields = GatedSettings.model_fields
+    for field, choices in (("execution", gated.EXECUTIONS), ("routed_estimator", gated.ROUTED_ESTIMATORS),
+                           ("routed_statistics", gated.ROUTED_STATISTICS), ("option_state", gated.OPTION_STATES)):
+        assert set(choices) == {c for arg in typing.get_args(fields[field].annotation)
+                                for c in (typing.get_args(arg) or [arg]) if c is not type(None)}
+
+
+def test_a_gated_model_built_directly_refuses_a_misspelt_choice():
+    backbone = build_model("resnet8", 1, 10)
+    with pytest.raises(ValueError, match="routed_estimator 'sample' is not one of skip, sampled, grouped, exact"):
+        gated.GatedModel(backbone, [SKIP, Precision.fwbw(4, 8)], execution="routed", routed_estimator="sample")
