@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from search_spaces.trial import ABBREVIATIONS, PAIRS
+from search_spaces.trial import ABBREVIATIONS, PAIRS, short_value
 
 KIND = "schedule.kind"
 # short labels beyond search_spaces.trial.ABBREVIATIONS ("" : the value alone); a text value reads label:value
@@ -95,18 +95,8 @@ def variation(loaded) -> dict:
     return out
 
 
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    if isinstance(value, list | tuple):
-        return "-".join(_value(v) for v in value)
-    return str(value)
-
-
 def _word(label: str, value: Any) -> str:
-    text = _value(value)
+    text = short_value(value)
     if len(text) > MAX_WORD:
         text = text[:MAX_WORD - 1] + "~"
     if isinstance(value, str):
@@ -135,8 +125,8 @@ def run_name(point: dict[str, Any], seed: Any, varied: dict, kind: str | None = 
             other = flat[_join(head, b)]
             done.add(_join(head, b))
             if a.endswith("_min"):
-                words.append(a[:-4] + (_value(flat[path]) if flat[path] == other
-                                       else f"{_value(flat[path])}-{_value(other)}"))
+                words.append(a[:-4] + (short_value(flat[path]) if flat[path] == other
+                                       else f"{short_value(flat[path])}-{short_value(other)}"))
             else:
                 words.append(f"{_word(a, flat[path])}/{_word(b, other)}")
             continue
@@ -145,9 +135,9 @@ def run_name(point: dict[str, Any], seed: Any, varied: dict, kind: str | None = 
         label = LABELS.get(path, LABELS.get(key, key))
         if label == "+":  # FracTrain's cp step joins its start: cp1.5+0.5
             if words and words[-1].startswith("cp"):
-                words[-1] += f"+{_value(flat[path])}"
+                words[-1] += f"+{short_value(flat[path])}"
             else:
-                words.append(f"cpstep{_value(flat[path])}")
+                words.append(f"cpstep{short_value(flat[path])}")
             continue
         words.append(_word(label, flat[path]))
     if not words:  # nothing differs but the seed: the method says what the runs are

@@ -174,12 +174,12 @@ def run_name(cfg_tree: dict, point: dict[str, Any]) -> str:
             other = leaves[f"{head}.{b}" if head else b]
             used.add(f"{head}.{b}" if head else b)
             if a.endswith("_min"):
-                words.append(a[:-4] + (_value(value) if value == other else f"{_value(value)}-{_value(other)}"))
+                words.append(a[:-4] + (short_value(value) if value == other else f"{short_value(value)}-{short_value(other)}"))
             else:
-                words.append(f"{a}{_value(value)}/{b}{_value(other)}")
+                words.append(f"{a}{short_value(value)}/{b}{short_value(other)}")
             continue
         label = ABBREVIATIONS.get(path, ABBREVIATIONS.get(key, key))
-        text = _value(value)
+        text = short_value(value)
         if label == "+":  # FracTrain's cp step joins its start: cp1.5+0.5
             if words[-1].startswith("cp"):
                 words[-1] += f"+{text}"
@@ -203,13 +203,14 @@ def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _value(value: Any) -> str:
+def short_value(value: Any) -> str:
+    """A value as a run name shows it: booleans on/off, floats to 3 significant digits, lists joined by -."""
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):
         return f"{value:.3g}"
     if isinstance(value, list | tuple):
-        return "-".join(_value(v) for v in value)
+        return "-".join(short_value(v) for v in value)
     return str(value)
 
 
