@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import inspect
 import sys
 import warnings
 
@@ -70,10 +71,14 @@ def package_getattr(package: str):
         if name.startswith("__"):
             raise AttributeError(name)
         module = importlib.import_module(target)
-        if not hasattr(module, name):
+        value = getattr(module, name, None)
+        # only what the old module defined itself: tools that probe a package's attributes (torch.compile reads
+        # ``torch`` off the modules it traces) must not find the new module's imports here
+        imported = inspect.ismodule(value) or (hasattr(value, "__module__") and callable(value)
+                                               and value.__module__ != target)
+        if not hasattr(module, name) or imported:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         _warn(f"{package}.{name}", f"{target}.{name}")
-        value = getattr(module, name)
         setattr(sys.modules[package], name, value)  # found once, warned once
         return value
 

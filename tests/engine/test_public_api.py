@@ -51,3 +51,6 @@ def test_an_old_modules_names_are_found_in_its_package(package):
     assert out.stdout.strip() == (f"{package}.{name} moved to {target.__name__}.{name}; import it from there")
     with pytest.raises(AttributeError, match="has no attribute 'nonesuch'"):
         sys.modules[package].nonesuch  # noqa: B018
+    # what the new module imports is not the old module's: torch.compile probes packages for ``torch``
+    with pytest.raises(AttributeError, match="has no attribute 'torch'"):
+        sys.modules[package].torch  # noqa: B018
