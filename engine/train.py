@@ -46,7 +46,7 @@ from engine.metrics import (
     Task,
     cost_key,
 )
-from engine.models import build_model
+from engine.models import build_model, task_of
 from engine.numerics.precision import FP32
 from engine.schedules.progress import PrecisionTrace, build_schedule
 from engine.schedules.runner import StaticRunner, make_step
@@ -246,7 +246,7 @@ class LanguageModelRole(ClassifierRole):
 
 
 def task_role(cfg: ExperimentConfig, data: DataSplits) -> ClassifierRole:
-    return (LanguageModelRole if data.info.task is Task.LANGUAGE_MODEL else ClassifierRole)(cfg, data)
+    return (LanguageModelRole if task_of(cfg.model.name) is Task.LANGUAGE_MODEL else ClassifierRole)(cfg, data)
 
 
 class Trainer:

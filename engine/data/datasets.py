@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import DataError
-from engine.metrics import Task
 
 if TYPE_CHECKING:  # the config's types name the arguments; engine.config.experiment reads this module's table
     from engine.config.experiment import DataConfig, SplitConfig
@@ -47,11 +46,6 @@ class DatasetInfo:
     @property
     def is_text(self) -> bool:
         return self.kind == "text"
-
-    @property
-    def task(self) -> Task:
-        """A text corpus trains a language model, an image set a classifier."""
-        return Task.LANGUAGE_MODEL if self.is_text else Task.CLASSIFIER
 
     def input_shape(self, cfg: DataConfig) -> tuple[int, ...]:
         """What one sample looks like to ``layer_table``: (C, H, W), or (seq_len,) for text."""
