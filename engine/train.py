@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import checkpoint
-from engine.config.experiment import ExperimentConfig
+from engine.config.experiment import ExperimentConfig, target_problems
 from engine.cost.bitops import FW8BW8, BitOpsCounter, CostTotals
 from engine.data.datasets import DataSplits, load_data, run_length
 from engine.dfq.gated import GatedModel
@@ -263,7 +263,10 @@ class Trainer:
         self.run = run_length(cfg, len(data.train))
         self.opt = make_optimizer(cfg, self.model)
         if cfg.gated:
-            self.runner = GatedRunner(cfg.schedule, self.model, self.counter, self.opt, self.run, cfg.model.name)
+            self.runner = GatedRunner(cfg.schedule, self.model, self.counter, self.opt, self.run, cfg.model.name,
+                                      self.role.predictions_per_sample)
+            if problems := target_problems(cfg, self.runner.basis.reach()):  # the exact reach, now it is known
+                raise ConfigError(problems)
         else:
             resolved = {} if prt_info is None else {"fw_min": int(prt_info["fw_min"])}
             self.runner = StaticRunner(build_schedule(cfg.schedule, self.run, **resolved), self.model, self.counter,

@@ -169,6 +169,10 @@ class OptimConfig(Strict):
 
 
 class QuantConfig(Strict):
+    # method: each method's own layer map (the reference's); gated: the map DFQ and FracTrain run (stem, FC and
+    # MobileNetV2's head conv in fp32), so that a static or CPT arm and a gated arm differ only in the gate's
+    # allocation (methods.md §3)
+    layer_map: Literal["method", "gated"] = "method"
     quantize_stem: bool | None = None  # None: the reference (quantized on CIFAR models, fp32 on ImageNet)
     quantize_fc: bool = False  # the reference keeps the FC in fp32
     quantize_head: bool = True  # MobileNetV2's 1x1 head conv (static methods)
@@ -306,10 +310,11 @@ class ExperimentConfig(Strict):
 
     def layer_map(self, stem_default: bool) -> LayerMap:
         """The explicit layer-precision map of this run (methods.md §3). Gated methods keep the stem,
-        the MobileNetV2 head conv and the FC in fp32, as the reference's DFQ models do."""
+        the MobileNetV2 head conv and the FC in fp32, as the reference's DFQ models do; so does any run of
+        ``quant.layer_map: gated``."""
         q = self.quant
         dw = Precision(act=q.depthwise_act_bits, weight=q.depthwise_weight_bits, grad=q.depthwise_grad_bits)
-        if self.gated:
+        if self.gated or q.layer_map == "gated":
             return LayerMap(stem=False, fc=False, head=False, depthwise=dw)
         stem = stem_default if q.quantize_stem is None else q.quantize_stem
         return LayerMap(stem=stem, fc=q.quantize_fc, head=q.quantize_head, depthwise=dw, embed=q.quantize_embedding)
@@ -389,6 +394,10 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
     if problem := task_problem(cfg.model.name, cfg.data.dataset):
         problems.append(problem)
         return problems
+    if cfg.quant.layer_map == "gated":  # the gated map keeps these fp32; a config cannot ask for both
+        problems += [(f"quant.{key}", True, "allowed: null/false with quant.layer_map gated (it keeps the stem, "
+                      "the FC, the head conv and the embedding fp32)")
+                     for key in ("quantize_stem", "quantize_fc", "quantize_embedding") if getattr(cfg.quant, key)]
     if is_lm and cfg.quant.quantize_stem:
         problems.append(("quant.quantize_stem", True, "allowed: null/false with a language model (no stem; "
                          "see quant.quantize_embedding)"))
@@ -408,7 +417,7 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
         elif cfg.quant.quantize_stem or cfg.quant.quantize_fc:
             problems.append(("quant.quantize_stem" if cfg.quant.quantize_stem else "quant.quantize_fc", True,
                              f"allowed: null/false with schedule.kind {sched.kind} (the stem and FC stay fp32)"))
-        problems += _target_problems(cfg)
+        problems += target_problems(cfg)
         if sched.routed_warmup and sched.execution != "routed":
             problems.append(("schedule.routed_warmup", sched.routed_warmup,
                              "allowed: 0 unless schedule.execution is routed (the warm-up runs masked first)"))
@@ -424,20 +433,29 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
     return problems
 
 
-def _target_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]:
-    """A cp target the options cannot reach (every sample at the cheapest or the dearest option)."""
+def target_problems(cfg: ExperimentConfig, reach: tuple[float, float] | None = None) -> list[tuple[str, object, str]]:
+    """A cp target the options cannot reach. ``reach``: the run's lowest and highest cp on its basis, known once
+    the network is built (engine.dfq.basis, a skip priced at what its path runs); without it, from the config
+    alone, the bound over the gated blocks with every sample at the cheapest or the dearest option (a skip at
+    no cost); on the whole model the config alone sets no bound."""
+    from engine.dfq.basis import BASIS_WORDS
     from engine.dfq.gate import option_kappa
 
     sched = cfg.schedule
-    kappa = option_kappa(sched.option_precisions(cfg.model.name))
-    lo, hi = 100 * float(kappa.min()) / 3, 100 * float(kappa.max()) / 3
-    allowed = f"allowed: {lo:.3f}..{hi:.3f} (percent of FP32 over the gated blocks with options " \
+    if reach is None:
+        if sched.cost_basis == "model":
+            return []
+        kappa = option_kappa(sched.option_precisions(cfg.model.name))
+        reach = 100 * float(kappa.min()) / 3, 100 * float(kappa.max()) / 3
+    lo, hi = reach
+    allowed = f"allowed: {lo:.3f}..{hi:.3f} (percent of FP32 {BASIS_WORDS[sched.cost_basis]} with options " \
               f"{', '.join(sched.option_names(cfg.model.name))} at {sched.weight_bits}-bit weights)"
+    inside = lambda t: lo - 1e-9 <= t <= hi + 1e-9  # noqa: E731  (a reach computed in floats)
     if sched.kind == "dfq":
-        return [] if lo <= sched.target_cp <= hi else [("schedule.target_cp", sched.target_cp, allowed)]
+        return [] if inside(sched.target_cp) else [("schedule.target_cp", sched.target_cp, allowed)]
     field = "schedule.cp0" if sched.cp_total is None else "schedule.cp_total"
     value = sched.cp0 if sched.cp_total is None else sched.cp_total
-    bad = [t for t in sched.targets() if not lo <= t <= hi]
+    bad = [t for t in sched.targets() if not inside(t)]
     return [(field, value, f"stage targets {bad} unreachable; {allowed}")] if bad else []
 
 

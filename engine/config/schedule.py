@@ -14,6 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine.config.types import Bits, Strict, increasing_fractions
+from engine.dfq.basis import COST_BASES
 from engine.dfq.gated import EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, ROUTED_STATISTICS
 from engine.numerics.precision import SKIP, Precision
 
@@ -238,6 +239,10 @@ class GatedSettings(Strict):
 
     options: str | list[str] = "paper"  # a preset name (paper, reference, cap8) or a list like [skip, 4/8]
     weight_bits: Bits = 4  # fixed for every option (README: 4 on CIFAR, 6 on ImageNet)
+    # what the cp targets are percent of FP32 over (methods.md §6.4, "Cost bases"): gated = the gated blocks (the
+    # papers' cp), model = the whole model (every layer and the gate), the basis on which a static run of the
+    # gated layer map costs the same at the same cp. The controller steers it; the run logs both
+    cost_basis: Literal[COST_BASES] = "gated"
     # the cp controller (methods.md §6.5): dual (default: a Lagrange multiplier that prices the gate's decision,
     # updated by dual ascent) or reference (the papers' bang-bang sign rule on the cost term)
     controller: Literal["dual", "reference"] = "dual"
@@ -350,6 +355,10 @@ class GatedSettings(Strict):
         opts += f" floor {self.block_floor:g}" if self.block_floor else ""
         return self.execution_label() + opts
 
+    def cp_label(self) -> str:
+        """`` of the model`` where the targets are over the whole model (the papers' cp needs no word)."""
+        return " of the model" if self.cost_basis == "model" else ""
+
     def execution_label(self) -> str:
         """``masked``, or ``routed (estimator)``; each execution setting that differs from its default (which
         depends on the execution and estimator) is named in brackets."""
@@ -374,7 +383,7 @@ class DFQSchedule(GatedSettings):
     relax: float = Field(0.0, ge=0.0, le=100.0)  # the reference's relax band around the target
 
     def label(self) -> str:
-        return f"DFQ cp {self.target_cp:g}% {self.gate_label()}"
+        return f"DFQ cp {self.target_cp:g}%{self.cp_label()} {self.gate_label()}"
 
 
 class FracTrainSchedule(GatedSettings, IndicatorSettings):
@@ -406,7 +415,7 @@ class FracTrainSchedule(GatedSettings, IndicatorSettings):
         return [c0 + i * self.cp_step for i in range(self.num_turning_points + 1)]
 
     def label(self) -> str:
-        return f"FracTrain cp {self.first_target():g}+{self.cp_step:g} {self.gate_label()}"
+        return f"FracTrain cp {self.first_target():g}+{self.cp_step:g}{self.cp_label()} {self.gate_label()}"
 
 
 def cp0_for_total(cp_total: float, step: float, stages: int) -> float:

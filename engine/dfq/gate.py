@@ -11,10 +11,12 @@ choice is ``u_l = onehot(argmax p_l)`` in train and eval (no sampling), and the 
 Options a block cannot take (skip on a stride-2 MobileNetV2 block) get probability 0.
 
 Cost term, per sample (the reference's batch sum made independent of the batch size, methods.md §9):
-``c_i = sum_l omega_l sum_k m_ilk kappa_k / mean(omega)`` with ``kappa_k = (a_k w + g_k w + a_k g_k) / 1024``
-(the FW, EB and GC effective MACs of one MAC; 0 for skip), and ``loss = CE + weight * mean_i c_i`` with the
-controller's weight. cp over the gated blocks is ``100 * sum_l omega_l sum_k u_lk kappa_k / (3 sum_l omega_l)``
-per sample. The reference's sign rules (``sign_dfq``, ``sign_fractrain``) live here; engine.dfq.controller uses them.
+``c_i = sum_l omega_l sum_k m_ilk kappa_lk / mean(omega)`` with ``kappa_k = (a_k w + g_k w + a_k g_k) / 1024``
+(the FW, EB and GC effective MACs of one MAC), and ``loss = CE + weight * mean_i c_i`` with the controller's
+weight. cp over the gated blocks is ``100 * sum_l omega_l sum_k u_lk kappa_lk / (3 sum_l omega_l)`` per sample.
+``kappa`` is one cost per option (K,), the papers' form, or one per block and option (L, K): a skip costs what
+its path runs in that block (engine.dfq.basis, methods.md §6.4). The reference's sign rules (``sign_dfq``,
+``sign_fractrain``) live here; engine.dfq.controller uses them.
 """
 
 from __future__ import annotations
@@ -86,17 +88,33 @@ def option_kappa(options: list[Precision]) -> torch.Tensor:
     return torch.tensor([o.bitops_per_mac() / 1024.0 for o in options], dtype=torch.float64)
 
 
-def normalised_cost(kappa: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """c_lk = (omega_l / mean omega) (kappa_k / mean of the non-zero kappa): (L, K), about 1 for a typical
-    option; the unit of the dual controller's price (methods.md §6.5)."""
-    scale = kappa[kappa > 0].mean() if bool((kappa > 0).any()) else torch.tensor(1.0, dtype=kappa.dtype)
-    return (omega / omega.mean()).view(-1, 1).to(kappa.dtype) * (kappa / scale).view(1, -1)
+def per_block(kappa: torch.Tensor, blocks: int) -> torch.Tensor:
+    """``kappa`` as one cost per block and option, (L, K): a per-option (K,) one repeated for every block."""
+    return kappa.expand(blocks, -1) if kappa.dim() == 1 else kappa
+
+
+def kappa_of(kappa: torch.Tensor, choices: torch.Tensor) -> torch.Tensor:
+    """The cost of each choice, shaped like ``choices`` (..., L); ``kappa`` (K,) or (L, K)."""
+    k = per_block(kappa.to(choices.device), choices.shape[-1])
+    return k[torch.arange(k.shape[0], device=choices.device), choices]
+
+
+def normalised_cost(kappa: torch.Tensor, omega: torch.Tensor, computing: torch.Tensor | None = None) -> torch.Tensor:
+    """c_lk = (omega_l / mean omega) (kappa_lk / mean kappa of the computing options): (L, K), about 1 for a
+    typical option; the unit of the dual controller's price (methods.md §6.5). ``computing`` (K,) bool marks the
+    options that compute a block (default: those with a non-zero cost)."""
+    k = per_block(kappa, len(omega))
+    cells = k[:, computing] if computing is not None else k
+    cells = cells[cells > 0]
+    scale = cells.mean() if len(cells) else torch.tensor(1.0, dtype=kappa.dtype)
+    return (omega / omega.mean()).view(-1, 1).to(kappa.dtype) * (k / scale)
 
 
 def cost_per_sample(trace: GateTrace, kappa: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """c_i = sum_l omega_l sum_k m_ilk kappa_k / mean(omega), differentiable through the masks: (B,)."""
+    """c_i = sum_l omega_l sum_k m_ilk kappa_lk / mean(omega), differentiable through the masks: (B,)."""
     om = omega.to(trace.masks)
-    return torch.einsum("blk,k,l->b", trace.masks, kappa.to(trace.masks), om) / om.mean()
+    k = per_block(kappa.to(trace.masks), trace.masks.shape[1])
+    return torch.einsum("blk,lk,l->b", trace.masks, k, om) / om.mean()
 
 
 def cp_at_prices(logits: torch.Tensor, prices: torch.Tensor, option_cost: torch.Tensor, kappa: torch.Tensor,
@@ -110,7 +128,7 @@ def cp_at_prices(logits: torch.Tensor, prices: torch.Tensor, option_cost: torch.
     c = option_cost.to(z)  # (L, K)
     scored = z.unsqueeze(0) - prices.to(z).view(-1, 1, 1, 1) * c  # (P, B, L, K)
     choices = scored.argmax(-1)  # (P, B, L)
-    k = kappa.to(z)[choices]
+    k = kappa_of(kappa.to(z), choices)
     om = omega.to(z)
     return 100.0 * (k * om).sum((1, 2)) / (3.0 * om.sum() * z.shape[0])
 
@@ -142,7 +160,7 @@ def gated_cp(choices: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor) ->
 def gated_cp_tensor(choices: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
     """``gated_cp`` as a float64 scalar on the choices' device: a GPU step reads it with its other values."""
     om = omega.to(choices.device)
-    k = kappa.to(choices.device)[choices]  # (B, L)
+    k = kappa_of(kappa, choices)  # (B, L)
     return 100.0 * (k * om).sum() / (3.0 * om.sum() * choices.shape[0])
 
 

@@ -13,7 +13,9 @@ a sequence costing its sequence's options; the gate runs once per sequence.
 
 ``GatedRunner.step`` is one iteration: forward through the gated model (its decisions priced by the
 controller, §6.5), ``loss = CE + weight * mean_i c_i`` with the weight from the controller, SGD on backbone
-and gate together, and the exact BitOPs of the choices made. The cp target comes from a ``FixedTarget`` (DFQ)
+and gate together, and the exact BitOPs of the choices made. The target and the controller are in the cost
+basis the schedule names (engine.dfq.basis: the gated blocks, or the whole model); every epoch logs the cp on
+both (``cp_gated``, ``cp_model``). The cp target comes from a ``FixedTarget`` (DFQ)
 or a ``StagedTarget`` (FracTrain: ``cp0 + stage * cp_step``, the stage from PFQ's indicator staging, §7).
 """
 
@@ -24,8 +26,9 @@ import torch.nn.functional as F
 
 from engine.cost.bitops import BitOpsCounter, layer_cost
 from engine.data.datasets import RunLength
+from engine.dfq.basis import build_bases
 from engine.dfq.controller import PRICE_LIMIT, build_controller
-from engine.dfq.gate import cost_per_sample, gated_cp_tensor, normalised_cost, option_kappa, price_for_target
+from engine.dfq.gate import cost_per_sample
 from engine.dfq.gated import GatedModel
 from engine.numerics.precision import FP32, Precision
 from engine.schedules.indicator import Staging
@@ -176,17 +179,21 @@ class GatedRunner:
     """One training iteration of DFQ / FracTrain, and their per-epoch statistics."""
 
     def __init__(self, sched, model: GatedModel, counter: BitOpsCounter, opt: torch.optim.Optimizer,
-                 run: RunLength, model_name: str):
+                 run: RunLength, model_name: str, tokens: int = 1):
         self.sched, self.model, self.counter, self.opt = sched, model, counter, opt
         self.options = model.options
         self.option_names = sched.option_names(model_name)
         self.costs = BlockCosts(counter, self.options, len(model.blocks), model.gate_macs())
-        self.kappa = option_kappa(self.options)
         macs = torch.tensor(self.costs.block_macs, dtype=torch.float64)
-        self.omega = macs / macs.mean() if sched.omega_kind(model_name) == "macs" else torch.ones(len(macs),
-                                                                                                  dtype=torch.float64)
+        omega = macs / macs.mean() if sched.omega_kind(model_name) == "macs" else torch.ones(len(macs),
+                                                                                             dtype=torch.float64)
+        # ``tokens``: the counter's samples per decision (a language model's sequence), which share one gate run
+        self.bases = build_bases(self.options, self.costs.table, self.costs.block_macs, self.costs.fixed,
+                                 self.costs.gate / tokens, counter.fp32_per_sample(), omega, model.gate.allowed.cpu())
+        self.basis = self.bases[sched.cost_basis]  # the one the target names and the controller steers
+        self.kappa, self.omega = self.basis.kappa, self.basis.omega
         # a host copy for the price search, in the model buffer's float32, which the decisions use
-        self.option_cost = normalised_cost(self.kappa, self.omega).to(torch.float32)
+        self.option_cost = self.basis.option_cost()
         model.set_option_cost(self.option_cost)
         self.goal = StagedTarget(sched, run) if sched.kind == "fractrain" else FixedTarget(sched.target_cp)
         self.controller = build_controller(sched)
@@ -211,15 +218,15 @@ class GatedRunner:
         self.model.set_price(self.controller.price)
         logits, trace = self.model(x)
         ce = F.cross_entropy(logits, y)
-        cp_dev = gated_cp_tensor(trace.choices, self.kappa, self.omega)
+        cp_dev = self.basis.cp_tensor(trace.choices)
         weight = self.controller.loss_weight(cp_dev, target)
         use_cost = isinstance(weight, torch.Tensor) or weight
         loss = ce + weight * cost_per_sample(trace, self.kappa, self.omega).mean() if use_cost else ce
         ce_v, total, cp, correct, choices, raw = self._read(ce, loss, cp_dev, logits, y, trace)
         self.controller.weight(cp, target)  # records the sign the device computed
         value = sgd_step(self.opt, loss, ce_v)
-        self.controller.update(cp, target, lambda: price_for_target(
-            raw, self.option_cost, self.kappa, self.omega, target, PRICE_LIMIT))
+        self.controller.update(cp, target, lambda: self.basis.price_for_target(
+            raw, self.option_cost, target, PRICE_LIMIT))
         self.last_cp = cp
         # samples of the counter per decision: 1 for an image, the T tokens of a language model's sequence
         self._account(choices, cp, target, len(y) // len(choices))
@@ -251,7 +258,8 @@ class GatedRunner:
         self.last_costs = self.costs.batch_costs(picked, tokens)
         self.gate_bitops += b * self.costs.gate  # once per decision row: per sequence for a language model
         self.ep_counts += F.one_hot(picked, len(self.options)).sum(0).to(torch.float64)
-        self.ep_cp_sum += cp
+        for name, basis in self.bases.items():  # both bases' cp (the steered one is ``cp``, read from the step)
+            self.ep_cp_sum[name] += cp if basis is self.basis else basis.cp(picked)
         self.ep_err_sum += abs(cp / target - 1.0)
         self.ep_sign_up += self.controller.last_sign > 0
         self.ep_iters += 1
@@ -260,7 +268,8 @@ class GatedRunner:
     # -- per-epoch statistics -------------------------------------------------------------------------
     def reset_epoch(self) -> None:
         self.ep_counts = torch.zeros(len(self.model.blocks), len(self.options), dtype=torch.float64)
-        self.ep_cp_sum, self.ep_err_sum, self.ep_sign_up, self.ep_iters = 0.0, 0.0, 0, 0
+        self.ep_cp_sum = dict.fromkeys(self.bases, 0.0)
+        self.ep_err_sum, self.ep_sign_up, self.ep_iters = 0.0, 0, 0
 
     def bit_allocation(self) -> dict:
         """Per block: the fraction of inputs that took each option, with the mean FW/BW bits (supplement Fig. 2)."""
@@ -272,9 +281,10 @@ class GatedRunner:
         """The epoch's gate statistics as metrics; starts the next epoch's counts."""
         alloc = self.bit_allocation()
         n = max(self.ep_iters, 1)
-        out = {"target_cp": self.goal.target(), "cp_gated": self.ep_cp_sum / n,
-               "cp_batch_error": self.ep_err_sum / n, "cost_sign_up": self.ep_sign_up / n,
-               "gate_price": self.controller.price, "bit_allocation": alloc, **self.goal.epoch_metrics()}
+        out = {"target_cp": self.goal.target(), "cp_gated": self.ep_cp_sum["gated"] / n,
+               "cp_model": self.ep_cp_sum["model"] / n, "cp_batch_error": self.ep_err_sum / n,
+               "cost_sign_up": self.ep_sign_up / n, "gate_price": self.controller.price,
+               "gate_bitops": float(self.gate_bitops), "bit_allocation": alloc, **self.goal.epoch_metrics()}
         skip = torch.tensor([o.skip for o in self.options], dtype=torch.float64)
         frac = torch.tensor(alloc["fractions"], dtype=torch.float64)
         for blk, (f, b, s) in enumerate(zip(alloc["mean_fw_bits"], alloc["mean_bw_bits"], (frac @ skip).tolist())):
