@@ -1,7 +1,8 @@
 """The one training loop: ``train_and_evaluate(cfg, report) -> RunResult`` (architecture rule 6; docs/methods.md §8).
 
 SGD (momentum 0.9, weight decay 1e-4 on all parameters), a piecewise (/10 at 50% and 75% of the run, the
-paper's epochs 80 and 120 of 160) or cosine learning rate with optional constant warm-up. Before every
+paper's epochs 80 and 120 of 160) or cosine (to ``lr_floor`` of the lr) learning rate with optional constant
+warm-up. Before every
 iteration the schedule gives the precision; BitOPs are counted per iteration from the actual batch size
 (methods.md §2). After every epoch the model is evaluated on the validation split and the test set at the
 precision in use, and the epoch's metrics leave only through ``report(metrics, save)``, where ``save(dir)``
@@ -69,8 +70,9 @@ def lr_at(cfg: ExperimentConfig, iteration: int, total: int) -> float:
         return o.warmup_lr
     if o.lr_schedule == "constant":
         return o.lr
-    if o.lr_schedule == "cosine":
-        return 0.5 * o.lr * (1.0 + math.cos(math.pi * iteration / total))
+    if o.lr_schedule == "cosine":  # from lr down to lr * lr_floor, as the reference's anneal_cosine
+        low = o.lr * o.lr_floor
+        return low + 0.5 * (o.lr - low) * (1.0 + math.cos(math.pi * iteration / total))
     drops = sum(1 for m in o.milestones if iteration >= round(m * total))
     return o.lr * (o.gamma ** drops)
 

@@ -155,6 +155,8 @@ class OptimConfig(Strict):
     weight_decay: float = Field(1e-4, ge=0.0, le=1.0)
     nesterov: bool = False
     lr_schedule: Literal["piecewise", "cosine", "constant"] = "piecewise"
+    # cosine: the learning rate anneals from lr to lr * lr_floor (the reference's anneal_cosine: lr * 0.1^2)
+    lr_floor: float = Field(0.01, ge=0.0, lt=1.0)
     milestones: tuple[float, ...] = (0.5, 0.75)  # fractions of the run (paper: epochs 80 and 120 of 160)
     gamma: float = Field(0.1, gt=0.0, le=1.0)
     warmup_iters: int = Field(0, ge=0, le=MAX_ITERATIONS)  # reference --warm_up: a constant lr for the first iterations

@@ -102,8 +102,11 @@ def test_lr_schedules():
     assert [lr_at(piece, i, 100) for i in (0, 49, 50, 74, 75, 99)] == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001, 0.001])
     cos = parse_config({"optim": {"lr_schedule": "cosine", "lr": 0.2, "warmup_iters": 10, "warmup_lr": 0.01}})
     assert lr_at(cos, 5, 100) == 0.01
-    assert lr_at(cos, 50, 100) == pytest.approx(0.1)
-    assert lr_at(cos, 100, 100) == pytest.approx(0.0)
+    # from lr to lr * lr_floor (0.01 unless set, the reference's anneal_cosine)
+    assert lr_at(cos, 50, 100) == pytest.approx(0.101)
+    assert lr_at(cos, 100, 100) == pytest.approx(0.002)
+    to_zero = parse_config({"optim": {"lr_schedule": "cosine", "lr": 0.2, "lr_floor": 0.0}})
+    assert [lr_at(to_zero, i, 100) for i in (0, 50, 100)] == pytest.approx([0.2, 0.1, 0.0])
 
 
 def test_iteration_budget_overrides_epochs():
