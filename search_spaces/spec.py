@@ -101,7 +101,8 @@ class Resources(Strict):
 class Stage(Strict):
     """One stage of a staged sweep: its own overrides and grid over the spec's base, seeds and resources. With
     ``init_from`` (an earlier stage of one trial per seed), each trial starts from the weights of that stage's run
-    of the same seed (``init.checkpoint``, ``head``: keep or reset the classifier)."""
+    of the same seed (``init.checkpoint``, ``head``: keep or reset the classifier). ``seeds``: the stage's own
+    (a control run on one seed, say), for a stage no other starts from and that starts from none."""
 
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
@@ -109,6 +110,14 @@ class Stage(Strict):
     parameters: dict[str, Param] = Field(default_factory=dict)  # grid parameters only
     init_from: str | None = None
     head: Head = "keep"  # init.head for init_from; the supplement retrains the same model: keep
+    seeds: list[Seed] | None = Field(None, min_length=1, max_length=MAX_VALUES)  # None: the spec's seeds
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise PydanticCustomError("seeds", "allowed: distinct seeds")
+        return v
 
     @field_validator("parameters")
     @classmethod
@@ -117,6 +126,37 @@ class Stage(Strict):
 
 
 INIT_PLACEHOLDER = "/fractune-stage-init"  # the checkpoint path a stage's points are validated with (set per trial)
+
+
+class Pair(Strict):
+    """One arm and its twin of a paired test: dotted config paths with the values that pick each one's runs
+    (``schedule.kind: dfq``, ``schedule.target_cp: 3.152``), compared on the resolved config of every run. A
+    ``control`` pair is shown beside the others and left out of the decision."""
+
+    arm: dict[str, Any] = Field(min_length=1)
+    twin: dict[str, Any] = Field(min_length=1)
+    control: bool = False
+
+    @field_validator("arm", "twin")
+    @classmethod
+    def _paths(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for path in v:
+            if not all(part.isidentifier() for part in path.split(".")):
+                raise PydanticCustomError("pair", "allowed: dotted config paths, e.g. schedule.kind (got {p!r})",
+                                          {"p": path})
+        return v
+
+
+class Paired(Strict):
+    """A claim decided by paired differences (docs/sweeps.md, "Paired tests"): per seed, each pair's arm against
+    its twin on the task objective (accuracy: arm minus twin in points; perplexity: how many percent lower the
+    arm's is). The rule, stated on the results page before the numbers: the claim holds when every difference of
+    the deciding pairs is >= 0 and their mean > 0; it is refuted when every difference is < 0 and their mean is
+    below -``refute_margin``; otherwise it is undecided."""
+
+    claim: str = Field(min_length=1, max_length=500)
+    pairs: list[Pair] = Field(min_length=1, max_length=100)
+    refute_margin: float = Field(0.3, ge=0.0, le=100.0)
 
 
 class SweepSpec(Strict):
@@ -132,6 +172,7 @@ class SweepSpec(Strict):
     resources: Resources = Resources()
     stages: list[Stage] = Field(default_factory=list)  # a staged sweep: run in order under one parent run
     objective: str = "bitops"  # the cost axis: a cost model of engine/cost/hardware.py
+    paired: Paired | None = None  # a claim decided by per-seed differences of twin runs (the results page)
 
     @field_validator("objective")
     @classmethod
@@ -278,13 +319,13 @@ def _point_problems(spec: SweepSpec, source: Path | None) -> list[tuple[str, obj
         loaded = LoadedSpec(spec, base_tree, source)
         for stage, sub in zip(spec.stages, loaded.stages):
             problems += [(f"stages.{stage.name}: {f}", v, a) for f, v, a in _check_search(sub.spec) + _check_points(sub)]
-        return problems or _stage_references(loaded)
+        return problems or _stage_references(loaded) + _check_pairs(loaded)
     loaded = LoadedSpec(spec, base_tree, source)
     size = _size_problems(loaded)
     if size:
         return size
     out = _check_search(spec) + _check_objective(spec, base_tree) + _check_points(loaded)
-    return out or _run_problems(loaded)
+    return out or _run_problems(loaded) + _check_pairs(loaded)
 
 
 def _size_problems(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
@@ -331,7 +372,8 @@ def _check_objective(spec: SweepSpec, base_tree: dict) -> list[tuple[str, object
 def stage_spec(loaded: LoadedSpec, stage: Stage) -> LoadedSpec:
     """One stage as a sweep of its own (same name, seeds, search, budget, resources): the spec's base tree, then
     the stage's ``set``, then (``init_from``) an ``init`` whose checkpoint each trial gets from its seed's run."""
-    spec = loaded.spec.model_copy(update={"stages": [], "parameters": dict(stage.parameters), "set": {}})
+    spec = loaded.spec.model_copy(update={"stages": [], "parameters": dict(stage.parameters), "set": {},
+                                          "seeds": stage.seeds or loaded.spec.seeds})
     tree = copy.deepcopy(loaded.base_tree)
     for path, value in stage.set.items():
         set_path(tree, path, value)
@@ -360,6 +402,10 @@ def _check_stages(spec: SweepSpec) -> list[tuple[str, object, str]]:
         if stage.init_from is not None and any(k == "init" or k.startswith("init.") for k in stage.set):
             out.append((f"{where}.set.init", {k: v for k, v in stage.set.items() if k.startswith("init")},
                         "allowed: no init with init_from (each trial's init.checkpoint is its seed's earlier run)"))
+        sources = {s.init_from for s in spec.stages}
+        if stage.seeds is not None and (stage.init_from is not None or stage.name in sources):
+            out.append((f"{where}.seeds", stage.seeds, "allowed: unset in a stage that starts from another or that "
+                        "another starts from (their trials pair up by seed)"))
         if stage.init_from is not None:
             ref = earlier.get(stage.init_from)
             if ref is None:
@@ -389,6 +435,60 @@ def _stage_references(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
         if stage.head == "keep" and here.data.dataset != there.data.dataset:
             out.append((f"stages[{i}].head", "keep", f"allowed: reset when the data sets differ "
                         f"({there.data.dataset} -> {here.data.dataset})"))
+    return out
+
+
+def config_value(tree: dict, path: str) -> Any:
+    """The value at a dotted ``path`` of a resolved config's dump; ``KeyError`` where it has none."""
+    node: Any = tree
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise KeyError(path)
+        node = node[key]
+    return node
+
+
+def picks(selector: dict[str, Any], tree: dict) -> bool:
+    """Whether a resolved config's dump has every value of a pair's ``selector`` (numbers to 1e-9)."""
+    for path, want in selector.items():
+        try:
+            have = config_value(tree, path)
+        except KeyError:
+            return False
+        if isinstance(want, int | float) and isinstance(have, int | float) and not isinstance(want, bool):
+            if not math.isclose(float(want), float(have), rel_tol=1e-9, abs_tol=1e-12):
+                return False
+        elif want != have:
+            return False
+    return True
+
+
+def _check_pairs(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
+    """Every side of a pair picks at least one grid point of the sweep, and the arm and its twin different ones:
+    a misspelt path or value would otherwise pair nothing, silently."""
+    paired = loaded.spec.paired
+    if paired is None:
+        return []
+    trees = []
+    for part in loaded.stages or [loaded]:  # a staged sweep: every stage's points
+        grid = {k: p for k, p in part.spec.parameters.items() if p.kind == "grid"}
+        if part.spec.search.algorithm != "grid" or len(grid) != len(part.spec.parameters):
+            return [("paired", "pairs", "allowed: a grid search (a pair names grid points)")]
+        keys = list(grid)
+        trees += [parse_config(part.point_tree(dict(zip(keys, combo)), part.spec.seeds[0])).to_dict()
+                  for combo in itertools.product(*(grid[k].grid for k in keys))]
+    out = []
+    for i, pair in enumerate(paired.pairs):
+        chosen = {}
+        for side in ("arm", "twin"):
+            selector = getattr(pair, side)
+            chosen[side] = {j for j, t in enumerate(trees) if picks(selector, t)}
+            if not chosen[side]:
+                out.append((f"paired.pairs.{i}.{side}", selector, "allowed: config values that pick at least one "
+                            "grid point of this sweep (none does)"))
+        if chosen["arm"] and chosen["arm"] == chosen["twin"]:
+            out.append((f"paired.pairs.{i}.twin", pair.twin, "allowed: values that pick other grid points than "
+                        "the arm's"))
     return out
 
 

@@ -170,3 +170,62 @@ def test_objective_is_any_cost_model(tmp_path):
     with pytest.raises(ConfigError, match=r"--objective: got 'table:x'.*none set"):
         parse_spec(spec).with_objective("table:x")
     assert parse_spec(spec).with_objective("int_units").spec.objective == "int_units"
+
+
+def test_a_paired_test_names_grid_points_of_its_sweep():
+    """Each side of a pair picks at least one grid point, and the twin other points than the arm: a misspelt path
+    or value is refused naming the pair, instead of pairing nothing."""
+    static = {"kind": "static", "fw": 4, "bw": 8, "weight_bits": 4}
+    spec = {**OK, "parameters": {"schedule": {"grid": [static, {**static, "fw": 6}]}},
+            "paired": {"claim": "c", "pairs": [{"arm": {"schedule.fw": 6}, "twin": {"schedule.fw": 4}}]}}
+    assert parse_spec(spec).spec.paired.pairs[0].twin == {"schedule.fw": 4}
+    bad = copy.deepcopy(spec)
+    bad["paired"]["pairs"] = [{"arm": {"schedule.fw": 5}, "twin": {"schedule.fww": 4}},
+                              {"arm": {"schedule.kind": "static"}, "twin": {"schedule.bw": 8}}]
+    with pytest.raises(ConfigError) as err:
+        parse_spec(bad)
+    fields = [f for f, _, _ in err.value.problems]
+    assert fields == ["paired.pairs.0.arm", "paired.pairs.0.twin", "paired.pairs.1.twin"]
+    assert "pick at least one grid point" in err.value.problems[0][2]
+    with pytest.raises(ConfigError, match="paired.pairs.0.arm.*dotted config paths"):
+        parse_spec({**spec, "paired": {"claim": "c", "pairs": [{"arm": {"schedule fw": 6}, "twin": {"x": 1}}]}})
+
+
+def test_a_stage_may_run_on_its_own_seeds_unless_stages_chain():
+    grid = {"schedule": {"grid": [{"kind": "fp32"}]}}
+    spec = {"name": "s", "base": OK["base"], "seeds": [0, 1, 2],
+            "stages": [{"name": "a", "parameters": grid}, {"name": "b", "parameters": grid, "seeds": [0]}]}
+    loaded = parse_spec(spec)
+    assert [st.spec.seeds for st in loaded.stages] == [[0, 1, 2], [0]] and loaded.num_trials() == 4
+    chained = copy.deepcopy(spec)
+    chained["stages"][1]["init_from"] = "a"
+    with pytest.raises(ConfigError, match=r"stages\[1\].seeds: got \[0\]; allowed: unset in a stage that starts"):
+        parse_spec(chained)
+
+
+def test_the_fair_study_gives_each_dfq_arm_its_static_twins_whole_model_cost():
+    """study_fmnist_fair's DFQ targets are its static twins' whole-model cp (to 1e-4 pp), from the BitOPs counter
+    on the same layer map, and its pairs join each DFQ arm with that twin."""
+    import torch
+
+    from engine.config.experiment import parse_config
+    from engine.data.datasets import INFO
+    from engine.train import prepare
+    from search_spaces.spec import picks
+
+    loaded = load_spec(PRESETS_DIR / "study_fmnist_fair.yaml")
+    trees = [parse_config(st.point_tree({"schedule": s}, 0)) for st in loaded.stages
+             for s in st.spec.parameters["schedule"].grid]
+    cp = {}
+    for cfg in trees:
+        if cfg.schedule.kind == "static":
+            net, counter = prepare(cfg, INFO["fashion-mnist"], torch.device("cpu"))
+            cp[cfg.schedule.fw, cfg.schedule.bw] = 100 * counter.per_sample(cfg.schedule.precision()) / \
+                counter.fp32_per_sample()
+    for pair in loaded.spec.paired.pairs:
+        arm = [c for c in trees if picks(pair.arm, c.to_dict())]
+        twin = [c for c in trees if picks(pair.twin, c.to_dict())]
+        assert len(twin) == 1 and arm and all(c.schedule.cost_basis == "model" for c in arm)
+        for c in arm:
+            assert c.schedule.target_cp == pytest.approx(cp[twin[0].schedule.fw, twin[0].schedule.bw], abs=1e-4)
+            assert c.layer_map(True) == twin[0].layer_map(True)
