@@ -107,10 +107,12 @@ def _row(c, run, swept: list[str], record: set[str] | None) -> dict:
     tags, m, status = run.data.tags, run.data.metrics, run.info.status
     planned = tags.get(store.PLANNED_TAG)
     schedule = tags.get("fractune.schedule", run.data.params.get("schedule.kind"))
-    cp_gated = math.nan
-    if "cp_gated" in m:  # DFQ and FracTrain: the papers' cp, the mean over the epochs
-        history = [x.value for x in c.get_metric_history(run.info.run_id, "cp_gated")]
-        cp_gated = math.fsum(history) / len(history) if history else math.nan
+    gated = {}
+    for key in ("cp_gated", "cp_model"):  # DFQ and FracTrain: the cp on each basis, the mean over the epochs
+        if key in m:
+            history = [x.value for x in c.get_metric_history(run.info.run_id, key)]
+            gated[key] = math.fsum(history) / len(history) if history else math.nan
+    cp_gated = gated.get("cp_gated", math.nan)
     row = make_row(run_id=run.info.run_id, trial_id=tags.get(store.TRIAL_TAG), name=run.info.run_name,
                    status=status, schedule=schedule, metrics=m, seed=trial.param_value(run.data.params.get("seed")),
                    point=trial.point_of(tags.get(store.POINT_TAG), run.data.params, swept),
@@ -119,6 +121,9 @@ def _row(c, run, swept: list[str], record: set[str] | None) -> dict:
     row["stage"], row["init_run"] = tags.get("fractune.stage"), tags.get("fractune.init_run")  # staged sweeps
     row["diverged"] = tags.get("fractune.diverged")  # the epoch its loss passed the engine's bound, or None
     row["init_accuracy"] = float(m.get("init_accuracy", math.nan))  # from a pretrained model: before any step
+    row["cp_model"] = gated.get("cp_model", math.nan)
+    # a gated run's last epoch: each block's mean bits and skipped share (alloc_*), the gate's cumulative BitOPs
+    row["gate"] = {k: float(v) for k, v in m.items() if k.startswith("alloc_") or k == "gate_bitops"}
     if planned is None:  # logged before the planned-epochs tag: the sweep's own record, else FINISHED
         row["complete"] = status == "FINISHED" and (record is None or run.info.run_id in record)
     return row

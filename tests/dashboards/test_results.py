@@ -236,13 +236,17 @@ def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
     assert cells[2] == f"{100 * statistics.fmean(acc):.2f} +/- {100 * statistics.stdev(acc):.2f}"
     saving = 1 - statistics.fmean(run.data.metrics["train_bitops"] for run in sbm) / statistics.fmean(fp32)
     assert cells[4] == f"{100 * saving:+.1f}%"
-    by_seed = {int(run.data.params["seed"]): run.data.metrics["accuracy"] for run in sbm}
-    assert cells[-1] == ", ".join(f"{seed}: {100 * by_seed[seed]:.2f}" for seed in sorted(by_seed))
+    # each seed's accuracy and BitOPs side by side, a column per seed
+    by_seed = {int(run.data.params["seed"]): run.data.metrics for run in sbm}
+    seeds_row = next(line for line in page.splitlines() if line.startswith("| FW8/BW8 |") and "%" not in line)
+    assert [x.strip() for x in seeds_row.strip("|").split("|")][1:] == [
+        f"{100 * by_seed[seed]['accuracy']:.2f} / {by_seed[seed]['train_bitops'] / 1e12:.3f}" for seed in sorted(by_seed)]
     assert len([line for line in page.splitlines() if line.startswith("| ") and "+/-" in line]) == 4
     assert "## The papers' trends, checked" in page and page.rstrip().endswith("Written by a person.")
     assert {t["method"] for t in summary["trends"]} >= {"FW8/BW8", "CPT FW3->8/BW8"}
-    assert f"--out {out_md}" in page and "Do not edit by hand" in page
-    assert f"\n## Setting\n\n- spec file: `{(folder / 'spec.yaml').resolve()}`\n- spec: " in page
+    # no path of this machine on the page: outside the repository only the last two parts are named
+    assert "--out .../docs/results.md" in page and "Do not edit by hand" in page and str(folder) not in page
+    assert "\n## Setting\n\n- spec file: `.../mini_study0/spec.yaml`\n- spec: " in page.replace(folder.name, "mini_study0")
 
     plot = Path(summary["plot"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({plot.name})" in page
@@ -424,3 +428,96 @@ def test_results_page_names_the_spec_file_that_made_it(tmp_path):
     assert first["lm_demo"] == "- spec file: `search_spaces/lm_demo.yaml`" + by_name
     assert first["study_fmnist_routed_half"] == "- spec file: `docs/studies/study_fmnist_routed_half.yaml`" + by_name
     assert first["lm_mini"].startswith("- spec: ") and not any("spec file" in line for line in pages["lm_mini"])
+
+
+def test_the_paired_rule_holds_refutes_or_leaves_undecided():
+    """The spec's rule on the deciding pairs' differences; control pairs never count."""
+    from dashboards.paired import decide, interval
+    from search_spaces.spec import Paired
+
+    rule = Paired(claim="c", pairs=[{"arm": {"a": 1}, "twin": {"a": 2}}], refute_margin=0.3)
+
+    def verdict(*diffs, control=()):
+        pairs = [{"control": False, "seeds": [{"difference": d} for d in diffs]},
+                 {"control": True, "seeds": [{"difference": d} for d in control]}]
+        return decide(pairs, rule)["verdict"]
+
+    assert verdict(0.1, 0.0, 0.4) == "holds"
+    assert verdict(0.0, 0.0) == "undecided"  # every pair >= 0 but the mean is not > 0
+    assert verdict(-0.5, -0.2, -0.4) == "refuted"
+    assert verdict(-0.1, -0.2, -0.3) == "undecided"  # all below 0, the mean within the margin
+    assert verdict(0.5, -0.1) == "undecided"
+    assert verdict(0.2, 0.3, control=(-5.0,)) == "holds"
+    mean, low, high = interval([1.0, 2.0, 3.0])  # t(2) = 4.303, sd 1: half-width 4.303 / sqrt(3)
+    assert (mean, round(low, 4), round(high, 4)) == (2.0, round(2 - 4.303 / 3**0.5, 4), round(2 + 4.303 / 3**0.5, 4))
+
+
+PAIRED = {
+    "name": "mini_paired",
+    "description": "DFQ against a static twin, paired by seed, with a masked control on one seed",
+    "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 1},
+             "quant": {"layer_map": "gated"}},
+    "stages": [
+        {"name": "paired", "parameters": {"schedule": {"grid": [
+            {"kind": "static", "fw": 4, "bw": 8, "weight_bits": 4},
+            {"kind": "dfq", "options": "reference", "target_cp": 3.0, "execution": "routed"}]}}},
+        {"name": "control", "seeds": [0], "parameters": {"schedule": {"grid": [
+            {"kind": "dfq", "options": "reference", "target_cp": 3.0, "execution": "masked"}]}}}],
+    "seeds": [0, 1],
+    "budget": {"max_concurrent_trials": 2},
+    "resources": {"cpu": 1},
+    "paired": {"claim": "Dynamic precision beats static precision of equal cost", "pairs": [
+        {"arm": {"schedule.kind": "dfq", "schedule.execution": "routed"}, "twin": {"schedule.kind": "static"}},
+        {"arm": {"schedule.kind": "dfq", "schedule.execution": "masked"}, "twin": {"schedule.kind": "static"},
+         "control": True}]},
+}
+
+
+@pytest.mark.slow
+def test_a_paired_study_page_states_its_rule_then_shows_its_evidence(ray_local, tmp_path, store_template, run_cli):
+    """A staged sweep of independent stages (a control on one seed) with a paired section: the page states the
+    rule before the numbers, pairs the runs by seed with the differences recomputed here from MLflow, gives the
+    rule's verdict, shows what the gate allocated and the pairs' figure, and leaves out the columns that are empty
+    in every row (no FP32 or FW8/BW8 row here)."""
+    from dashboards.paired import decide
+    from search_spaces.spec import Paired
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(PAIRED, sort_keys=False))
+    uri = copy_store(store_template, tmp_path / "m.db")
+    r = run_cli("sweep", str(spec), "--tracking-uri", uri, "--storage", str(tmp_path / "runs"), "--quiet",
+                "--no-report", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out_md = tmp_path / "paired.md"
+    r = run_cli("results", "mini_paired", "--tracking-uri", uri, "--out", str(out_md), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    page = out_md.read_text()
+
+    c = store.client(uri)
+    parent = store.sweep_parent(c, "mini_paired")
+    runs = {(run.data.params["schedule.kind"], run.data.params.get("schedule.execution"), int(run.data.params["seed"])):
+            run.data.metrics for run in store.child_runs(c, parent)}
+    assert len(runs) == 5 and summary["finished"] == 5
+    diffs = {seed: 100 * (runs["dfq", "routed", seed]["accuracy"] - runs["static", None, seed]["accuracy"])
+             for seed in (0, 1)}
+    control = 100 * (runs["dfq", "masked", 0]["accuracy"] - runs["static", None, 0]["accuracy"])
+    test = summary["paired"]
+    assert [s["difference"] for s in test["pairs"][0]["seeds"]] == pytest.approx([diffs[0], diffs[1]])
+    assert [s["difference"] for s in test["pairs"][1]["seeds"]] == pytest.approx([control])
+    pairs = [{"control": False, "seeds": [{"difference": d} for d in diffs.values()]}]
+    assert test["verdict"] == decide(pairs, Paired.model_validate(PAIRED["paired"]))["verdict"]
+    assert f"**Verdict: {test['verdict']}.**" in page
+
+    assert page.index("**Decision rule**") < page.index("| pair | seed |") < page.index("## Accuracy and training")
+    routed = [line for line in page.splitlines() if line.startswith("| DFQ cp 3% routed (sampled) reference vs "
+                                                                      "FW4/BW8 W4 |")]
+    assert [line.split("|")[2].strip() for line in routed[:2]] == ["0", "1"]  # then its summary row
+    assert [line.split("|")[2].strip() for line in page.splitlines()
+            if line.startswith("| DFQ cp 3% masked reference vs FW4/BW8 W4 (control) |")][:1] == ["0"]
+    header = next(line for line in page.splitlines() if line.startswith("| method | seeds | accuracy %"))
+    assert "vs FP32" not in header and "vs FW8/BW8" not in header and "gated cp %" in header
+    assert "## What the gate allocated" in page and "| method | block 0 | block 1 |" in page
+    plot = Path(test and summary["pairs_plot"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({plot.name})" in page
+    assert str(tmp_path) not in page
