@@ -1,7 +1,7 @@
 """Fused CPU quantizer passes (docs/methods.md §1, "Fused kernels").
 
 On the CPU a quantizer is a chain of whole-tensor torch passes (affine, noise, clamp, round, back to values:
-five to eight reads and writes of the tensor), and on a CPU with fast convolutions (AVX-512) those passes are
+six to eight reads and writes of the tensor), and on a CPU with fast convolutions (AVX-512) those passes are
 much of a quantized step. ``fused_quant.c`` does each chain in one pass, with the same float operations in the
 same order, so the results are the same bit for bit (and the noise is torch's own draw: the random stream is
 unchanged). It is compiled at first use with the system's C compiler (``$CC``, else ``cc``, else ``gcc``) into
