@@ -1,9 +1,11 @@
 """The affine grid every quantizer uses (docs/methods.md §1): its levels, the floor of its step, the resolution of
-stochastic rounding's noise and the per-tensor map onto the levels. A module of its own below ``engine.numerics.quant`` and
-``engine.numerics.fused``, so that the fused kernels' self-check compares with the same arithmetic without importing the
-quantizer that loads them."""
+stochastic rounding's noise and the per-tensor step on the host. A module of its own below ``engine.numerics.quant``
+and ``engine.numerics.fused``, so that the fused kernels' self-check compares with the same arithmetic without
+importing the quantizer that loads them."""
 
 from __future__ import annotations
+
+import ctypes
 
 STEP_FLOOR = 1e-8
 NOISE_LEVELS = 1 << 16
@@ -14,9 +16,22 @@ def levels(bits: int) -> int:
     return (1 << bits) - 1
 
 
-def tensor_affine(bits: int, lo: float, hi: float, drawn: bool) -> tuple[float, float, float]:
-    """Per-tensor ``quantize`` over [lo, hi] as ``u = x * inv + offset`` on the levels and ``u * step + lo``
-    back: (inv, offset, step). ``drawn``: the offset carries the +0.5 of drawn noise n = (v + 0.5) / 2^16."""
-    step = max((hi - lo) / levels(bits), STEP_FLOOR)
-    inv = 1.0 / step
-    return inv, -lo * inv + (0.5 / NOISE_LEVELS if drawn else 0.0), step
+def single(v: float) -> float:
+    """``v`` rounded to the nearest float32 (overflow to infinity), as a Python float."""
+    return ctypes.c_float(v).value
+
+
+_STEP_FLOOR_SINGLE = single(STEP_FLOOR)
+
+
+def tensor_step(bits: int, lo: float, hi: float, double: bool = False) -> float:
+    """The step ``s = max((hi - lo) / qmax, 1e-8)`` of a per-tensor range held in Python floats, computed as the
+    device form computes it from 0-d tensors of the quantized tensor's dtype (``((hi - lo) / qmax).clamp_min``):
+    in float32, each operation rounded to float32 (``lo`` and ``hi`` first, as torch rounds a Python float it
+    meets in a float32 op), or in double for a float64 tensor (``double``). The host form and the device form
+    then quantize with the same step, bit for bit. NaN in the range gives a NaN step, as clamp_min does."""
+    if double:
+        return max((hi - lo) / levels(bits), STEP_FLOOR)
+    # float32 subtraction and division: a double result rounded to float32 is the float32 operation's own
+    # result (53 bits hold twice float32's 24 plus two: no double rounding error)
+    return max(single(single(single(hi) - single(lo)) / levels(bits)), _STEP_FLOOR_SINGLE)

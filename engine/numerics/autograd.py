@@ -180,9 +180,9 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
     """Quantize the row groups of ``x`` (samples along dim 0) at each group's bits into ``out``: over the
     given range (activations: one range for the whole batch), or each group's own range (errors).
 
-    Each group gets ``quant.quantize``'s per-tensor arithmetic at its bits over its range (methods.md §1), but
-    all groups share one set of whole-tensor passes with per-row step, offset and level count: the number of
-    passes does not grow with the number of groups (a routed batch has up to one group per option)."""
+    Each group gets ``quant.quantize``'s per-tensor arithmetic at its bits over its range (methods.md §1), the
+    same bits, but all groups share one set of whole-tensor passes with per-row lo, step and level count: the
+    number of passes does not grow with the number of groups (a routed batch has up to one group per option)."""
     sizes, gid = _layout(groups, len(x), x.device)  # checks that the groups tile the batch
     bits = [bits_of(prec) for _, _, prec in groups]
     if len(groups) == 1:  # one group: the plain per-tensor quantizer
@@ -205,19 +205,18 @@ def _q_rows(x: torch.Tensor, groups, bits_of, lo: float | None, hi: float | None
         ranges = [(min(row_lo[s:e]), max(row_hi[s:e])) for s, e, _ in groups]
     else:
         ranges = [(lo, hi)] * len(groups)
-    params = []  # per group: quant.tensor_affine's (1/step, offset, step), qmax, lo; full-bit rows: overwritten below
+    double = x.dtype == torch.float64
+    params = []  # per group: lo, quant.tensor_step's step, qmax (as quantize has them); full-bit rows: overwritten
     for b, (g_lo, g_hi) in zip(bits, ranges):
-        params.append((0.0,) * 5 if b >= FULL_BITS
-                      else (*quant.tensor_affine(b, g_lo, g_hi, stochastic), float(quant.levels(b)), g_lo))
+        params.append((0.0,) * 3 if b >= FULL_BITS
+                      else (g_lo, quant.tensor_step(b, g_lo, g_hi, double), float(quant.levels(b))))
     table = torch.tensor(params, dtype=x.dtype)
     if fuse:  # every group's chain in one pass over the rows, the same bits (methods.md §1)
         return fused.rows(rows, out, quant.noise_words(out, reuse=True) if stochastic else None, gid, table)
-    per_row = table.index_select(0, gid)
-    inv_r, offset_r, step_r, qmax_r, lo_r = per_row.t().unsqueeze(2)  # each (rows, 1)
-    flat = out.view(x.shape[0], -1)  # ``out`` is contiguous
-    u = torch.mul(rows, inv_r, out=flat).add_(offset_r)  # mul + add: addcmul is slower
+    lo_r, step_r, qmax_r = table.index_select(0, gid).t().unsqueeze(2)  # each (rows, 1)
+    u = torch.sub(rows, lo_r, out=out.view(x.shape[0], -1)).div_(step_r)  # ``out`` is contiguous
     if stochastic:
-        u.add_(quant.noise_words(u, reuse=True), alpha=1.0 / quant.NOISE_LEVELS)
+        u.add_(0.5 / quant.NOISE_LEVELS).add_(quant.noise_words(u, reuse=True), alpha=1.0 / quant.NOISE_LEVELS)
     return _rows_back(u, qmax_r, step_r, lo_r, x, groups, bits, out)
 
 

@@ -1,7 +1,7 @@
 """Fused CPU quantizer passes (docs/methods.md §1, "Fused kernels").
 
 On the CPU a quantizer is a chain of whole-tensor torch passes (affine, noise, clamp, round, back to values:
-five to eight reads and writes of the tensor), and on a CPU with fast convolutions (AVX-512) those passes are
+six to eight reads and writes of the tensor), and on a CPU with fast convolutions (AVX-512) those passes are
 much of a quantized step. ``fused_quant.c`` does each chain in one pass, with the same float operations in the
 same order, so the results are the same bit for bit (and the noise is torch's own draw: the random stream is
 unchanged). It is compiled at first use with the system's C compiler (``$CC``, else ``cc``, else ``gcc``) into
@@ -136,7 +136,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, f"off ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    lib.fq_tensor.argtypes = [ptr, ptr, ptr, i64, f32, f32, f32, f32, f32]
+    lib.fq_tensor.argtypes = [ptr, ptr, ptr, i64, f32, f32, f32]
     lib.fq_tensor.restype = None
     lib.fq_rows.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr]
     lib.fq_rows.restype = None
@@ -163,28 +163,32 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
     lo, hi = float(x[1:].min()), float(x[1:].max())
     for bits in (2, 4, 8):
         for noise in (None, words):
-            inv, off, step = affine.tensor_affine(bits, lo, hi, noise is not None)
-            want = torch.add(x.new_full((), off), x, alpha=inv)
+            step = affine.tensor_step(bits, lo, hi)
+            want = torch.sub(x, lo).div_(step)
             if noise is not None:
-                want.add_(noise, alpha=1.0 / affine.NOISE_LEVELS)
-            want = torch.add(want.new_full((), lo), want.clamp_(0, affine.levels(bits)).round_(), alpha=step)
+                want.add_(0.5 / affine.NOISE_LEVELS).add_(noise, alpha=1.0 / affine.NOISE_LEVELS)
+            want = want.clamp_(0, affine.levels(bits)).round_().mul_(step).add_(lo)
             got = torch.empty_like(x)
             lib.fq_tensor(x.data_ptr(), got.data_ptr(), None if noise is None else noise.data_ptr(), x.numel(),
-                          inv, off, float(affine.levels(bits)), step, lo)
+                          lo, step, float(affine.levels(bits)))
             if not torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)):
                 return f"fq_tensor differs from torch at {bits} bits"
-    params = torch.tensor([[*affine.tensor_affine(3, lo, hi, True), 7.0, lo], [0.0] * 5,
-                           [*affine.tensor_affine(8, lo, hi, True), 255.0, lo]])
+    params = torch.tensor([[lo, affine.tensor_step(3, lo, hi), 7.0], [0.0] * 3,
+                           [lo, affine.tensor_step(8, lo, hi), 255.0]])
     gid = torch.tensor([2, 0, 1])
     per_row = params.index_select(0, gid)
-    inv_r, off_r, step_r, qmax_r, lo_r = per_row.t().unsqueeze(2)
-    want = torch.mul(x, inv_r).add_(off_r).add_(words, alpha=1.0 / affine.NOISE_LEVELS)
-    want = torch.minimum(want.clamp_min_(0), qmax_r).round_().mul_(step_r).add_(lo_r)
-    want[2] = x[2]
-    got = torch.empty_like(x)
-    lib.fq_rows(x.data_ptr(), got.data_ptr(), words.data_ptr(), 3, x.shape[1], gid.data_ptr(), params.data_ptr())
-    if not torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)):
-        return "fq_rows differs from torch"
+    lo_r, step_r, qmax_r = per_row.t().unsqueeze(2)
+    for noise in (None, words):
+        want = torch.sub(x, lo_r).div_(step_r)
+        if noise is not None:
+            want.add_(0.5 / affine.NOISE_LEVELS).add_(noise, alpha=1.0 / affine.NOISE_LEVELS)
+        want = torch.minimum(want.clamp_min_(0), qmax_r).round_().mul_(step_r).add_(lo_r)
+        want[2] = x[2]
+        got = torch.empty_like(x)
+        lib.fq_rows(x.data_ptr(), got.data_ptr(), None if noise is None else noise.data_ptr(), 3, x.shape[1],
+                    gid.data_ptr(), params.data_ptr())
+        if not torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)):
+            return "fq_rows differs from torch"
     lo_r, hi_r = torch.empty(3), torch.empty(3)
     lib.fq_row_range(x.data_ptr(), 3, x.shape[1], lo_r.data_ptr(), hi_r.data_ptr())
     if not (torch.equal(lo_r.nan_to_num(7.0), x.amin(1).nan_to_num(7.0))
@@ -276,18 +280,19 @@ def row_range(rows: torch.Tensor) -> tuple[list[float], list[float]]:
     return lo.tolist(), hi.tolist()
 
 
-def tensor(x: torch.Tensor, out: torch.Tensor, noise: torch.Tensor | None, inv: float, offset: float, qmax: float,
-           step: float, lo: float) -> torch.Tensor:
-    """``quant.quantize``'s per-tensor pass on the host's range into ``out`` (``usable`` checked by the caller)."""
+def tensor(x: torch.Tensor, out: torch.Tensor, noise: torch.Tensor | None, lo: float, step: float,
+           qmax: float) -> torch.Tensor:
+    """``quant.quantize``'s per-tensor pass on the host's range into ``out``: ``(x - lo) / step`` on the levels,
+    ``noise`` the drawn words or None, back to values (``usable`` checked by the caller)."""
     _state["lib"].fq_tensor(x.data_ptr(), out.data_ptr(), None if noise is None else noise.data_ptr(), x.numel(),
-                            inv, offset, qmax, step, lo)
+                            lo, step, qmax)
     return out
 
 
 def rows(x: torch.Tensor, out: torch.Tensor, noise: torch.Tensor | None, gid: torch.Tensor,
          params: torch.Tensor) -> torch.Tensor:
-    """``autograd._q_rows``'s pass: row r of ``x`` (dim 0) at group ``gid[r]``'s (1/step, offset, step, qmax, lo)
-    from ``params`` (groups x 5 float32; qmax 0: copy the row) into ``out``."""
+    """``autograd._q_rows``'s pass: row r of ``x`` (dim 0) at group ``gid[r]``'s (lo, step, qmax) from ``params``
+    (groups x 3 float32; qmax 0: copy the row) into ``out``."""
     n = x.shape[0]
     _state["lib"].fq_rows(x.data_ptr(), out.data_ptr(), None if noise is None else noise.data_ptr(), n,
                           x.numel() // max(n, 1), gid.data_ptr(), params.data_ptr())

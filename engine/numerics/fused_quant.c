@@ -1,19 +1,24 @@
 /* Fused CPU passes of the quantizer (docs/methods.md §1, "Fused kernels"): engine/numerics/fused.py compiles this file
  * with the system's C compiler and calls it through ctypes. Each function is quant.quantize's (or
  * autograd._q_rows's) chain of torch passes as one pass over the tensor, with the same float operations in the
- * same order, so the results are the same bit for bit: multiplies, adds and fmaf exactly where torch's
- * vectorised kernels compute them (torch.add with alpha is a fused multiply-add), clamp to [0, qmax], round
- * half to even (nearbyintf in the default rounding mode). Compiled with -ffp-contract=off, so the compiler
- * fuses nothing else; NaN passes through as it does in torch's clamp and round. The 16-bit noise words are
- * torch's own draw (quant.noise_words): the random stream is unchanged.
+ * same order, so the results are the same bit for bit: u = (x - lo) / step (a subtraction, then an IEEE
+ * division, as the device form and the GPU kernels compute it), the noise added, clamp to [0, qmax], round half
+ * to even (nearbyintf in the default rounding mode), u * step + lo (a multiply, then an add). Compiled with
+ * -ffp-contract=off, so the compiler fuses no multiply and add into one rounding; NaN passes through as it does
+ * in torch's clamp and round. The 16-bit noise words are torch's own draw (quant.noise_words): the random
+ * stream is unchanged.
  *
  * Threads: OpenMP, the runtime torch has already loaded (libgomp.so.1), so torch.set_num_threads holds here too.
  */
 #include <math.h>
 #include <stdint.h>
 
-#define NOISE_SCALE (1.0f / 65536.0f) /* quant.NOISE_LEVELS: n = (v + 0.5) / 2^16, the 0.5 is in the offset */
-#define PARALLEL_MIN 32768            /* below this many elements one thread is faster than waking another */
+/* quant.NOISE_LEVELS: the noise is n = (v + 0.5) / 2^16, added as torch's passes add it: the 0.5 / 2^16 first,
+ * then v / 2^16 (torch's add with alpha is a fused multiply-add, but v / 2^16 is exact, so a multiply and an add
+ * round the same) */
+#define NOISE_HALF (0.5f / 65536.0f)
+#define NOISE_SCALE (1.0f / 65536.0f)
+#define PARALLEL_MIN 32768 /* below this many elements one thread is faster than waking another */
 
 static inline float level(float u, float qmax) {
     u = u < 0.0f ? 0.0f : u;
@@ -21,32 +26,33 @@ static inline float level(float u, float qmax) {
     return nearbyintf(u);
 }
 
-/* quant.quantize, per-tensor range on the host: u = fma(x, inv, off) (torch.add(off, x, alpha=inv)),
- * u += v / 2^16 (stochastic, ``noise`` not NULL), level, out = fma(u, step, lo) (torch.add(lo, u, alpha=step)). */
-void fq_tensor(const float *x, float *out, const int16_t *noise, int64_t n,
-               float inv, float off, float qmax, float step, float lo) {
+/* quant.quantize, per-tensor range on the host: u = (x - lo) / step, u += 0.5 / 2^16 and u += v / 2^16
+ * (stochastic, ``noise`` not NULL), level, out = u * step + lo. */
+void fq_tensor(const float *x, float *out, const int16_t *noise, int64_t n, float lo, float step, float qmax) {
     if (noise) {
 #pragma omp parallel for simd schedule(static) if (n > PARALLEL_MIN)
         for (int64_t i = 0; i < n; i++) {
-            float u = fmaf(x[i], inv, off) + (float)noise[i] * NOISE_SCALE;
-            out[i] = fmaf(level(u, qmax), step, lo);
+            float u = (x[i] - lo) / step;
+            u = u + NOISE_HALF;
+            u = u + (float)noise[i] * NOISE_SCALE;
+            out[i] = level(u, qmax) * step + lo;
         }
     } else {
 #pragma omp parallel for simd schedule(static) if (n > PARALLEL_MIN)
         for (int64_t i = 0; i < n; i++)
-            out[i] = fmaf(level(fmaf(x[i], inv, off), qmax), step, lo);
+            out[i] = level((x[i] - lo) / step, qmax) * step + lo;
     }
 }
 
-/* autograd._q_rows on the host: ``rows`` rows of ``k`` values, row r in group gid[r]; params holds 5 floats per
- * group (1/step, offset, step, qmax, lo). u = x * inv + off (a multiply, then an add), u += v / 2^16, level,
- * out = u * step + lo (a multiply, then an add). A group with qmax 0 is 32 bits: its rows are copied. */
+/* autograd._q_rows on the host: ``rows`` rows of ``k`` values, row r in group gid[r]; params holds 3 floats per
+ * group (lo, step, qmax) and each row gets fq_tensor's operations at its group's. A group with qmax 0 is 32
+ * bits: its rows are copied. */
 void fq_rows(const float *x, float *out, const int16_t *noise, int64_t rows, int64_t k,
              const int64_t *gid, const float *params) {
 #pragma omp parallel for schedule(static) if (rows * k > PARALLEL_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        const float *p = params + 5 * gid[r];
-        const float inv = p[0], off = p[1], step = p[2], qmax = p[3], lo = p[4];
+        const float *p = params + 3 * gid[r];
+        const float lo = p[0], step = p[1], qmax = p[2];
         const float *xr = x + r * k;
         float *o = out + r * k;
         if (qmax <= 0.0f) {
@@ -55,20 +61,15 @@ void fq_rows(const float *x, float *out, const int16_t *noise, int64_t rows, int
             const int16_t *v = noise + r * k;
 #pragma omp simd
             for (int64_t i = 0; i < k; i++) {
-                float u = xr[i] * inv;
-                u = u + off;
+                float u = (xr[i] - lo) / step;
+                u = u + NOISE_HALF;
                 u = u + (float)v[i] * NOISE_SCALE;
-                u = level(u, qmax) * step;
-                o[i] = u + lo;
+                o[i] = level(u, qmax) * step + lo;
             }
         } else {
 #pragma omp simd
-            for (int64_t i = 0; i < k; i++) {
-                float u = xr[i] * inv;
-                u = u + off;
-                u = level(u, qmax) * step;
-                o[i] = u + lo;
-            }
+            for (int64_t i = 0; i < k; i++)
+                o[i] = level((xr[i] - lo) / step, qmax) * step + lo;
         }
     }
 }

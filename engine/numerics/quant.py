@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from engine.numerics import fused, gpu_kernels, scratch
-from engine.numerics.affine import NOISE_LEVELS, STEP_FLOOR, levels, tensor_affine  # noqa: F401  (quant's public names)
+from engine.numerics.affine import NOISE_LEVELS, STEP_FLOOR, levels, tensor_step  # noqa: F401  (quant's public names)
 
 
 def ranges_on_device(x: torch.Tensor) -> bool:
@@ -101,24 +101,21 @@ def quantize(
         return gpu_kernels.quantize(x, bits, lo, hi, stochastic)  # the whole chain in one kernel, same bits
     if isinstance(lo, torch.Tensor):  # per-channel ranges (weights: small tensors), or a range on the device
         step = ((hi - lo) / qmax).clamp_min(STEP_FLOOR)
-        u = torch.sub(x.detach(), lo, out=out).div_(step)
-        if drawn:
-            u.add_(0.5 / NOISE_LEVELS)
-    else:  # per-tensor: u = x * (1/s) - lo/s in one pass (torch.add: addcmul with 0-d tensors is slower)
-        inv, offset, step = tensor_affine(bits, lo, hi, drawn)
+    else:  # per-tensor range on the host: the device form's step and passes, with Python floats (same bits)
+        step = tensor_step(bits, lo, hi, double=x.dtype == torch.float64)
         if (noise is None or not stochastic) and fused.usable(x, out):  # the whole chain in one pass, same bits
             words = noise_words(x, reuse=True) if drawn else None
-            return fused.tensor(x.detach(), torch.empty_like(x) if out is None else out, words, inv, offset,
-                                float(qmax), step, lo)
-        u = torch.add(x.new_full((), offset), x.detach(), alpha=inv, out=out)
+            return fused.tensor(x.detach(), torch.empty_like(x) if out is None else out, words, lo, step,
+                                float(qmax))
+    # u = (x - lo) / s, a subtraction then an IEEE division, as the reference and the GPU kernels compute it:
+    # x * (1/s) - lo/s rounds differently and can put a value next to a half-level on the other side of it
+    u = torch.sub(x.detach(), lo, out=out).div_(step)
     if noise is not None and stochastic:
         u.add_(noise)
     elif drawn:  # n = (v + 0.5) / 2^16, added without materialising a float noise tensor
-        u.add_(noise_words(u, reuse=True), alpha=1.0 / NOISE_LEVELS)
+        u.add_(0.5 / NOISE_LEVELS).add_(noise_words(u, reuse=True), alpha=1.0 / NOISE_LEVELS)
     u.clamp_(0, qmax).round_()
-    if isinstance(lo, torch.Tensor):
-        return u.mul_(step).add_(lo)
-    return torch.add(u.new_full((), lo), u, alpha=step, out=u)  # u * s + lo, one pass
+    return u.mul_(step).add_(lo)  # u * s + lo: a multiply, then an add (no fused multiply-add), as on a GPU
 
 
 def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:

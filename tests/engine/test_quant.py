@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.numerics import autograd, quant
+from engine.numerics import autograd, fused, quant
 from engine.numerics.layers import QConv2d, QLinear
 from engine.numerics.precision import FP32, SKIP, Precision
 
@@ -70,6 +72,45 @@ def test_explicit_noise_reproduces_formula():
     noise = torch.tensor([0.35, -0.25])
     # u = x + n (s = 1, lo = 0): 0.55 -> 1, 1.45 -> 1
     assert quant.quantize(x, 3, 0.0, 7.0, stochastic=True, noise=noise).tolist() == [1.0, 1.0]
+
+
+def _next_to_half_levels(bits: int, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 values at most one float32 step from a half-level of the grid over [lo, hi] (float32 ends) for
+    which ``u = (x - lo) / s`` and the reciprocal form ``u = x * (1/s) - lo/s`` (with a fused multiply-add and
+    without one alike) round to different levels: (x, the division's level, the reciprocal form's level), in
+    numpy's float32 arithmetic (IEEE, each operation rounded once), apart from the code under test."""
+    f32 = np.float32
+    s = f32(quant.tensor_step(bits, lo, hi))
+    inv = f32(1.0 / float(s))
+    off = f32(-lo * float(inv))
+    half = ((np.arange(quant.levels(bits)) + 0.5) * float(s) + lo).astype(f32)
+    x = np.concatenate([half, np.nextafter(half, f32(np.inf)), np.nextafter(half, f32(-np.inf))])
+    by_division = np.rint((x - f32(lo)) / s)  # rint: half to even
+    by_reciprocal = np.rint(x * inv + off)
+    by_fma = np.rint((x.astype(np.float64) * float(inv) + float(off)).astype(f32))  # x * inv is exact in double
+    differ = (by_division != by_reciprocal) & (by_reciprocal == by_fma)
+    return x[differ], by_division[differ], by_reciprocal[differ]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("kernels", [True, False], ids=["fused", "torch_passes"])
+def test_the_host_path_divides_by_the_step_next_to_a_half_level(bits, kernels):
+    """A per-tensor range held in Python floats quantizes with ``u = (x - lo) / s``, as the reference, the
+    device form and the GPU kernels do: a value next to a half-level, where ``x * (1/s) - lo/s`` rounds to the
+    neighbouring level, goes to the division's level, with the fused kernels and with the torch passes."""
+    lo, hi = float(np.float32(-1.3)), float(np.float32(2.7))
+    x, by_division, by_reciprocal = _next_to_half_levels(bits, lo, hi)
+    assert len(x) > 0  # such values exist on this grid
+    step = quant.tensor_step(bits, lo, hi)
+    inv = 1.0 / step  # the reciprocal form as torch computes it (one fused multiply-add) rounds to the other level
+    assert torch.equal(torch.add(torch.tensor(-lo * inv), torch.from_numpy(x), alpha=inv).round_(),
+                       torch.from_numpy(by_reciprocal))
+    with contextlib.nullcontext() if kernels else fused.disabled():
+        if kernels and not fused.usable(torch.from_numpy(x)):
+            pytest.skip(f"the fused kernels are {fused.status()}")
+        got = quant.quantize(torch.from_numpy(x), bits, lo, hi)
+    assert torch.equal(got, torch.from_numpy(by_division * np.float32(step) + np.float32(lo)))
+    assert torch.equal(got, quant.quantize(torch.from_numpy(x), bits, torch.tensor(lo), torch.tensor(hi)))  # device
 
 
 def test_weights_are_quantized_per_output_channel():
@@ -195,9 +236,9 @@ def test_mixed_precision_with_every_group_at_32_bit_fw_quantizes_only_the_weight
 @pytest.mark.parametrize("on_device", [False, True], ids=["host_ranges", "device_ranges"])
 def test_mixed_rows_quantize_each_group_as_the_per_tensor_quantizer_does(on_device, monkeypatch):
     """``_q_rows`` quantizes all groups in whole-tensor passes with per-row parameters; each group's rows must
-    come out as ``quant.quantize`` gives them at that group's bits (activations: the batch's one range;
-    errors: the group's own range, stochastic rounding unbiased), and a 32-bit group unchanged. Both with the
-    ranges as Python floats (CPU) and kept as tensors (an accelerator's path, run here on the CPU)."""
+    come out as ``quant.quantize`` gives them at that group's bits, bit for bit (activations: the batch's one
+    range; errors: the group's own range, stochastic rounding unbiased), and a 32-bit group unchanged. Both with
+    the ranges as Python floats (CPU) and kept as tensors (an accelerator's path, run here on the CPU)."""
     monkeypatch.setattr(quant, "ranges_on_device", lambda t: on_device)
     torch.manual_seed(0)
     x = torch.randn(40, 3, 5, 5)
@@ -208,11 +249,11 @@ def test_mixed_rows_quantize_each_group_as_the_per_tensor_quantizer_does(on_devi
     y = autograd._q_rows(x, groups, lambda p: p.act, lo, hi, False, torch.empty_like(x))
     for start, end, p in groups:
         want = x[start:end] if p.act >= 32 else quant.quantize(x[start:end], p.act, -1.5, 2.0)
-        assert torch.allclose(y[start:end], want, atol=1e-6), (start, p.act)
+        assert torch.equal(y[start:end], want), (start, p.act)
     g = autograd._q_rows(x, groups, lambda p: p.grad, None, None, False, torch.empty_like(x))
     for start, end, p in groups:
         want = x[start:end] if p.grad >= 32 else quant.quantize_tensor(x[start:end], p.grad)
-        assert torch.allclose(g[start:end], want, atol=1e-5), (start, p.grad)
+        assert torch.equal(g[start:end], want), (start, p.grad)
         if p.grad < 32:  # on the group's own grid: at most 2^b levels, spanning its own min and max
             assert len(torch.unique(g[start:end])) <= 2 ** p.grad
             assert torch.isclose(g[start:end].max(), x[start:end].max(), atol=1e-5)
