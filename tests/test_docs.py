@@ -98,3 +98,17 @@ def test_benchmarks_rows_hold_one_date():
     assert rows
     mixed = [row for row in rows if len(set(ISO_DATE.findall(row))) > 1]
     assert not mixed, mixed
+
+
+# a path of the machine a page was made on: an absolute sqlite URI or file URI, or a scratch or home folder
+MACHINE_PATH = re.compile(r"sqlite:////[A-Za-z]|file:///[a-z]|(?:^|[\s(`'\"])/(?:tmp|root|home|work)/")
+
+
+def test_generated_results_pages_name_no_path_of_the_machine():
+    """docs/results*.md are made by `fractune results`, which names a tracking store relative to the repository (or
+    by its last two parts outside it): a reader's checkout is not the machine the study ran on."""
+    pages = sorted(DOCS.glob("results*.md"))
+    assert pages
+    for page in pages:
+        hits = [line[:120] for line in page.read_text().splitlines() if MACHINE_PATH.search(line)]
+        assert not hits, (page.name, hits)
