@@ -526,8 +526,12 @@ def trends_section(groups: list[dict], checks: list[dict], plot: str, seeds_plot
                   "at the method's mean accuracy (n/a outside the front's accuracies).", ""]
     lines += [f"A method's seeds are *split* (bimodal) where two of them, sorted, lie more than "
               f"{'twice ' + format(TOLERANCE_PCT, 'g') + '% of the median' if key == PERPLEXITY else format(2 * TOLERANCE_PP, 'g') + ' points'} "
-              "apart: its mean describes none of them, and its verdict names the clusters.", "",
-              f"| claim | source | method | reference | {column} | BitOPs saving | holds |",
+              "apart: its mean describes none of them, and its verdict names the clusters.", ""]
+    if not checks:
+        return lines + ["No claim applies to this sweep: the papers' claims are checked against its FP32 and FW8/BW8 "
+                        "rows, which it does not have; where its spec states a paired test, that test (above) decides "
+                        "dynamic against static precision."]
+    lines += [f"| claim | source | method | reference | {column} | BitOPs saving | holds |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     scale = 1 if key == PERPLEXITY else 100
     for c in checks:
@@ -551,16 +555,36 @@ def cost_model_section(groups: list[dict]) -> list[str]:
              "(docs/methods.md, Cost models: bitops = a*w+g*w+a*g per MAC; macs ignores bits; int_units rounds "
              "widths up to 4/8/16/32-bit units; energy in pJ from Horowitz, ISSCC 2014, 45 nm; memory = bytes "
              "moved).", ""]
-    lines += table(["method"] + models, [[g["method"]] + [f"{_pct(g['savings_by_model'][m]['fp32'])} / "
-                                                         f"{_pct(g['savings_by_model'][m]['fw8bw8'])}" for m in models]
-                                        for g in groups])
-    ranks = rankings(groups)
-    base = ranks.get("bitops", [])
-    lines += ["", "Cheapest first under each model (changes against the BitOPs ranking in bold):", ""]
+    rows = [[g["method"]] + [f"{_pct(g['savings_by_model'][m]['fp32'])} / {_pct(g['savings_by_model'][m]['fw8bw8'])}"
+                             for m in models] for g in groups]
+    if any(cell != "n/a / n/a" for r in rows for cell in r[1:]):
+        lines += table(["method"] + models, rows)
+    else:
+        lines[-2:] = ["This sweep has no FP32 and no FW8/BW8 row, so there is no saving to show; the ranking below "
+                      "is by each model's mean cost.", ""]
+    by_method = {g["method"]: g for g in groups}
+    cheaper = {m: _cheaper(groups, m) for m in models}
+    lines += ["", "Cheapest first under each model (= joins equal costs; in bold a method whose cheaper methods are "
+              "not the ones under BitOPs):", ""]
+    order = rankings(groups)
     for m in models:
-        order = [f"**{x}**" if i >= len(base) or base[i] != x else x for i, x in enumerate(ranks[m])]
-        lines.append(f"- {m}: " + ", ".join(order))
+        tiers: list[list[str]] = []
+        first = order.get("bitops", order[m])  # equal costs listed in the BitOPs order
+        for x in sorted(order[m], key=lambda x: (cost_mean(by_method[x], m), first.index(x) if x in first else 0)):
+            if tiers and cost_mean(by_method[x], m) == cost_mean(by_method[tiers[-1][0]], m):
+                tiers[-1].append(x)
+            else:
+                tiers.append([x])
+        base = cheaper.get("bitops", cheaper[m])
+        lines.append(f"- {m}: " + ", ".join(" = ".join(f"**{x}**" if cheaper[m][x] != base.get(x) else x
+                                                      for x in tier) for tier in tiers))
     return lines
+
+
+def _cheaper(groups: list[dict], model: str) -> dict[str, frozenset[str]]:
+    """Per method with a cost under ``model``: the methods strictly cheaper under it."""
+    costs = {g["method"]: cost_mean(g, model) for g in groups if math.isfinite(cost_mean(g, model))}
+    return {x: frozenset(y for y, c in costs.items() if c < cx) for x, cx in costs.items()}
 
 
 def setup_of(data: SweepData) -> dict:
