@@ -77,7 +77,7 @@ def decide(pairs: list[dict], paired: Paired) -> dict:
                                    f"-{paired.refute_margin:g}")
     else:
         above = sum(d >= 0 for d in diffs)
-        verdict, why = "undecided", (f"{above} of the {len(diffs)} differences are >= 0" if 0 < above < len(diffs)
+        verdict, why = "undecided", (f"{above} of the {len(diffs)} differences {'is' if above == 1 else 'are'} >= 0" if 0 < above < len(diffs)
                                      else f"the mean {mean:+.2f} is within the margin")
     return {"claim": paired.claim, "verdict": verdict, "why": why, "n": len(diffs), "mean": mean, "low": low,
             "high": high, "refute_margin": paired.refute_margin}

@@ -515,6 +515,9 @@ def test_a_paired_study_page_states_its_rule_then_shows_its_evidence(ray_local, 
     runs = {(run.data.params["schedule.kind"], run.data.params.get("schedule.execution"), int(run.data.params["seed"])):
             run.data.metrics for run in store.child_runs(c, parent)}
     assert len(runs) == 5 and summary["finished"] == 5
+    # the header's wall time: the parent run's, which both stages ran under
+    minutes = round((parent.info.end_time - parent.info.start_time) / 60_000)
+    assert f"5 trials, 5 finished, in {minutes} min of wall time." in page
     diffs = {seed: 100 * (runs["dfq", "routed", seed]["accuracy"] - runs["static", None, seed]["accuracy"])
              for seed in (0, 1)}
     control = 100 * (runs["dfq", "masked", 0]["accuracy"] - runs["static", None, 0]["accuracy"])
