@@ -12,15 +12,15 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
-from orchestrator.runs import cost_of
+from results.runs import cost_of
 
 PRECISION_KEYS = ("fw_bits", "bw_bits", "target_cp", "stage")
 
 
 def objective_axis(rows: list[dict]) -> tuple[str, str, str]:
     """(row key, axis title, direction) of the sweep's task objective: a language model's test perplexity
-    (min) or test accuracy (max), as ``orchestrator.runs.task_objective`` decides."""
-    from orchestrator.runs import task_objective
+    (min) or test accuracy (max), as ``results.runs.task_objective`` decides."""
+    from results.runs import task_objective
 
     key, mode = task_objective(rows)
     return key, ("test perplexity" if key == PERPLEXITY else "test accuracy"), mode

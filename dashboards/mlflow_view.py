@@ -6,7 +6,7 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
 ``publish`` writes, for one sweep:
 
 - the view ``fractune-<sweep id>``: the sweep's trials only (``tags.fractune.sweep_id`` and kind ``trial``),
-  sorted by the task objective (``orchestrator.runs.task_objective``: accuracy, highest first, or a language
+  sorted by the task objective (``results.runs.task_objective``: accuracy, highest first, or a language
   model's test perplexity, lowest first; a sort by a metric also lists the nested trials flat, no parent row to
   expand), with the swept parameters, that objective, training TBitOPs (``train_tbitops``, the readable
   companion of the exact ``train_bitops``: ``engine.metrics.readable_key``; a sweep logged before it has
@@ -19,7 +19,7 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
   run, links to the two views and to the report artifact once it is logged.
 
 ``view_url`` is the URL ``fractune ui`` prints. The experiment's kind tag (model-training mode) is
-``orchestrator.store.mark_training``. Everything here is rebuilt from MLflow (``fractune ui --sweep`` refreshes
+``results.store.mark_training``. Everything here is rebuilt from MLflow (``fractune ui --sweep`` refreshes
 it for sweeps logged before it existed).
 """
 
@@ -30,7 +30,7 @@ import math
 import re
 
 from engine.metrics import CUM_CP, PERPLEXITY, TERA, TRAIN_BITOPS, TRAIN_TBITOPS
-from orchestrator import runs, store
+from results import runs, store
 
 VIEW_TAG = "mlflow.sharedViewState."
 NOTE_TAG = "mlflow.note.content"

@@ -35,7 +35,7 @@ def log_x_if_wide(ax, costs: list[float]) -> None:
 
 
 def pareto_png(rows: list[dict], front: list[dict], path: Path, objective: str = "bitops") -> Path:
-    from orchestrator.runs import cost_of
+    from results.runs import cost_of
 
     key, title, _ = objective_axis(rows)  # accuracy, or a language model's test perplexity
     scale, label = cost_axis(objective)

@@ -26,8 +26,8 @@ from dashboards.mlflow_view import publish_sweep, view_url
 from engine.config.experiment import GATED_KINDS
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
-from orchestrator.output import emit_json, info
-from orchestrator.store import artifact_json
+from results.output import emit_json, info
+from results.store import artifact_json
 
 MAX_CHOSEN = 6  # runs in the precision figure when none are named
 MAX_GATED = 4  # heatmaps
@@ -56,10 +56,10 @@ def cost_models_of(rows: list[dict]) -> list[str]:
 def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | Path | None = None,
                  runs: list[str] | None = None, log: bool = True, data: SweepData | None = None,
                  objective: str | None = None) -> dict:
-    from dashboards.results import last_stage
-    from orchestrator.ablation_analysis import analyse, importances_by_objective
-    from orchestrator.runs import check_objective, cost_of, front_quality
-    from orchestrator.runs import front as pareto_front
+    from dashboards.results_page import last_stage
+    from results.ablation_analysis import analyse, importances_by_objective
+    from results.runs import check_objective, cost_of, front_quality
+    from results.runs import front as pareto_front
 
     started = time.perf_counter()
     whole = data or load_sweep(uri, sweep, sweep_id)
@@ -166,7 +166,7 @@ def _view_links(data: SweepData) -> str:
 
 
 def _front_rows(front: list[dict], objective: str = "bitops") -> list[dict]:
-    from orchestrator.runs import cost_of
+    from results.runs import cost_of
 
     key = figures.objective_axis(front)[0]  # a language model's front: perplexity
     return [{"run": r["name"], "run_id": r["run_id"], key: r[key], "train_gbitops": r[TRAIN_BITOPS] / 1e9,
@@ -191,8 +191,8 @@ def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
     """A staged sweep: the earlier stages' task objective (accuracy, or a language model's perplexity) for
     reference, and the last stage's methods (the rows every figure below compares) with their savings against
     that stage's own FP32 and FW8/BW8 rows."""
-    from dashboards.results import summarise, with_configs
-    from orchestrator.runs import task_objective
+    from dashboards.results_page import summarise, with_configs
+    from results.runs import task_objective
 
     task = task_objective(last.rows)[0]
     scale, unit = (100, " %") if task == ACCURACY else (1, "")
@@ -230,8 +230,8 @@ def _sensitivity_html(a: dict) -> str:
 
 
 def cmd_report(args) -> int:
-    from orchestrator import store
-    from orchestrator.output import check_output_folder
+    from results import store
+    from results.output import check_output_folder
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     ConfigError.check_all(lambda: store.check_names(args.sweep, args.sweep_id), lambda: store.check_uri(uri),

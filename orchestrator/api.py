@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from engine.errors import CheckpointError, ConfigError, DataError, FractuneError, TrainingDiverged
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS, VAL_ACCURACY, VAL_PERPLEXITY
-from orchestrator.lifecycle import SweepInterrupted
+from orchestrator.sweep.lifecycle import SweepInterrupted
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,7 +52,7 @@ EPOCH_KEYS = ("epoch", "loss", "train_accuracy", VAL_ACCURACY, ACCURACY, VAL_PER
 
 def __getattr__(name: str):  # SweepError lives with the Tune code, which imports torch: loaded when asked for
     if name == "SweepError":
-        from orchestrator.sweep import SweepError
+        from orchestrator.sweep.driver import SweepError
 
         return SweepError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -121,7 +121,7 @@ class SweepResult(_Result):
 class AblationResult(SweepResult):
     """An ablation's outcome (``ablate``): the sweep's fields, and per factor and level the mean and std over
     seeds, Optuna's importance per objective and a sensitivity verdict per factor (``analysis``: all of it as
-    ``orchestrator.ablation_analysis.analyse`` gives it)."""
+    ``results.ablation_analysis.analyse`` gives it)."""
 
     mode: str  # ofat or grid
     factors: dict[str, list[str]]  # factor (dotted path) -> its levels' labels
@@ -234,8 +234,8 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
 
     from engine.data.datasets import check_available
     from engine.train import train_and_evaluate
-    from orchestrator import lineage
-    from orchestrator.output import check_output_file, check_output_folder, info
+    from results import lineage
+    from results.output import check_output_file, check_output_folder, info
 
     cfg = lineage.resolve_config(_config(config, overrides, data_dir), tracking_uri)
     check_available(cfg.data)
@@ -361,8 +361,8 @@ def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None
             it carries ``sweep``, ``sweep_id``, ``finished``, ``total`` and ``tracking_uri``.
         SweepError: Ray Tune itself gave up (e.g. the storage became unwritable).
     """
-    from orchestrator.runner import run_sweep
-    from orchestrator.sweep import SweepOptions
+    from orchestrator.sweep.driver import SweepOptions
+    from orchestrator.sweep.launch import run_sweep
 
     if objective:  # a bad name is refused before Ray starts
         from engine.cost.hardware import check_model_name
@@ -406,10 +406,10 @@ def ablate(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = Non
         ConfigError, DataError, SweepInterrupted, SweepError: as for ``sweep``.
     """
     from dashboards.data import load_sweep
-    from orchestrator import store
-    from orchestrator.ablation_analysis import analyse
-    from orchestrator.runner import run_sweep
-    from orchestrator.sweep import SweepOptions
+    from orchestrator.sweep.driver import SweepOptions
+    from orchestrator.sweep.launch import run_sweep
+    from results import store
+    from results.ablation_analysis import analyse
 
     loaded, uri = load_for_cluster(spec, address, dashboard, ablation=True, tracking_uri=tracking_uri,
                                    storage=storage, resume=resume, outputs={"--out": out if report else None})
@@ -451,15 +451,15 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     from pydantic import ValidationError
 
     from engine.config.experiment import read_yaml
-    from orchestrator import store
-    from orchestrator.output import check_output_folder
-    from orchestrator.sweep import (
+    from orchestrator.sweep.driver import (
         check_local_resources,
         check_ray_address,
         check_resources,
         init_ray,
         storage_root,
     )
+    from results import store
+    from results.output import check_output_folder
     from search_spaces.ablation import load_ablation, parse_ablation
     from search_spaces.spec import Resources, load_spec, parse_spec
 
@@ -486,7 +486,7 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     gather(store.preflight, uri, mode="check")
     root = gather(storage_root, storage, create=False)
     if resume and root is not None and loaded is not None:
-        from orchestrator.sweep import latest_sweep_id
+        from orchestrator.sweep.driver import latest_sweep_id
 
         gather(latest_sweep_id, root, loaded.name)
     for field, value in (outputs or {}).items():
@@ -538,7 +538,7 @@ def write_report(out: dict, folder: str | None, data=None, uri: str | None = Non
 # -- reading a sweep back --------------------------------------------------------------------------------------
 def _where(sweep: str | SweepResult, sweep_id: str | None, tracking_uri: str | None) -> tuple[str, str | None, str]:
     """(name, sweep id, normalised tracking URI) of a sweep given by name or by its ``SweepResult``."""
-    from orchestrator import store
+    from results import store
 
     if isinstance(sweep, SweepResult):
         return sweep.sweep, sweep_id or sweep.sweep_id, store.normalise_uri(tracking_uri or sweep._uri
@@ -551,7 +551,7 @@ def results(sweep: str | SweepResult, *, sweep_id: str | None = None,
             tracking_uri: str | None = None) -> pd.DataFrame:
     """A sweep's trials read back from MLflow: one row per trial run.
 
-    The rows every reader uses (``orchestrator.runs``): ``run_id``, ``trial_id``, ``name``, ``status``,
+    The rows every reader uses (``results.runs``): ``run_id``, ``trial_id``, ``name``, ``status``,
     ``schedule``, ``accuracy``, ``perplexity``, ``train_bitops``, ``cp``, ``cp_gated``, ``seed``,
     ``wall_seconds``, ``point`` (the swept values), ``epochs``, ``planned_epochs``, ``complete``, ``pareto`` (on
     the sweep's front), ``costs`` (the training cost under every cost model logged), ``stage``, ...
@@ -570,7 +570,7 @@ def results(sweep: str | SweepResult, *, sweep_id: str | None = None,
     """
     import pandas as pd
 
-    from orchestrator import runs
+    from results import runs
 
     name, sweep_id, uri = _where(sweep, sweep_id, tracking_uri)
     data = runs.load(uri, name, sweep_id)
@@ -595,7 +595,7 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
     Raises:
         ConfigError: no such sweep, a bad name or URI, or an objective no trial logged.
     """
-    from orchestrator import runs, store
+    from results import runs, store
 
     name, sweep_id, uri = _where(sweep, sweep_id, tracking_uri)
     store.check_uri(uri)
@@ -662,8 +662,8 @@ def report(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_ur
         ConfigError: no such sweep, a bad name, URI, output folder or objective.
     """
     from dashboards.report import build_report
-    from orchestrator import store
-    from orchestrator.output import check_output_folder
+    from results import store
+    from results.output import check_output_folder
 
     name, sweep_id, uri = _where(sweep, sweep_id, tracking_uri)
     ConfigError.check_all(lambda: store.check_names(name, sweep_id), lambda: store.check_uri(uri),
@@ -694,7 +694,7 @@ def validate(file: PathLike, *, tracking_uri: str | None = None) -> ValidationRe
         ConfigError: every problem at once, each naming field, value and what is allowed.
         DataError, CheckpointError: the data or a starting checkpoint cannot be read.
     """
-    from orchestrator import lineage
+    from results import lineage
 
     kind, obj = _load_any(file)
     if kind in ("spec", "ablation"):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.pareto import pareto_mask, pareto_rows
+from results.pareto import pareto_mask, pareto_rows
 
 
 def oracle(acc, cost):
@@ -65,7 +65,7 @@ def test_shape_mismatch():
 
 
 def test_hypervolume_by_hand():
-    from orchestrator.pareto import hypervolume
+    from results.pareto import hypervolume
 
     # reference: accuracy 0 at cost 10; front (2, 0.5), (5, 0.8); (6, 0.6) dominated; (10, 0.9) at the reference
     acc, cost = [0.5, 0.8, 0.6, 0.9], [2.0, 5.0, 6.0, 10.0]

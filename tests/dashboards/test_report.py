@@ -12,8 +12,8 @@ import pytest
 from dashboards import figures
 from dashboards import html as H
 from dashboards.data import bit_allocation, load_sweep
-from orchestrator import store
-from orchestrator.pareto import pareto_rows
+from results import store
+from results.pareto import pareto_rows
 from tests.conftest import run_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

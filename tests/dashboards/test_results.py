@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.results import comparable, method_label, split_seeds, summarise, trends
+from dashboards.results_page import comparable, method_label, split_seeds, summarise, trends
 from engine.config.experiment import parse_config, set_path
-from orchestrator import store
+from results import store
 from tests.conftest import copy_store
 
 STUDY = {
@@ -78,7 +78,7 @@ def test_labels_name_each_method_with_the_engines_values():
 def test_a_logged_config_reads_the_settings_it_predates_as_its_engine_ran_them():
     """A run logged before a gated setting existed ran without it: it reads back as the engine then ran, not as
     the engine's current default (routed's defaults are the half batch and batch statistics)."""
-    from dashboards.results import as_logged
+    from dashboards.results_page import as_logged
 
     old = _config({"schedule": {"kind": "dfq", "target_cp": 3.0, "execution": "routed"}}).to_dict()
     for key in ("option_state", "routed_sample_fraction", "routed_statistics"):
@@ -172,7 +172,7 @@ def test_dynamic_precision_is_checked_against_the_interpolated_static_front():
 
 
 def test_savings_and_ranking_under_each_cost_model():
-    from dashboards.results import cost_model_section, front_of, rankings
+    from dashboards.results_page import cost_model_section, front_of, rankings
 
     fp32, sbm, fw6 = ({"schedule": {"kind": "fp32"}}, {"schedule": {"kind": "static", "fw": 8, "bw": 8}},
                       {"schedule": {"kind": "static", "fw": 6, "bw": 8}})
@@ -195,7 +195,7 @@ def test_savings_and_ranking_under_each_cost_model():
 
 @pytest.fixture(scope="module")
 def mini_study(ray_local, tmp_path_factory, store_template):
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     folder = tmp_path_factory.mktemp("mini_study")
     spec = folder / "spec.yaml"

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from engine.errors import ConfigError
-from orchestrator.ablation_analysis import analyse, frame, importances, level_stats, pooled_seed_std, verdict
-from orchestrator.cli import main
+from orchestrator.cli.main import main
+from results.ablation_analysis import analyse, frame, importances, level_stats, pooled_seed_std, verdict
 from search_spaces.ablation import parse_ablation
 from tests.conftest import ROOT
 
@@ -160,7 +160,7 @@ def test_analyse_reports_levels_verdicts_and_importance():
 
 def test_importance_per_cost_model():
     """Each cost model is its own objective: `c` decides BitOPs, `d` decides energy; MACs are constant."""
-    from orchestrator.ablation_analysis import importances_by_objective
+    from results.ablation_analysis import importances_by_objective
 
     rng = np.random.default_rng(1)
     rows = []
@@ -180,7 +180,7 @@ def test_language_model_importance_follows_perplexity_minimized():
     is decided by `a` (a > 0.85), the highest by `b`; next-token accuracy only by `d`, BitOPs only by `c`. Studied as
     accuracy, importance would name `d`; with perplexity's sign wrong, PED-ANOVA (which studies the lowest
     targets) would name `b`."""
-    from orchestrator.ablation_analysis import importances_by_objective
+    from results.ablation_analysis import importances_by_objective
 
     rng = np.random.default_rng(0)
     rows = []
@@ -207,7 +207,7 @@ def test_language_model_importance_follows_perplexity_minimized():
 
 def test_language_model_ablation_levels_verdicts_and_printout(capsys):
     """An ablation of a language model: levels, pooled std and verdicts on test perplexity (lower is better)."""
-    from orchestrator.commands_ablate import print_analysis
+    from orchestrator.cli.commands_ablate import print_analysis
 
     la = parse_ablation(OFAT)
     rng = np.random.default_rng(1)

@@ -1,6 +1,6 @@
 """A sweep's checkpoints at every moment a driver could die: the stored experiment state names only checkpoints
 that exist, a snapshot taken at the worst moment restores, and finished trials keep only their last checkpoint
-(orchestrator.checkpoints)."""
+(orchestrator.sweep.tune_checkpoints)."""
 
 import shutil
 import tempfile
@@ -9,8 +9,13 @@ from pathlib import Path
 
 from ray import tune
 
-from orchestrator import checkpoints
-from orchestrator.checkpoints import CheckpointPruner, checkpoint_config, newest_state, stored_latest
+from orchestrator.sweep import tune_checkpoints as checkpoints
+from orchestrator.sweep.tune_checkpoints import (
+    CheckpointPruner,
+    checkpoint_config,
+    newest_state,
+    stored_latest,
+)
 
 EPOCHS = 16
 

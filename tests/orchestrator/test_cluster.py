@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import store
+from results import store
 from tests.conftest import ROOT, needs_root
 from tests.orchestrator.procs import kill_session, wait_for
 
@@ -317,7 +317,7 @@ def test_submit_to_an_address_where_nothing_listens_fails_fast(tmp_path):
 def test_a_submitted_sweep_records_the_spec_file_submitted(tmp_path, monkeypatch):
     """The job runs a copy of the spec (``spec.yaml`` in its working_dir): the file the submitter named reaches
     the sweep in FRACTUNE_SPEC_FILE, for the parent run's ``spec_file`` param."""
-    from orchestrator import jobs
+    from orchestrator.cluster import jobs
 
     submitted = {}
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.runner import run_sweep
-from orchestrator.sweep import SweepOptions
+from orchestrator.sweep.driver import SweepOptions
+from orchestrator.sweep.launch import run_sweep
 from search_spaces.spec import parse_spec
 from tests.conftest import needs_root, run_main
 from tests.orchestrator.procs import SLOW, descendants, histories, kill_session, start_cli, wait_for

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from orchestrator import store
+from results import store
 from tests.conftest import ROOT, needs_root, run_main
 from tests.orchestrator.procs import SLOW, histories, kill_session, start_cli, wait_for
 
@@ -130,11 +130,11 @@ def test_a_second_resume_of_a_running_sweep_is_refused(tmp_path):
     import subprocess
     import sys
 
-    from orchestrator.lifecycle import LOCK_FILE, hold_sweep
+    from orchestrator.sweep.lifecycle import LOCK_FILE, hold_sweep
 
     exp = tmp_path / "runs" / "held-20260101-000000"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]);"
-                               "from orchestrator.lifecycle import hold_sweep; from pathlib import Path;"
+                               "from orchestrator.sweep.lifecycle import hold_sweep; from pathlib import Path;"
                                "hold_sweep(Path(sys.argv[2]), 'held'); print('held', flush=True); time.sleep(60)",
                                str(ROOT), str(exp)], stdout=subprocess.PIPE,
                               text=True)

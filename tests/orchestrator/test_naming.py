@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.config.experiment import read_yaml
-from orchestrator import naming
-from search_spaces import trial
+from search_spaces import naming, trial
 from search_spaces.ablation import load_ablation
 from search_spaces.spec import load_spec, parse_spec
 
@@ -35,7 +34,7 @@ def _names(loaded, stage: str | None = None) -> list[str]:
     for point in _points(loaded):
         for seed in loaded.spec.seeds:
             tree = trial.resolved_tree(trial.encode("s", loaded.base_tree, point, seed))
-            name = trial.unique_name(naming.run_name(point, seed, varied, tree["schedule"]["kind"], stage), taken)
+            name = naming.unique_name(naming.run_name(point, seed, varied, tree["schedule"]["kind"], stage), taken)
             taken.add(name)
             out.append(name)
     return out
@@ -91,5 +90,5 @@ def test_a_range_parameter_is_always_named_and_a_tie_gets_a_short_disambiguator(
     first = naming.run_name({"optim.lr": 0.01234, "schedule.bw": 8}, 0, varied, "static")
     assert first == "lr0.0123 bw8 s0"
     again = naming.run_name({"optim.lr": 0.012341, "schedule.bw": 8}, 0, varied, "static")  # equal as printed
-    assert trial.unique_name(again, {first}) == "lr0.0123 bw8 s0 #2"
+    assert naming.unique_name(again, {first}) == "lr0.0123 bw8 s0 #2"
     assert naming.run_name({}, 3, {"common": [], "by_kind": {}, "kinds": False}, "dfq") == "dfq s3"  # seeds only

@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from orchestrator import runs, sweep
-from orchestrator.pareto import pareto_rows
+from orchestrator.sweep import driver as sweep
+from results import runs
+from results.pareto import pareto_rows
 from search_spaces.spec import load_spec
 
 

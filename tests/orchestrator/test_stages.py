@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from orchestrator import store
+from results import store
 from tests.conftest import run_main
 from tests.orchestrator.procs import kill_session, start_cli, wait_for
 
@@ -110,7 +110,7 @@ def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pr
     # the front is the retrain stage's (finished trials of seed 0)
     assert {e["run_id"] for e in result["pareto"]} <= {r.info.run_id for r in retrain}
     # `fractune results` compares the retrain stage's methods, with the pretrain's accuracy for reference
-    from dashboards.results import build_results
+    from dashboards.results_page import build_results
 
     res = build_results(sqlite_uri, "lineage", None, tmp_path / "results.md", log=False)
     assert res["trials"] == 4 and res["finished"] == 2 and {m["n"] for m in res["methods"]} == {1}

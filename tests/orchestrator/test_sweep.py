@@ -7,9 +7,9 @@ import json
 import pytest
 
 from engine.errors import ConfigError
-from orchestrator import store
-from orchestrator.runner import run_sweep
-from orchestrator.sweep import SweepOptions
+from orchestrator.sweep.driver import SweepOptions
+from orchestrator.sweep.launch import run_sweep
+from results import store
 from search_spaces.spec import parse_spec
 from tests.conftest import run_main
 
@@ -26,7 +26,7 @@ DIGITS = {
 def test_the_parent_run_records_the_spec_file(tmp_path, monkeypatch):
     """``spec_file``: relative to the project root inside it, else absolute; a submitted job's copy: the file
     submitted (FRACTUNE_SPEC_FILE); none for a spec that is no file."""
-    from orchestrator.sweep import spec_file_param
+    from orchestrator.sweep.driver import spec_file_param
     from search_spaces import PRESETS_DIR, load_spec
     from tests.conftest import ROOT
 
@@ -103,8 +103,8 @@ ASHA = {
 
 @pytest.mark.slow
 def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_local, tmp_path, sqlite_uri, run_cli):
-    from orchestrator import runs
-    from orchestrator.pareto import pareto_rows
+    from results import runs
+    from results.pareto import pareto_rows
 
     out = run_sweep(parse_spec(ASHA), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"),
                                                     progress=False))
@@ -201,7 +201,7 @@ def test_sweep_front_on_a_cost_model(ray_local, tmp_path, sqlite_uri, capsys):
     it cannot beat FW8/BW8 on cost alone; ``fractune pareto`` gives the same front, and any other model."""
     import math
 
-    from orchestrator import runs
+    from results import runs
 
     spec = {**DIGITS, "name": "digits_int_units", "objective": "int_units",
             "parameters": {"schedule": {"grid": [{"kind": "static", "fw": 8, "bw": 8},

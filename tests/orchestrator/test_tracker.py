@@ -13,10 +13,10 @@ import pytest
 
 from engine import checkpoint
 from engine.metrics import readable_key
-from orchestrator import store
-from orchestrator.runner import run_sweep
-from orchestrator.sweep import SweepOptions
-from orchestrator.tracker import NOT_METRICS, is_metric
+from orchestrator.sweep.driver import SweepOptions
+from orchestrator.sweep.launch import run_sweep
+from orchestrator.tracking.tracker import NOT_METRICS, is_metric
+from results import store
 from search_spaces.spec import parse_spec
 from tests.conftest import needs_root
 from tests.orchestrator.procs import SLOW, Relay, histories, wait_for
@@ -128,7 +128,7 @@ def test_a_tracking_database_on_a_full_disk_says_so_in_one_line(tmp_path, tiny_m
     """A real sqlite store whose disk fills: the failure's one line is sqlite's cause, not SQLAlchemy's footer."""
     import subprocess
 
-    from orchestrator import store
+    from results import store
 
     disk = tiny_mount("4m")
     uri = f"sqlite:///{disk / 'mlflow.db'}"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
-from orchestrator.output import emit_json, info, table
+from results.output import emit_json, info, table
 
 
 def cmd_submit(args) -> int:
-    from orchestrator import jobs
+    from orchestrator.cluster import jobs
 
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     out, jc = jobs.submit(args.spec, args.address, uri, args.storage, upload=not args.installed, resume=args.resume,
@@ -36,7 +36,7 @@ def cmd_submit(args) -> int:
 
 
 def cmd_jobs(args) -> int:
-    from orchestrator import jobs
+    from orchestrator.cluster import jobs
 
     jc = jobs.client(args.address)
     rows = sorted((jobs.describe(j) for j in jc.list_jobs()), key=lambda r: r["start_time"] or 0)
@@ -51,7 +51,7 @@ def cmd_jobs(args) -> int:
 
 def cmd_stop(args) -> int:
     from engine.errors import ConfigError
-    from orchestrator import jobs
+    from orchestrator.cluster import jobs
 
     jc = jobs.client(args.address)
     known = {j.submission_id for j in jc.list_jobs()}

@@ -2,7 +2,7 @@
 
 An MLflow experiment per sweep name, a parent run per sweep, a child run per trial (tag
 ``mlflow.parentRunId``, named by what tells it from the sweep's other trials, and its seed:
-``orchestrator.naming``, unique within the sweep; Tune's trial id is the ``ray_trial_id`` tag) with the
+``search_spaces.naming``, unique within the sweep; Tune's trial id is the ``ray_trial_id`` tag) with the
 flattened resolved config as params, the per-epoch metrics at ``step = epoch``, provenance tags, the resolved
 config, events and DFQ bit allocations as artifacts.
 
@@ -34,10 +34,10 @@ from ray import tune
 from ray.tune.result import AUTO_RESULT_KEYS, DEFAULT_EXPERIMENT_INFO_KEYS, DONE, SHOULD_CHECKPOINT
 
 from engine.metrics import ACCURACY
-from orchestrator import naming, provenance
-from orchestrator.lineage import CHECKPOINT_TAG
-from orchestrator.output import write_atomic
-from orchestrator.store import (
+from results import provenance
+from results.lineage import CHECKPOINT_TAG
+from results.output import write_atomic
+from results.store import (
     PARENT_TAG,
     PLANNED_TAG,
     POINT_TAG,
@@ -50,6 +50,7 @@ from orchestrator.store import (
     trial_error_text,
     with_readable,
 )
+from search_spaces import naming
 from search_spaces import trial as trial_dict
 from trainables.tune_trainable import PLACEMENT_KEYS
 
@@ -66,7 +67,7 @@ class MLflowTracker(tune.Callback):
     def __init__(self, tracking_uri: str, experiment: str, sweep_id: str, sweep_info: dict[str, Any],
                  spec_tree: dict, report_dir: str | None = None, variation: dict | None = None):
         self.tracking_uri, self.experiment, self.sweep_id = tracking_uri, experiment, sweep_id
-        self.variation = variation  # what differs between the trials (orchestrator.naming.variation): run names
+        self.variation = variation  # what differs between the trials (search_spaces.naming.variation): run names
         self.sweep_info, self.spec_tree, self.report_dir = sweep_info, spec_tree, report_dir
         self.state: dict[str, Any] = {"experiment_id": None, "parent_run_id": None, "runs": {}, "last_epoch": {},
                                       "written_epoch": {},
@@ -199,7 +200,7 @@ class MLflowTracker(tune.Callback):
         if planned is not None:
             tags[PLANNED_TAG] = str(planned)
         names = self.state.setdefault("names", {})
-        name = trial_dict.unique_name(self.run_name(config, point, tags.get("fractune.stage")), set(names.values()))
+        name = naming.unique_name(self.run_name(config, point, tags.get("fractune.stage")), set(names.values()))
         run = self.c.create_run(self.state["experiment_id"], run_name=name, tags=tags)
         params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
         for i in range(0, len(params), 100):
@@ -209,11 +210,9 @@ class MLflowTracker(tune.Callback):
         names[trial_id] = name
 
     def run_name(self, config: dict, point: dict, stage: str | None) -> str:
-        """What tells the trial from the sweep's others, and its seed (``orchestrator.naming``); a staged sweep's
+        """What tells the trial from the sweep's others, and its seed (``search_spaces.naming``); a staged sweep's
         stage leads. A tracker pickled before it knew the sweep's variation names every swept value."""
-        varied = getattr(self, "variation", None)
-        if varied is None:
-            return (f"{stage}-" if stage else "") + trial_dict.run_name(config, point)
+        varied = getattr(self, "variation", None) or naming.every_value(point)
         return naming.run_name(point, config.get("seed"), varied, config["schedule"]["kind"], stage)
 
     # -- Tune hooks -----------------------------------------------------------------------------------

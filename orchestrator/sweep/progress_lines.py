@@ -1,6 +1,6 @@
 """The sweep's progress on stderr: a Tune callback printing one line per epoch result and per ended trial.
 
-Imports ``ray.tune`` at import time: ``orchestrator.sweep`` imports it lazily, when a sweep starts.
+Imports ``ray.tune`` at import time: ``orchestrator.sweep.driver`` imports it lazily, when a sweep starts.
 """
 
 from __future__ import annotations

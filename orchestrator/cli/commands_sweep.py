@@ -4,8 +4,8 @@ its function of ``orchestrator.api`` and prints the outcome."""
 from __future__ import annotations
 
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS, TRAIN_TBITOPS
-from orchestrator.lifecycle import SweepInterrupted
-from orchestrator.output import emit_json, info, table
+from orchestrator.sweep.lifecycle import SweepInterrupted
+from results.output import emit_json, info, table
 
 
 def cmd_validate(args) -> int:
@@ -24,8 +24,8 @@ def cmd_validate(args) -> int:
 
 
 def task_label(rows: list[dict]) -> str:
-    """"accuracy max", or "perplexity min" for a language model's trials (``orchestrator.runs.task_objective``)."""
-    from orchestrator import runs
+    """"accuracy max", or "perplexity min" for a language model's trials (``results.runs.task_objective``)."""
+    from results import runs
 
     return " ".join(runs.task_objective(rows))
 
@@ -52,9 +52,9 @@ def cmd_sweep(args) -> int:
                     report_dir=args.report_dir, dashboard=args.dashboard, progress=not args.quiet,
                     verbose=args.verbose)
     except SweepInterrupted as stop:
-        from orchestrator import store
-        from orchestrator.lifecycle import resume_command
-        from orchestrator.sweep import storage_root
+        from orchestrator.sweep.driver import storage_root
+        from orchestrator.sweep.lifecycle import resume_command
+        from results import store
 
         command = resume_command(args.spec, str(storage_root(args.storage, create=False)),
                                  store.redact(stop.tracking_uri))

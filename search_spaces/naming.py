@@ -8,7 +8,7 @@ the points set the schedule's kind, a setting counts only among the points of on
 more than one. Everything the trial shares with the others stays out of the name: the full configuration is
 in the run's params (the flattened resolved config), its ``config.yaml`` artifact and its ``fractune.point``
 tag. A stage of a staged sweep prefixes its name (``retrain-dfq s0``); two trials that still read the same
-(values equal at the printed precision) get ``#2``, ``#3``... (``search_spaces.trial.unique_name``).
+(values equal at the printed precision) get ``#2``, ``#3``... (``unique_name``).
 
 No Ray and no torch here: the tracker calls ``run_name`` on the driver with the variation it was given.
 """
@@ -18,13 +18,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from search_spaces.trial import ABBREVIATIONS, PAIRS, short_value
-
 KIND = "schedule.kind"
-# short labels beyond search_spaces.trial.ABBREVIATIONS ("" : the value alone); a text value reads label:value
-LABELS = {**ABBREVIATIONS, "routed_sample_fraction": "frac", "routed_statistics": "stats", "option_state": "state",
-          "routed_estimator": "est", "routed_warmup": "warmup", "num_turning_points": "tp", "eval_unit": "unit",
-          "lr_schedule": "", "dataset": "", "head": ""}
+# The short labels of the settings that tell trials apart ("": the value alone; a text value reads
+# label:value); any other setting is named by its own key
+LABELS = {"epsilon": "eps", "alpha": "a", "target_cp": "cp", "weight_bits": "w", "num_cycles": "cyc",
+          "eval_every": "ev", "eval_windows": "ew", "block_floor": "bf", "force_final_at": "ff", "cp0": "cp",
+          "cp_step": "+", "learning_rate": "lr", "batch_size": "bs", "weight_decay": "wd", "momentum": "mom",
+          "epochs": "ep", "model.name": "", "options": "", "execution": "", "mode": "", "controller": "",
+          "beta": "beta", "rounding": "", "routed_sample_fraction": "frac", "routed_statistics": "stats",
+          "option_state": "state", "routed_estimator": "est", "routed_warmup": "warmup", "num_turning_points": "tp",
+          "eval_unit": "unit", "lr_schedule": "", "dataset": "", "head": ""}
+PAIRS = (("fw", "bw"), ("fw_min", "fw_max"), ("bw_min", "bw_max"))  # read as one word: fw6/bw8, fw3-8
 MAX_WORD = 20  # characters of one value's word: longer ones (a long option list) are cut, ending in "~"
 ABSENT = object()
 
@@ -161,3 +165,31 @@ def _partner(path: str, flat: dict, named: set[str]) -> bool:
         if key == b and _join(head, a) in named:
             return True
     return False
+
+
+def short_value(value: Any) -> str:
+    """A value as a run name shows it: booleans on/off, floats to 3 significant digits, lists joined by -."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, list | tuple):
+        return "-".join(short_value(v) for v in value)
+    return str(value)
+
+
+def unique_name(name: str, taken: set[str] | list[str]) -> str:
+    """``name``, or ``name #2``, ``name #3``... when a run of the sweep already has it."""
+    if name not in taken:
+        return name
+    n = 2
+    while f"{name} #{n}" in taken:
+        n += 1
+    return f"{name} #{n}"
+
+
+def every_value(point: dict[str, Any]) -> dict:
+    """A variation naming every value of ``point`` and its method: the name of a trial whose tracker was pickled
+    before it knew the sweep's variation."""
+    return {"common": list({k for path, value in point.items() for k in leaves(path, value)}), "by_kind": {},
+            "kinds": True}

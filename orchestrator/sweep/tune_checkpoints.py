@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ray import tune
 
-from orchestrator.output import write_atomic
+from results.output import write_atomic
 
 CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)")
 STATE_GLOB = "experiment_state-*.json"  # the newest by name is the one Tuner.restore reads

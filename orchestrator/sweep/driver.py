@@ -1,7 +1,7 @@
 """Run a sweep on Ray Tune: local Ray by default, ``address`` to attach to a running cluster.
 
 Only ``ray.tune.*`` APIs. Storage is absolute; every sweep invocation gets an id ``<name>-<timestamp>`` of its
-own (``orchestrator.lifecycle``: a suffix where another start of the same second holds it) so a second run never
+own (``orchestrator.sweep.lifecycle``: a suffix where another start of the same second holds it) so a second run never
 overwrites the first, and ``resume`` restores the latest unfinished one with ``Tuner.restore``; SIGINT and
 SIGTERM stop a sweep gracefully (``SweepInterrupted``). Resources are checked against the cluster before ``fit()`` (a trial larger than every
 node would stay PENDING forever), and after ``fit()`` trial errors are surfaced, not swallowed.
@@ -21,7 +21,13 @@ from typing import Any
 
 from engine.errors import ConfigError, FractuneError
 from engine.metrics import ACCURACY, TRAIN_BITOPS, Objective, cost_key
-from orchestrator.lifecycle import SweepInterrupted, claim_sweep_id, hold_sweep, interruptible, reconcile
+from orchestrator.sweep.lifecycle import (
+    SweepInterrupted,
+    claim_sweep_id,
+    hold_sweep,
+    interruptible,
+    reconcile,
+)
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
@@ -62,7 +68,7 @@ def storage_root(storage: str | None, create: bool = True) -> Path:
     field = "--storage"
     root = Path(storage or os.environ.get("FRACTUNE_STORAGE") or "fractune_runs").expanduser().resolve()
     if not create:
-        from orchestrator.output import check_output_folder
+        from results.output import check_output_folder
 
         return check_output_folder(field, str(root))
     try:
@@ -104,7 +110,7 @@ def sweep_taken(uri: str, name: str):
     """``taken(sweep_id)`` for ``lifecycle.claim_sweep_id``: whether the tracking store holds a parent run of that
     id (a sweep of the same second with another storage folder); False where the store cannot say."""
     def taken(sweep_id: str) -> bool:
-        from orchestrator import store
+        from results import store
 
         try:
             return store.sweep_parent(store.client(uri), name, sweep_id) is not None
@@ -167,7 +173,7 @@ def init_ray(address: str | None, dashboard: bool = False) -> None:
             ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
                      _system_config={"enable_metrics_collection": False}, **kwargs)
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError from Ray: one line, the cause
-        from orchestrator.store import one_line_error
+        from results.store import one_line_error
 
         raise ConfigError.single("--address", address or "(local)", f"Ray could not start or attach "
                                  f"({one_line_error(exc)[:300]})") from None
@@ -262,7 +268,7 @@ def domain(param):
 
 def param_space(loaded: LoadedSpec, sweep_id: str, init_runs: dict[str, str] | None = None) -> dict:
     """The trial dict (``search_spaces.trial``) with Tune's domains: what Tune samples each trial from;
-    ``init_runs``: the checkpoint of every ``init.run_id`` the trials may start from (``orchestrator.lineage``)."""
+    ``init_runs``: the checkpoint of every ``init.run_id`` the trials may start from (``results.lineage``)."""
     from ray import tune
 
     seeds = loaded.spec.seeds
@@ -310,7 +316,7 @@ def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
     Returns ``(uri, root, sweep_id, trainable, init_runs)``."""
     from ray import tune
 
-    from orchestrator import lineage, store
+    from results import lineage, store
     from trainables.tune_trainable import train_trial
 
     spec = loaded.spec
@@ -335,7 +341,7 @@ def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
 
 def spec_file_param(loaded: LoadedSpec) -> dict[str, str]:
     """``spec_file``, the parent run's param naming the spec file the sweep ran (its results page names it)."""
-    from orchestrator import provenance
+    from results import provenance
 
     path = provenance.spec_file(loaded.source)
     return {"spec_file": path} if path else {}
@@ -343,19 +349,20 @@ def spec_file_param(loaded: LoadedSpec) -> dict[str, str]:
 
 def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, sweep_id: str, trainable,
                init_runs) -> dict:
-    """A sweep without stages (``orchestrator.runner.run_sweep`` once the sweep id is claimed and Ray is up)."""
+    """A sweep without stages (``orchestrator.sweep.launch.run_sweep`` once the sweep id is claimed and Ray is up)."""
     from ray import tune
 
-    from orchestrator import naming, store
-    from orchestrator.progress import ProgressPrinter
-    from orchestrator.tracker import MLflowTracker
+    from orchestrator.sweep.progress_lines import ProgressPrinter
+    from orchestrator.tracking.tracker import MLflowTracker
+    from results import store
+    from search_spaces import naming
 
     spec = loaded.spec
     exp_path = root / sweep_id
 
     tracker = None
     if opts.resume:
-        from orchestrator.checkpoints import restore_state
+        from orchestrator.sweep.tune_checkpoints import restore_state
 
         if note := restore_state(exp_path):  # a state file cut by a full or read-only disk
             print(f"fractune: {note}", file=sys.stderr)
@@ -465,7 +472,7 @@ def mark_failed(tracker, cause: str) -> None:
     """A sweep that Tune refused or abandoned: its parent run FAILED with the cause, never left RUNNING."""
     if tracker is None or not tracker.state.get("parent_run_id"):
         return
-    from orchestrator.store import one_line_error
+    from results.store import one_line_error
 
     try:
         tracker.c.set_tag(tracker.state["parent_run_id"], "fractune.error", one_line_error(cause)[:5000])
@@ -478,7 +485,7 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
     """The Tuner of a sweep (or of one stage of a staged sweep: ``name`` is the stage, under ``storage``)."""
     from ray import tune
 
-    from orchestrator.checkpoints import CheckpointPruner, StateKeeper, checkpoint_config
+    from orchestrator.sweep.tune_checkpoints import CheckpointPruner, StateKeeper, checkpoint_config
 
     spec = loaded.spec
     scheduler = None
@@ -511,7 +518,7 @@ def save_summary(exp_path: Path, summary: dict, track: dict) -> None:
     """``pareto.json`` (front, errors, trial rows) beside the experiment: kept when MLflow is down; a storage
     error is noted in ``track``, not raised."""
     try:
-        from orchestrator.output import write_atomic
+        from results.output import write_atomic
 
         write_atomic(exp_path / "pareto.json", json.dumps(summary, indent=1, default=str))
     except OSError as exc:
@@ -528,11 +535,11 @@ def log_front(c, parent_id: str, summary: dict) -> None:
 
 def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,
            report: dict | None = None) -> dict:
-    """The sweep's outcome: its trial rows as MLflow holds them (``orchestrator.runs``, the loader every reader
+    """The sweep's outcome: its trial rows as MLflow holds them (``results.runs``, the loader every reader
     uses), the front tagged and ``pareto.json`` written beside the experiment and on the parent run; the parent's
     summary metrics, its note and the sweep's view in the MLflow UI (``dashboards.mlflow_view``)."""
-    from orchestrator import runs, store
-    from orchestrator.tracker import REPORT_FILE
+    from orchestrator.tracking.tracker import REPORT_FILE
+    from results import runs, store
 
     report_file = exp_path / REPORT_FILE
     track = dict(report) if report else (json.loads(report_file.read_text()) if report_file.is_file() else {})
@@ -607,7 +614,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
 def result_row(result, run_ids: dict) -> dict:
     """A trial's row from its Tune result, for when the tracking store cannot give it (same fields and rule)."""
     from engine.data.datasets import run_length
-    from orchestrator import runs
+    from results import runs
 
     m, cfg = result.metrics, trial.decode(result.config)
     return runs.make_row(run_id=run_ids.get(m.get("trial_id")), trial_id=m.get("trial_id"), name=None,

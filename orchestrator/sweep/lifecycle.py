@@ -113,7 +113,7 @@ def reconcile(uri: str, experiment: str, sweep_id: str, parent_status: str | Non
     """Every child run of the sweep still RUNNING becomes KILLED (a FINISHED or FAILED run is left as it is);
     the parent too when ``parent_status`` is given and it is RUNNING. Returns how many runs changed; a store that
     cannot be reached changes nothing (the next resume reconciles)."""
-    from orchestrator import store
+    from results import store
 
     try:
         c = store.client(uri)

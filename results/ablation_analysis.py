@@ -5,7 +5,7 @@ objective and ``train_bitops``) and the design (``meta``: mode, factors' level l
 verdict thresholds; ``search_spaces.ablation.LoadedAblation.meta``). Reports and ``fractune ablate`` call
 ``analyse``; tests call the pieces on hand-built tables.
 
-The task objective is the sweep's, as ``orchestrator.runs.task_objective`` picks it from the rows: final test
+The task objective is the sweep's, as ``results.runs.task_objective`` picks it from the rows: final test
 ``accuracy`` (maximize) for classifiers, test ``perplexity`` (minimize) for language models. Every statistic,
 verdict and importance is keyed by its name (``accuracy_mean`` or ``perplexity_mean``, ``importance["accuracy"]``
 or ``importance["perplexity"]``); the cost objective is ``train_bitops`` (minimize).
@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
-from orchestrator.runs import DIRECTIONS, task_objective
+from results.runs import DIRECTIONS, task_objective
 from search_spaces.ablation import level_label
 
 COST = (TRAIN_BITOPS, "minimize")  # the cost objective (a cost model's cost is put in this column)
@@ -164,7 +164,7 @@ def importances(rows: list[dict], factors: list[str], evaluator: str = "fanova")
 def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, evaluator: str = "fanova") -> dict:
     """Each factor's importance for the task objective (accuracy, or a language model's test perplexity:
     ``objectives``) and for the training cost under each cost model: ``costs`` maps a model name to a function
-    of a row giving its cost (``orchestrator.runs.cost_of``). One two-objective study per model (the task
+    of a row giving its cost (``results.runs.cost_of``). One two-objective study per model (the task
     objective, that cost), so each model's importance is computed from the trials that logged it."""
     (task, direction), _ = objectives(rows)
     out: dict = {"evaluator": evaluator, "objective": task, "direction": direction, "trials": 0, task: {}}

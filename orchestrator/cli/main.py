@@ -58,7 +58,7 @@ def _add_train(sub) -> None:
     p.add_argument("--history", metavar="FILE", help="also append the per-epoch metrics to FILE as JSON lines (a "
                    "resumed run continues it; nothing is written before the first epoch)")
     _shared(p, "json", json="last stdout line: one JSON object with the results")
-    p.set_defaults(func="orchestrator.commands_engine:cmd_train")
+    p.set_defaults(func="orchestrator.cli.commands_engine:cmd_train")
 
 
 def _add_cost(sub) -> None:
@@ -84,7 +84,7 @@ def _add_cost(sub) -> None:
     p.add_argument("--table", metavar="FILE.yaml", help="a user cost table (width pair -> cost per MAC), "
                    "reported as table:NAME; format in docs/methods.md §10")
     _shared(p, "json")
-    p.set_defaults(func="orchestrator.commands_engine:cmd_cost")
+    p.set_defaults(func="orchestrator.cli.commands_engine:cmd_cost")
 
 
 def _add_sweep(sub) -> None:
@@ -105,7 +105,7 @@ def _add_sweep(sub) -> None:
     p.add_argument("--objective", metavar="MODEL", help="the cost axis instead of the spec's objective: bitops, "
                    "macs, int_units, energy, memory or table:NAME")
     _shared(p, "json")
-    p.set_defaults(func="orchestrator.commands_sweep:cmd_sweep")
+    p.set_defaults(func="orchestrator.cli.commands_sweep:cmd_sweep")
 
 
 def _add_ablate(sub) -> None:
@@ -122,7 +122,7 @@ def _add_ablate(sub) -> None:
     _shared(p, "dashboard")
     p.add_argument("--out", metavar="DIR", help="report folder (default: ./fractune_reports/SWEEP_ID)")
     _shared(p, "quiet", "verbose_logs", "json")
-    p.set_defaults(func="orchestrator.commands_ablate:cmd_ablate")
+    p.set_defaults(func="orchestrator.cli.commands_ablate:cmd_ablate")
 
 
 def _add_report(sub) -> None:
@@ -173,7 +173,7 @@ def _add_pareto(sub) -> None:
     p.add_argument("--objective", metavar="MODEL", help="the cost axis: bitops, macs, int_units, energy, memory "
                    "or table:NAME (default: the sweep's own, its spec's objective)")
     _shared(p, "sweep_id", "tracking_uri", "json")
-    p.set_defaults(func="orchestrator.commands_sweep:cmd_pareto")
+    p.set_defaults(func="orchestrator.cli.commands_sweep:cmd_pareto")
 
 
 def _add_validate(sub) -> None:
@@ -184,7 +184,7 @@ def _add_validate(sub) -> None:
     _shared(p, "tracking_uri", tracking_uri="MLflow tracking URI where init.run_id is looked up (default: "
             "$MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)")
     _shared(p, "json")
-    p.set_defaults(func="orchestrator.commands_sweep:cmd_validate")
+    p.set_defaults(func="orchestrator.cli.commands_sweep:cmd_validate")
 
 
 def _add_schedule(sub) -> None:
@@ -198,7 +198,7 @@ def _add_schedule(sub) -> None:
     _shared(p, "set")
     p.add_argument("--plot", metavar="FILE.png", help="also plot the bits over iterations")
     _shared(p, "json")
-    p.set_defaults(func="orchestrator.commands_engine:cmd_schedule")
+    p.set_defaults(func="orchestrator.cli.commands_engine:cmd_schedule")
 
 
 def _add_prt(sub) -> None:
@@ -207,7 +207,7 @@ def _add_prt(sub) -> None:
                        "report the chosen fw_min/fw_max with the per-bit training accuracy and gains.")
     p.add_argument("config", help="experiment YAML with schedule.kind: cpt")
     _shared(p, "set", "data_dir", "json")
-    p.set_defaults(func="orchestrator.commands_engine:cmd_prt")
+    p.set_defaults(func="orchestrator.cli.commands_engine:cmd_prt")
 
 
 def _add_results(sub) -> None:
@@ -228,7 +228,7 @@ def _add_results(sub) -> None:
                    "macs, int_units, energy, memory or table:NAME (default: the sweep's own); the savings table "
                    "shows every model either way")
     _shared(p, "json")
-    p.set_defaults(func="dashboards.results:cmd_results")
+    p.set_defaults(func="dashboards.results_page:cmd_results")
 
 
 def _add_cluster(sub) -> None:
@@ -249,19 +249,19 @@ def _add_cluster(sub) -> None:
     p.add_argument("--job-id", help="the submission id to use (default: Ray picks raysubmit_...)")
     p.add_argument("--follow", action="store_true", help="stream the job's logs; exit with its status")
     _shared(p, "json")
-    p.set_defaults(func="orchestrator.commands_cluster:cmd_submit")
+    p.set_defaults(func="orchestrator.cli.commands_cluster:cmd_submit")
 
     p = sub.add_parser("jobs", help="list the Ray Jobs of a cluster",
                        description="List the jobs of a Ray cluster (id, status, fractune sweep name).")
     _shared(p, "jobs_address", "json")
-    p.set_defaults(func="orchestrator.commands_cluster:cmd_jobs")
+    p.set_defaults(func="orchestrator.cli.commands_cluster:cmd_jobs")
 
     p = sub.add_parser("stop", help="stop a Ray Job",
                        description="Stop a running Ray Job; its sweep can be resumed with `fractune submit "
                        "--resume` (same spec and --storage).")
     p.add_argument("job_id", help="the job's submission id (see `fractune jobs`)")
     _shared(p, "jobs_address", "json")
-    p.set_defaults(func="orchestrator.commands_cluster:cmd_stop")
+    p.set_defaults(func="orchestrator.cli.commands_cluster:cmd_stop")
 
 
 BUILDERS = [_add_train, _add_cost, _add_schedule, _add_prt, _add_sweep, _add_ablate, _add_pareto, _add_report,
@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 def safe_line(text: str) -> str:
     """One terminal-safe line: credentials in URIs replaced by ***, newlines and control characters escaped
     (a hostile value must not forge extra lines or terminal escapes)."""
-    from orchestrator.store import redact
+    from results.store import redact
 
     text = " ".join(str(text).splitlines())
     return redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
@@ -304,7 +304,7 @@ def path_problem(command: argparse.ArgumentParser, args: argparse.Namespace, err
     import os
 
     from engine.errors import ConfigError, _short
-    from orchestrator.store import redact, sqlite_path
+    from results.store import redact, sqlite_path
 
     reason = err.strerror or str(err) or type(err).__name__
     if err.filename is None:

@@ -1,7 +1,7 @@
 """``fractune results``: a sweep's results as a markdown page, generated from its MLflow runs.
 
 One row per method (the trial's swept point without the seed): the task objective's mean and std over seeds
-(final test accuracy; for a language model test perplexity, lower is better: ``orchestrator.runs.task_objective``),
+(final test accuracy; for a language model test perplexity, lower is better: ``results.runs.task_objective``),
 training BitOPs, savings against the FP32 and FW8/BW8 rows of the same sweep, and the computation percentage; the
 papers' trends checked one by one with the rule stated (accuracy within TOLERANCE_PP points, perplexity within
 TOLERANCE_PCT percent, or two seed stds); a plot of every method's mean (error bars: std over seeds) with the
@@ -29,7 +29,7 @@ from engine.config.schedule import (
 )
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
 from engine.safe_yaml import read_text
-from orchestrator import runs
+from results import runs
 
 TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
 TOLERANCE_PCT = 2.0  # a language model's test perplexity "comparable": mean within this many percent (relative)
@@ -52,7 +52,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     """Finished trials grouped by method (the swept point); savings against the sweep's own FP32 and FW8/BW8
     groups. Each row carries ``config``: its resolved ``ExperimentConfig`` (None when it could not be read).
 
-    The quality columns follow the task objective (``orchestrator.runs.task_objective``): ``accuracy_mean``,
+    The quality columns follow the task objective (``results.runs.task_objective``): ``accuracy_mean``,
     ``accuracy_std`` and ``accuracy_delta_vs_<ref>_pp`` (percentage points), or for language models
     ``perplexity_mean``, ``perplexity_std`` and ``perplexity_delta_vs_<ref>_pct`` (the relative change of the mean
     test perplexity, 100 (ppl / ppl_ref - 1): negative is better)."""
@@ -104,7 +104,7 @@ def _mean(values: list[float]) -> float:
 
 
 def task_of(groups: list[dict]) -> tuple[str, str]:
-    """The task objective ``summarise`` keyed the groups by (``orchestrator.runs.task_objective`` of their
+    """The task objective ``summarise`` keyed the groups by (``results.runs.task_objective`` of their
     rows): ("accuracy", "max"), or ("perplexity", "min") for language models."""
     return (PERPLEXITY, "min") if any("perplexity_mean" in g for g in groups) else (ACCURACY, "max")
 
@@ -135,7 +135,7 @@ def _static(groups: list[dict]) -> dict[tuple[int, int], dict]:
 
 
 def front_of(groups: list[dict], objective: str = "bitops") -> list[dict]:
-    from orchestrator.pareto import pareto_rows
+    from results.pareto import pareto_rows
 
     key, mode = task_of(groups)  # accuracy max, or a language model's test perplexity min
     rows = [{key: g[f"{key}_mean"], TRAIN_BITOPS: g["train_bitops_mean"], "cost": cost_mean(g, objective),
@@ -190,7 +190,7 @@ def split_seeds(g: dict) -> list[list[float]] | None:
 
 def static_front(groups: list[dict]) -> list[dict]:
     """The static rows' Pareto front of the means (accuracy max, BitOPs min), cheapest first."""
-    from orchestrator.pareto import pareto_rows
+    from results.pareto import pareto_rows
 
     rows = [{ACCURACY: g["accuracy_mean"], "cost": g["train_bitops_mean"], "method": g["method"]}
             for g in groups if g["kind"] == "static"]
@@ -565,7 +565,7 @@ def cost_model_section(groups: list[dict]) -> list[str]:
 
 def setup_of(data: SweepData) -> dict:
     """A few lines on the sweep's common setting, from the parent run's logged spec."""
-    from orchestrator.store import artifact_json
+    from results.store import artifact_json
 
     spec = artifact_json(data.client, data.parent_run_id, "sweep_spec.yaml") or {}
     base = spec.get("base") if isinstance(spec.get("base"), dict) else {}
@@ -592,7 +592,7 @@ def spec_file_of(name: str, params: dict) -> str | None:
     name in this checkout's ``search_spaces/`` or ``docs/studies/``, said to be found by name; else None."""
     from engine.config.experiment import read_yaml
     from engine.errors import ConfigError
-    from orchestrator.provenance import PROJECT_ROOT, SPEC_FOLDERS
+    from results.provenance import PROJECT_ROOT, SPEC_FOLDERS
 
     if recorded := params.get("spec_file"):
         return f"`{shown_path(recorded)}`"
@@ -625,7 +625,7 @@ def with_configs(data: SweepData) -> list[dict]:
     settings the log predates as its engine ran them, ``as_logged``)."""
     from engine.config.experiment import parse_config
     from engine.errors import ConfigError
-    from orchestrator.store import artifact_json
+    from results.store import artifact_json
 
     cache: dict[str, ExperimentConfig | None] = {}
     rows = []
@@ -664,7 +664,7 @@ def last_stage(data: SweepData) -> tuple[SweepData, list[dict]]:
 
 def paired_spec(data: SweepData):
     """The sweep's paired test (its logged spec's ``paired`` section), or None."""
-    from orchestrator.store import artifact_json
+    from results.store import artifact_json
     from search_spaces.spec import Paired
 
     spec = artifact_json(data.client, data.parent_run_id, "sweep_spec.yaml") or {}
@@ -673,7 +673,7 @@ def paired_spec(data: SweepData):
 
 def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, notes: str | None = None,
                   log: bool = True, command: str | None = None, objective: str | None = None) -> dict:
-    from orchestrator.runs import check_objective
+    from results.runs import check_objective
 
     data, stage_refs = last_stage(load_sweep(uri, sweep, sweep_id))
     objective = check_objective(objective or data.objective, data.rows)
@@ -734,7 +734,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
 def shown_path(path: str) -> str:
     """A path as a generated page names it: relative to the repository where it lies inside, else its last two
     parts after ``.../``, never a path of the machine the page was made on."""
-    from orchestrator.provenance import PROJECT_ROOT
+    from results.provenance import PROJECT_ROOT
 
     if not Path(path).expanduser().is_absolute():
         return path
@@ -749,7 +749,7 @@ def shown_uri(uri: str) -> str:
     """A tracking URI as a generated page names it: a sqlite file or a folder by ``shown_path`` (a relative
     sqlite URI, ``sqlite:///fractune_study/fair/mlflow.db``, opens it from the repository's root); a server's
     without its credentials."""
-    from orchestrator import store
+    from results import store
 
     for scheme in ("sqlite:///", "file://"):
         if uri.startswith(scheme):
@@ -761,8 +761,8 @@ def shown_uri(uri: str) -> str:
 
 def cmd_results(args) -> int:
     from engine.errors import ConfigError
-    from orchestrator import store
-    from orchestrator.output import check_output_file, emit_json
+    from results import store
+    from results.output import check_output_file, emit_json
 
     # every input and output path checked before the store is read or anything written
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())

@@ -2,7 +2,7 @@
 checkpoint (docs/sweeps.md, "Starting from an earlier run").
 
 Every trial of a sweep records its final checkpoint folder as the tag ``fractune.checkpoint`` when it finishes
-(``orchestrator.tracker``). A config or spec that sets ``init.run_id`` without ``init.checkpoint`` is resolved
+(``orchestrator.tracking.tracker``). A config or spec that sets ``init.run_id`` without ``init.checkpoint`` is resolved
 here, on the machine that starts the work, before anything runs: the run must exist in the tracking store,
 have finished with a checkpoint, and that folder must be readable here (a cluster's storage is shared). The
 engine reads only ``init.checkpoint``; ``init.run_id`` stays as the lineage (``fractune.init_run`` on the new
@@ -24,7 +24,7 @@ def run_checkpoint(uri: str, run_id: str, client=None) -> str:
     """The final checkpoint folder the MLflow run ``run_id`` recorded; one-line ``ConfigError`` otherwise."""
     from mlflow.exceptions import MlflowException
 
-    from orchestrator import store
+    from results import store
 
     c = client or store.client(uri)
     try:
@@ -67,7 +67,7 @@ def spec_run_ids(loaded) -> list[str]:
 def resolve_runs(tracking_uri: str | None, run_ids: list[str]) -> dict[str, str]:
     """``{run id: checkpoint folder}`` from the tracking store ``tracking_uri`` (default: the project's), which is
     opened only when there is a run to look up; every unresolvable run reported together (one line each)."""
-    from orchestrator import store
+    from results import store
 
     if not run_ids:
         return {}

@@ -21,8 +21,7 @@ import time
 from pathlib import Path
 
 from engine.errors import ConfigError
-from orchestrator.lifecycle import SweepInterrupted, reconcile
-from orchestrator.sweep import (
+from orchestrator.sweep.driver import (
     SweepError,
     SweepOptions,
     fit,
@@ -34,6 +33,7 @@ from orchestrator.sweep import (
     storage_problem,
     ui_command,
 )
+from orchestrator.sweep.lifecycle import SweepInterrupted, reconcile
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
@@ -54,12 +54,12 @@ def write_manifest(exp_root: Path, manifest: dict) -> None:
 
 def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, sweep_id: str, trainable,
                init_runs) -> dict:
-    """A staged sweep (``orchestrator.runner.run_sweep`` once the sweep id is claimed and Ray is up)."""
+    """A staged sweep (``orchestrator.sweep.launch.run_sweep`` once the sweep id is claimed and Ray is up)."""
     from ray import tune
 
-    from orchestrator import naming
-    from orchestrator.progress import ProgressPrinter
-    from orchestrator.tracker import MLflowTracker
+    from orchestrator.sweep.progress_lines import ProgressPrinter
+    from orchestrator.tracking.tracker import MLflowTracker
+    from search_spaces import naming
 
     spec = loaded.spec
     exp_root = root / sweep_id
@@ -87,7 +87,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
         if stage.init_from:
             inits = {int(s): v for s, v in manifest["stages"][stage.init_from]["seeds"].items()}
         tracker = None
-        from orchestrator.checkpoints import restore_state
+        from orchestrator.sweep.tune_checkpoints import restore_state
 
         if opts.resume and (note := restore_state(stage_path)):
             print(f"fractune: stage {stage.name}: {note}", file=sys.stderr)
@@ -120,7 +120,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
 
 
 def _report_file(stage_path: Path) -> dict:
-    from orchestrator.tracker import REPORT_FILE
+    from orchestrator.tracking.tracker import REPORT_FILE
 
     path = stage_path / REPORT_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -128,7 +128,7 @@ def _report_file(stage_path: Path) -> dict:
 
 def stage_record(name: str, grid, report: dict) -> dict:
     """A finished stage: its trials, errors and per seed the run a later stage starts from (or why not)."""
-    from orchestrator import store
+    from results import store
 
     run_ids = report.get("runs", {})
     seeds, errors = {}, []
@@ -152,7 +152,7 @@ def stage_record(name: str, grid, report: dict) -> dict:
 def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, exp_root: Path, wall: float) -> dict:
     """The outcome: every stage's trials and errors; the Pareto front of the last stage's finished trials,
     tagged and written as ``pareto.json`` beside the experiment and on the parent run, which is then closed."""
-    from orchestrator import runs, store
+    from results import runs, store
 
     stages = [sub.stage.name for sub in loaded.stages]
     records = manifest["stages"]

@@ -1,4 +1,4 @@
-"""``run_sweep``: one sweep from its spec, plain (``orchestrator.sweep``) or staged (``orchestrator.stages``).
+"""``run_sweep``: one sweep from its spec, plain (``orchestrator.sweep.driver``) or staged (``orchestrator.sweep.stages``).
 
 Both kinds start the same way (``sweep.start_sweep``: the tracking store checked, Ray up, the sweep id claimed and
 its folder locked) and run with Ray Tune's and MLflow's log lines in the sweep's ``fractune.log``
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.lifecycle import release_sweep
-from orchestrator.stages import run_staged
-from orchestrator.sweep import SweepOptions, quiet_logs, run_plain, start_sweep
+from orchestrator.sweep.driver import SweepOptions, quiet_logs, run_plain, start_sweep
+from orchestrator.sweep.lifecycle import release_sweep
+from orchestrator.sweep.stages import run_staged
 from search_spaces.spec import LoadedSpec
 
 

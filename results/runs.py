@@ -36,8 +36,8 @@ from engine.metrics import (
     Task,
     cost_key,
 )
-from orchestrator import store
-from orchestrator.pareto import hypervolume, pareto_rows
+from results import store
+from results.pareto import hypervolume, pareto_rows
 from search_spaces import trial
 
 OBJECTIVE_TAG = "fractune.objective"
@@ -213,7 +213,7 @@ def front_entry(row: dict, objective: str = "bitops") -> dict:
 
 
 def front_quality(done: list[dict], front: list[dict], objective: str) -> dict:
-    """The hypervolume of the front (``orchestrator.pareto.hypervolume``) with its reference point stated. A
+    """The hypervolume of the front (``results.pareto.hypervolume``) with its reference point stated. A
     language model's quality axis is ``1 / perplexity`` (the geometric-mean probability of the next token, in
     (0, 1], the analogue of accuracy), from the reference point perplexity infinity."""
     costs = [cost_of(r, objective) for r in done]

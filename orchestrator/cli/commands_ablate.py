@@ -4,12 +4,12 @@ and the HTML report, all computed from the finished trials in MLflow (``orchestr
 from __future__ import annotations
 
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
-from orchestrator.output import emit_json, fmt, info, table
+from results.output import emit_json, fmt, info, table
 
 
 def cmd_ablate(args) -> int:
     from orchestrator.api import REPORT_KEYS, ablate
-    from orchestrator.commands_sweep import print_report
+    from orchestrator.cli.commands_sweep import print_report
 
     res = ablate(args.spec, tracking_uri=args.tracking_uri, storage=args.storage, address=args.address,
                  resume=args.resume, out=args.out, dashboard=args.dashboard, progress=not args.quiet,

@@ -43,7 +43,7 @@ def dashboard_address(address: str | None) -> str:
     if "://" not in raw:
         raw = "http://" + raw
     allowed = "allowed: the Ray dashboard's URL, http://HOST:PORT (default port 8265)"
-    from orchestrator.store import redact
+    from results.store import redact
 
     try:
         url = urlparse(raw)
@@ -63,12 +63,12 @@ def check_reachable(address: str, timeout: float = 3.0) -> None:
         with socket.create_connection((url.hostname, port), timeout=timeout):
             pass
     except UnicodeError as exc:  # a host name that cannot be encoded (IDNA): too long a label, a control character
-        from orchestrator.store import redact
+        from results.store import redact
 
         raise ConfigError.single("--address", redact(address), f"not a valid host name ({exc}); allowed: the Ray "
                                  "dashboard's URL, http://HOST:PORT") from None
     except OSError as exc:
-        from orchestrator.store import redact
+        from results.store import redact
 
         raise ConfigError.single("--address", redact(address), f"no Ray dashboard reachable there ({exc.strerror or exc}); "
                                  "start the cluster (ray start --head / docker compose up) or give its "
@@ -98,7 +98,7 @@ def client(address: str | None):
     try:
         return JobSubmissionClient(url)
     except Exception as exc:  # HTTP errors, version mismatch, token rejected
-        from orchestrator.store import one_line_error
+        from results.store import one_line_error
 
         raise ConfigError.single("--address", url, f"the Ray Jobs API refused the connection: "
                                  f"{one_line_error(exc)}") from None
@@ -140,8 +140,8 @@ def submit(spec_path: str, address: str | None, tracking_uri: str | None, storag
            upload: bool = True, resume: bool = False, submission_id: str | None = None) -> tuple[dict, object]:
     """Submit the sweep; its summary and the connected client (for following the job). The spec, the job id,
     the tracking URI and the address are checked, every problem at once, before anything is contacted."""
-    from orchestrator.provenance import SPEC_FILE_ENV, spec_file
-    from orchestrator.store import check_uri
+    from results.provenance import SPEC_FILE_ENV, spec_file
+    from results.store import check_uri
 
     problems: list = []
     tree = loaded = None
@@ -177,7 +177,7 @@ def submit(spec_path: str, address: str | None, tracking_uri: str | None, storag
                                        metadata={"fractune.sweep": loaded.name, "fractune.spec": Path(spec_path).name})
                 break
             except Exception as exc:
-                from orchestrator.store import one_line_error
+                from results.store import one_line_error
 
                 # a head that has just started has no job agent registered yet: Ray says to try again later
                 if "try again later" in str(exc) and time.monotonic() < deadline:

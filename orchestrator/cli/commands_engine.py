@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, PERPLEXITY, VAL_ACCURACY, VAL_PERPLEXITY
-from orchestrator.output import PLOT_SUFFIXES, check_output_file, emit_json, info, table
+from results.output import PLOT_SUFFIXES, check_output_file, emit_json, info, table
 
 SUMMARY_KEYS = (ACCURACY, VAL_ACCURACY, "best_val_accuracy", "epochs", "iterations", "train_gbitops",
                 "savings_vs_fp32", "savings_vs_fw8bw8", "cp", "wall_seconds", "init_accuracy")
