@@ -1,10 +1,11 @@
 """``fractune results``: a sweep's results as a markdown page, generated from its MLflow runs.
 
 One row per method (the trial's swept point without the seed): the task objective's mean and std over seeds
-(final test accuracy; for a language model test perplexity, lower is better: ``results.runs.task_objective``),
+(final test accuracy; for a language model test perplexity, lower is better: the sweep's ``Objective``, resolved
+once when its rows are read and passed to every function here),
 training BitOPs, savings against the FP32 and FW8/BW8 rows of the same sweep, and the computation percentage; the
-papers' trends checked one by one with the rule stated (accuracy within TOLERANCE_PP points, perplexity within
-TOLERANCE_PCT percent, or two seed stds); a plot of every method's mean (error bars: std over seeds) with the
+papers' trends checked one by one with the rule stated (within the objective's ``tolerance``: accuracy 1 point,
+perplexity 2 percent); a plot of every method's mean (error bars: std over seeds) with the
 Pareto front of the means. Every cost model the runs logged (engine/cost/hardware.py) gets the
 same savings side by side, with the methods' cost ranking under each (where it differs from BitOPs' is where
 the BitOPs story does not hold on that hardware); ``--objective`` picks the model of the plot and the front.
@@ -27,13 +28,10 @@ from engine.config.experiment import ExperimentConfig
 from engine.config.schedule import (
     GatedSettings,
 )
-from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
+from engine.metrics import ACCURACY, TRAIN_BITOPS
 from engine.safe_yaml import read_text
 from results import runs
-
-TOLERANCE_PP = 1.0  # accuracy "comparable": mean within this many points, or within 2 std of the seeds
-TOLERANCE_PCT = 2.0  # a language model's test perplexity "comparable": mean within this many percent (relative)
-# above the reference's, or within 2 std of the seeds
+from results.objectives import Direction, Objective
 
 
 def method_label(point: dict, cfg: ExperimentConfig | None) -> str:
@@ -48,15 +46,15 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarise(rows: list[dict]) -> list[dict]:
+def summarise(rows: list[dict], objective: Objective) -> list[dict]:
     """Finished trials grouped by method (the swept point); savings against the sweep's own FP32 and FW8/BW8
     groups. Each row carries ``config``: its resolved ``ExperimentConfig`` (None when it could not be read).
 
-    The quality columns follow the task objective (``results.runs.task_objective``): ``accuracy_mean``,
+    The quality columns follow the task ``objective``: ``accuracy_mean``,
     ``accuracy_std`` and ``accuracy_delta_vs_<ref>_pp`` (percentage points), or for language models
     ``perplexity_mean``, ``perplexity_std`` and ``perplexity_delta_vs_<ref>_pct`` (the relative change of the mean
     test perplexity, 100 (ppl / ppl_ref - 1): negative is better)."""
-    task = runs.task_objective(rows)[0]
+    task = objective.key
     groups: dict[str, dict] = {}
     for r in rows:
         key = json.dumps(r["point"], sort_keys=True, default=str)
@@ -90,7 +88,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     for g in out:
         for ref, name in ((fp32, "fp32"), (sbm, "fw8bw8")):
             g[f"savings_vs_{name}"] = (1 - g["train_bitops_mean"] / ref["train_bitops_mean"]) if ref else math.nan
-            g.update(quality_delta(g, ref, name, task))
+            g.update(quality_delta(g, ref, name, objective))
         g["savings_by_model"] = {m: {name: (1 - g["costs_mean"][m] / ref["costs_mean"][m]) if ref and
                                         ref["costs_mean"][m] else math.nan for ref, name in ((fp32, "fp32"), (sbm, "fw8bw8"))}
                                  for m in models}
@@ -103,18 +101,25 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values and all(math.isfinite(v) for v in values) else math.nan
 
 
-def task_of(groups: list[dict]) -> tuple[str, str]:
-    """The task objective ``summarise`` keyed the groups by (``results.runs.task_objective`` of their
-    rows): ("accuracy", "max"), or ("perplexity", "min") for language models."""
-    return (PERPLEXITY, "min") if any("perplexity_mean" in g for g in groups) else (ACCURACY, "max")
+def delta_key(objective: Objective, name: str) -> str:
+    """The key of a group's task objective against the reference ``name``: ``accuracy_delta_vs_fp32_pp``
+    (points), or ``perplexity_delta_vs_fp32_pct`` for an objective compared relatively."""
+    return f"{objective.key}_delta_vs_{name}_{'pct' if objective.relative else 'pp'}"
 
 
-def quality_delta(g: dict, ref: dict | None, name: str, task: str) -> dict:
-    """The task objective of ``g`` against the reference group: accuracy in points, perplexity in percent."""
-    if task == PERPLEXITY:
-        pct = 100 * (g["perplexity_mean"] / ref["perplexity_mean"] - 1) if ref and ref["perplexity_mean"] else math.nan
-        return {f"perplexity_delta_vs_{name}_pct": pct}
-    return {f"accuracy_delta_vs_{name}_pp": (100 * (g["accuracy_mean"] - ref["accuracy_mean"])) if ref else math.nan}
+def delta_column(objective: Objective, name: str) -> str:
+    """That difference's column header: ``acc. vs FW8/BW8 (pp)``, ``ppl. vs FW8/BW8 (%)``."""
+    return f"{objective.short} vs {name} ({'%' if objective.relative else 'pp'})"
+
+
+def quality_delta(g: dict, ref: dict | None, name: str, objective: Objective) -> dict:
+    """The task objective of ``g`` against the reference group: in points of its scale (accuracy), or its
+    relative change in percent (perplexity: ``relative``)."""
+    mean = f"{objective.key}_mean"
+    if objective.relative:
+        pct = 100 * (g[mean] / ref[mean] - 1) if ref and ref[mean] else math.nan
+        return {delta_key(objective, name): pct}
+    return {delta_key(objective, name): (objective.scale * (g[mean] - ref[mean])) if ref else math.nan}
 
 
 def cost_mean(g: dict, objective: str) -> float:
@@ -134,10 +139,10 @@ def _static(groups: list[dict]) -> dict[tuple[int, int], dict]:
             if g["kind"] == "static" and g["config"].schedule.weight_bits is None}
 
 
-def front_of(groups: list[dict], objective: str = "bitops") -> list[dict]:
+def front_of(groups: list[dict], task: Objective, objective: str = "bitops") -> list[dict]:
     from results.pareto import pareto_rows
 
-    key, mode = task_of(groups)  # accuracy max, or a language model's test perplexity min
+    key, mode = task.key, task.mode  # accuracy max, or a language model's test perplexity min
     rows = [{key: g[f"{key}_mean"], TRAIN_BITOPS: g["train_bitops_mean"], "cost": cost_mean(g, objective),
              "method": g["method"]} for g in groups]
     return pareto_rows(rows, acc_key=key, cost_key="cost", maximize=mode == "max")
@@ -149,37 +154,35 @@ def seed_values(g: dict, key: str) -> list[float]:
     return [v[key] for v in per_seed.values()] or [g[f"{key}_mean"]]
 
 
-def worst_seed(g: dict) -> float:
+def worst_seed(g: dict, task: Objective) -> float:
     """The group's worst seed: the lowest accuracy, or a language model's highest test perplexity."""
-    if "perplexity_mean" in g:
-        return max(seed_values(g, PERPLEXITY))
-    return min(seed_values(g, ACCURACY))
+    values = seed_values(g, task.key)
+    return max(values) if task.direction is Direction.MIN else min(values)
 
 
-def comparable(g: dict, ref: dict) -> bool:
-    """Every seed within the tolerance of the reference's mean: the worst seed's accuracy no more than
-    TOLERANCE_PP points below it, or its test perplexity no more than TOLERANCE_PCT percent above it. Judged on
+def comparable(g: dict, ref: dict, task: Objective) -> bool:
+    """Every seed within the objective's tolerance of the reference's mean: the worst seed's accuracy no more
+    than 1 point below it, or its test perplexity no more than 2 percent above it (``relative``). Judged on
     the worst seed, a method whose seeds disagree is not called comparable because their spread is wide."""
-    if "perplexity_mean" in g:
-        return worst_seed(g) <= ref["perplexity_mean"] * (1 + TOLERANCE_PCT / 100)
-    return worst_seed(g) >= ref["accuracy_mean"] - TOLERANCE_PP / 100
+    mean, worst, lower = ref[f"{task.key}_mean"], worst_seed(g, task), task.direction is Direction.MIN
+    if task.relative:
+        return worst <= mean * (1 + task.tolerance / 100) if lower else worst >= mean * (1 - task.tolerance / 100)
+    return worst <= mean + task.tolerance / task.scale if lower else worst >= mean - task.tolerance / task.scale
 
 
-def comparable_rule(task: str) -> str:
+def comparable_rule(task: Objective) -> str:
     """``comparable`` in words, as the page states it."""
-    if task == PERPLEXITY:
-        return (f"its worst seed's test perplexity is no more than {TOLERANCE_PCT:g}% above the reference's mean "
-                "(lower is better)")
-    return f"its worst seed's accuracy is no more than {TOLERANCE_PP:g} point below the reference's mean"
+    lower = task.direction is Direction.MIN
+    return (f"its worst seed's {task.word} is no more than {task.tolerance:g}{'%' if task.relative else ' point'} "
+            f"{'above' if lower else 'below'} the reference's mean" + (" (lower is better)" if lower else ""))
 
 
-def split_seeds(g: dict) -> list[list[float]] | None:
+def split_seeds(g: dict, task: Objective) -> list[list[float]] | None:
     """The seeds in clusters where they fall apart (bimodal): sorted, split wherever two neighbours lie more than
-    twice the tolerance apart (2 points of accuracy, or 2 x TOLERANCE_PCT percent of the median perplexity); None
-    when they form one cluster."""
-    key = PERPLEXITY if "perplexity_mean" in g else ACCURACY
-    values = sorted(seed_values(g, key))
-    gap = (2 * TOLERANCE_PCT / 100 * statistics.median(values)) if key == PERPLEXITY else 2 * TOLERANCE_PP / 100
+    twice the tolerance apart (2 points of accuracy, or twice 2 percent of the median perplexity); None when
+    they form one cluster."""
+    values = sorted(seed_values(g, task.key))
+    gap = (2 * task.tolerance / 100 * statistics.median(values)) if task.relative else 2 * task.tolerance / task.scale
     clusters = [[values[0]]]
     for a, b in zip(values, values[1:]):
         if b - a > gap:
@@ -188,13 +191,15 @@ def split_seeds(g: dict) -> list[list[float]] | None:
     return clusters if len(clusters) > 1 else None
 
 
-def static_front(groups: list[dict]) -> list[dict]:
-    """The static rows' Pareto front of the means (accuracy max, BitOPs min), cheapest first."""
+def static_front(groups: list[dict], task: Objective) -> list[dict]:
+    """The static rows' Pareto front of the means (the task objective, e.g. accuracy max; BitOPs min), cheapest
+    first; each member's objective mean under ``accuracy`` (the key ``front_at`` and ``cost_at`` read)."""
     from results.pareto import pareto_rows
 
-    rows = [{ACCURACY: g["accuracy_mean"], "cost": g["train_bitops_mean"], "method": g["method"]}
+    rows = [{ACCURACY: g[f"{task.key}_mean"], "cost": g["train_bitops_mean"], "method": g["method"]}
             for g in groups if g["kind"] == "static"]
-    return sorted(pareto_rows(rows, acc_key=ACCURACY, cost_key="cost", maximize=True), key=lambda r: r["cost"])
+    return sorted(pareto_rows(rows, acc_key=ACCURACY, cost_key="cost", maximize=task.direction is Direction.MAX),
+                  key=lambda r: r["cost"])
 
 
 def front_at(front: list[dict], cost: float) -> tuple[float, str] | None:
@@ -218,7 +223,7 @@ def cost_at(front: list[dict], accuracy: float) -> float:
     return math.nan
 
 
-def beats_static(g: dict, front: list[dict]) -> dict:
+def beats_static(g: dict, front: list[dict], task: Objective) -> dict:
     """FracTrain's claim "dynamic precision beats static precision of equal cost", checked against the static
     rows' front interpolated at the method's mean BitOPs: it holds when the worst seed is on or above it. The
     saving is against the front's cost at the method's mean accuracy (NaN outside the front's accuracies)."""
@@ -226,13 +231,14 @@ def beats_static(g: dict, front: list[dict]) -> dict:
     claim = {"claim": "Dynamic precision beats static precision of equal cost", "source":
              "FracTrain (NeurIPS 2020) Fig. 4, reference repository's DFQ vs SBM figures", "method": g["method"]}
     if at is None:
-        return {**claim, "reference": "static front", "accuracy_delta_pp": math.nan, "savings": math.nan,
+        return {**claim, "reference": "static front", f"{task.key}_delta_pp": math.nan, "savings": math.nan,
                 "holds": False, "why_not": "cheaper than every static row: no static neighbour to compare"}
     acc, between = at
-    ok = worst_seed(g) >= acc
-    return {**claim, "reference": f"static front ({between})", "accuracy_delta_pp": 100 * (g["accuracy_mean"] - acc),
-            "savings": 1 - g["train_bitops_mean"] / cost_at(front, g["accuracy_mean"]), "holds": ok,
-            "why_not": None if ok else f"worst seed {100 * (worst_seed(g) - acc):+.2f} pp against the front"}
+    mean, worst = g[f"{task.key}_mean"], worst_seed(g, task)
+    ok = worst >= acc
+    return {**claim, "reference": f"static front ({between})", f"{task.key}_delta_pp": task.scale * (mean - acc),
+            "savings": 1 - g["train_bitops_mean"] / cost_at(front, mean), "holds": ok,
+            "why_not": None if ok else f"worst seed {task.scale * (worst - acc):+.2f} pp against the front"}
 
 
 def gate_key(cfg: ExperimentConfig) -> dict:
@@ -245,7 +251,7 @@ def gate_key(cfg: ExperimentConfig) -> dict:
     return {**key, "experiment": rest}
 
 
-def trends(groups: list[dict], paired: bool = False) -> list[dict]:
+def trends(groups: list[dict], task: Objective, paired: bool = False) -> list[dict]:
     """The papers' claims, each checked against this sweep's numbers (only those whose methods it ran). Where the
     spec decides "dynamic beats static" by pairs (``paired``), the check against the interpolated static front is
     left to the paired test."""
@@ -256,16 +262,13 @@ def trends(groups: list[dict], paired: bool = False) -> list[dict]:
     statics = _static(groups)
     sbm = statics.get((8, 8))
     out = []
-    word = task_of(groups)[0]  # the claims are about accuracy, or a language model's test perplexity
+    word = task.key  # the claims are about accuracy, or a language model's test perplexity
 
     def check(claim: str, source: str, g: dict, ref: dict, min_savings: float = 0.0) -> None:
         saved = 1 - g["train_bitops_mean"] / ref["train_bitops_mean"]
-        if word == PERPLEXITY:
-            delta = {"perplexity_delta_pct": quality_delta(g, ref, "ref", word)["perplexity_delta_vs_ref_pct"]}
-        else:
-            delta = {"accuracy_delta_pp": 100 * (g["accuracy_mean"] - ref["accuracy_mean"])}
-        ok_acc, ok_cost = comparable(g, ref), saved > min_savings
-        worse = "perplexity above the reference" if word == PERPLEXITY else "accuracy below the reference"
+        delta = {check_delta(task): quality_delta(g, ref, "ref", task)[delta_key(task, "ref")]}
+        ok_acc, ok_cost = comparable(g, ref, task), saved > min_savings
+        worse = f"{word} {'above' if task.direction is Direction.MIN else 'below'} the reference"
         out.append({"claim": claim, "source": source, "method": g["method"], "reference": ref["method"],
                     **delta, "savings": saved, "holds": ok_acc and ok_cost,
                     "why_not": None if ok_acc and ok_cost else
@@ -290,10 +293,10 @@ def trends(groups: list[dict], paired: bool = False) -> list[dict]:
             check(f"DFQ saves most of FW8/BW8's BitOPs at comparable {word}", "FracTrain supplement sec. 6", g, sbm)
         for g in by_kind.get("fractrain", []):
             check(f"FracTrain saves BitOPs over FW8/BW8 at comparable {word}", "FracTrain abstract", g, sbm)
-    statics_front = static_front(groups) if word == ACCURACY else []
+    statics_front = static_front(groups, task) if not task.relative else []
     if len(statics_front) >= 2 and not paired:
         for g in by_kind.get("dfq", []) + by_kind.get("fractrain", []):
-            out.append(beats_static(g, statics_front))
+            out.append(beats_static(g, statics_front, task))
     for f in by_kind.get("fractrain", []):  # FracTrain vs DFQ at FracTrain's final cp target, the same gate
         final, key = f["config"].schedule.targets()[-1], gate_key(f["config"])
         for d in by_kind.get("dfq", []):
@@ -302,8 +305,13 @@ def trends(groups: list[dict], paired: bool = False) -> list[dict]:
                       "FracTrain: PFQ schedules DFQ's cp", f, d)
     methods = {g["method"]: g for g in groups}
     for c in out:  # a method whose seeds fall apart: its mean describes none of them
-        c["split_seeds"] = split_seeds(methods[c["method"]]) if c["method"] in methods else None
+        c["split_seeds"] = split_seeds(methods[c["method"]], task) if c["method"] in methods else None
     return out
+
+
+def check_delta(task: Objective) -> str:
+    """The key of a claim's difference from its reference: ``accuracy_delta_pp``, ``perplexity_delta_pct``."""
+    return f"{task.key}_delta_{'pct' if task.relative else 'pp'}"
 
 
 def _fmt(v, spec: str = ".4f") -> str:
@@ -314,14 +322,13 @@ def _pct(v) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:+.1f}%"
 
 
-def results_png(groups: list[dict], front: list[dict], path: Path, objective: str = "bitops") -> Path:
+def results_png(groups: list[dict], front: list[dict], path: Path, task: Objective, objective: str = "bitops") -> Path:
     from dashboards.pngs import _save, log_x_if_wide, plt
     from engine.cost.hardware import UNITS
 
     bitops = objective == "bitops"
     scale, unit = (1e12, "TBitOPs") if bitops else (1.0, UNITS.get(objective, "cost"))
-    key = task_of(groups)[0]  # accuracy in %, or a language model's test perplexity as it is
-    y = 1.0 if key == PERPLEXITY else 100.0
+    key, y = task.key, task.scale  # accuracy in %, or a language model's test perplexity as it is
     fig, ax = plt.subplots(figsize=(8, 5.5))
     markers = {"fp32": "o", "static": "s", "pfq": "^", "cpt": "D", "dfq": "v", "fractrain": "P"}
     for i, g in enumerate(groups):  # one colour per method, one marker per kind
@@ -333,45 +340,43 @@ def results_png(groups: list[dict], front: list[dict], path: Path, objective: st
                 color="k", lw=1, label="Pareto front (means)")
     log_x_if_wide(ax, [cost_mean(g, objective) for g in groups])
     ax.set_xlabel(f"training cost under {objective}, {unit} (mean over seeds)")
-    if key == PERPLEXITY:
-        ax.set_ylabel("test perplexity (mean +/- std over seeds; lower is better)")
-        ax.set_title(f"Test perplexity vs training cost ({objective}) per method")
-        ax.legend(fontsize=7, loc="upper right")
-    else:
-        ax.set_ylabel("test accuracy, % (mean +/- std over seeds)")
-        ax.set_title(f"Accuracy vs training cost ({objective}) per method")
-        ax.legend(fontsize=7, loc="lower right")
+    lower = task.direction is Direction.MIN
+    ax.set_ylabel(f"{task.label}{', ' + task.unit if task.unit else ''} (mean +/- std over seeds"
+                  f"{'; lower is better' if lower else ''})")
+    ax.set_title(f"{task.word.capitalize()} vs training cost ({objective}) per method")
+    ax.legend(fontsize=7, loc="upper right" if lower else "lower right")
     return _save(fig, path)
 
 
-def seeds_png(groups: list[dict], path: Path) -> Path | None:
+def seeds_png(groups: list[dict], path: Path, task: Objective) -> Path | None:
     """One panel per seed: the static rows of that seed joined cheapest first (the static front where they
     form one), every other method's run of that seed as a point; accuracy against training BitOPs. None for a
     language model's sweep or one without static rows."""
     from dashboards.pngs import _save, log_x_if_wide, plt
 
-    if task_of(groups)[0] != ACCURACY or not any(g["kind"] == "static" for g in groups):
+    if task.relative or not any(g["kind"] == "static" for g in groups):
         return None
+    key, y = task.key, task.scale
     seeds = sorted({seed for g in groups for seed in (g.get("per_seed") or {})})
     fig, axes = plt.subplots(1, len(seeds), figsize=(5 * len(seeds), 4.8), sharey=True, squeeze=False)
     markers = {"fp32": "o", "static": "s", "pfq": "^", "cpt": "D", "dfq": "v", "fractrain": "P"}
     for ax, seed in zip(axes[0], seeds):
-        static = sorted((g["per_seed"][seed][TRAIN_BITOPS], g["per_seed"][seed][ACCURACY], g["method"])
+        static = sorted((g["per_seed"][seed][TRAIN_BITOPS], g["per_seed"][seed][key], g["method"])
                          for g in groups if g["kind"] == "static" and seed in g["per_seed"])
-        ax.plot([c / 1e12 for c, _, _ in static], [100 * a for _, a, _ in static], "s-", color="0.4",
+        ax.plot([c / 1e12 for c, _, _ in static], [y * a for _, a, _ in static], "s-", color="0.4",
                 label="static rows")
         for c, a, name in static:
-            ax.annotate(name, (c / 1e12, 100 * a), fontsize=6, xytext=(3, -8), textcoords="offset points")
+            ax.annotate(name, (c / 1e12, y * a), fontsize=6, xytext=(3, -8), textcoords="offset points")
         for i, g in enumerate(groups):
             if g["kind"] == "static" or seed not in g["per_seed"]:
                 continue
             v = g["per_seed"][seed]
-            ax.plot(v[TRAIN_BITOPS] / 1e12, 100 * v[ACCURACY], markers.get(g["kind"], "o"),
+            ax.plot(v[TRAIN_BITOPS] / 1e12, y * v[key], markers.get(g["kind"], "o"),
                     color=plt.cm.tab10(i % 10), label=g["method"])
         log_x_if_wide(ax, [g["per_seed"][seed][TRAIN_BITOPS] for g in groups if seed in g["per_seed"]])
         ax.set_title(f"seed {seed}")
         ax.set_xlabel("training TBitOPs")
-    axes[0][0].set_ylabel("test accuracy, %")
+    axes[0][0].set_ylabel(f"{task.label}{', ' + task.unit if task.unit else ''}")
     axes[0][-1].legend(fontsize=6, loc="lower right")
     return _save(fig, path)
 
@@ -379,6 +384,7 @@ def seeds_png(groups: list[dict], path: Path) -> Path | None:
 def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: list[dict], plot: str,
              command: str, notes: str | None, setup: dict, seeds_plot: str | None = None,
              paired_lines: list[str] | None = None) -> str:
+    task = data.task
     on_front = {r["method"] for r in front}
     lines = [f"# Results: {data.name}", "",
              f"Generated by `{command}` on {time.strftime('%Y-%m-%d')} from the MLflow runs of sweep "
@@ -394,13 +400,10 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
     if setup:
         lines += ["## Setting", ""] + [f"- {k}: {v}" for k, v in setup.items()] + [""]
     lines += paired_lines or []
-    if task_of(groups)[0] == PERPLEXITY:
-        lines += perplexity_table(groups, on_front)
-    else:
-        lines += accuracy_table(groups, on_front)
+    lines += (relative_table if task.relative else points_table)(groups, on_front, task)
     lines += allocation_table(groups)
     lines += cost_model_section(groups)
-    lines += trends_section(groups, checks, plot, seeds_plot)
+    lines += trends_section(groups, checks, plot, task, seeds_plot)
     errored = [r for r in data.rows if not r["complete"]]
     if errored:
         lines += ["", f"{len(errored)} trial(s) did not finish and are left out: "
@@ -410,7 +413,8 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
     return "\n".join(lines) + "\n"
 
 
-SECTION = {ACCURACY: "## Accuracy and training BitOPs", PERPLEXITY: "## Test perplexity and training BitOPs"}
+def section_title(task: Objective) -> str:
+    return f"## {task.word.capitalize()} and training BitOPs"
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -423,39 +427,41 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
         ["| " + " | ".join(pick(r)) + " |" for r in rows]
 
 
-def accuracy_table(groups: list[dict], on_front: set[str]) -> list[str]:
-    lines = [SECTION[ACCURACY], "",
-             "Mean +/- std over seeds of the final test accuracy; training BitOPs of the whole run (forward, "
+def points_table(groups: list[dict], on_front: set[str], task: Objective) -> list[str]:
+    """The table of an objective compared in points (accuracy): its mean and its difference from FW8/BW8."""
+    lines = [section_title(task), "",
+             f"Mean +/- std over seeds of the final {task.label}; training BitOPs of the whole run (forward, "
              "error and weight-gradient passes, exact counts); savings against this sweep's FP32 and FW8/BW8 "
              "rows (positive: cheaper); cp: the run's cost as a percentage of FP32, every layer counted (a gated "
              "run's gate apart); gated cp and model cp: DFQ's and FracTrain's cp over the gated blocks (the papers' "
              "cp) and over the whole model with the gate (docs/methods.md §6.4), the means of the per-epoch "
              "`cp_gated` and `cp_model`; minutes: wall time per trial (one CPU thread). * marks the Pareto front "
              "of the method means; a column empty in every row is left out.", ""]
-    header = ["method", "seeds", "accuracy %", "TBitOPs", "vs FP32", "vs FW8/BW8", "acc. vs FW8/BW8 (pp)", "cp %",
-              "gated cp %", "model cp %", "minutes"]
+    header = ["method", "seeds", task.column, "TBitOPs", "vs FP32", "vs FW8/BW8", delta_column(task, "FW8/BW8"),
+              "cp %", "gated cp %", "model cp %", "minutes"]
+    key, y = task.key, task.scale
     rows = []
     for g in groups:
         star = " *" if g["method"] in on_front else ""
-        rows.append([f"{g['method']}{star}", str(g["n"]), f"{100 * g['accuracy_mean']:.2f} +/- "
-                     f"{100 * g['accuracy_std']:.2f}", f"{g['train_bitops_mean'] / 1e12:.3f}",
+        rows.append([f"{g['method']}{star}", str(g["n"]), f"{y * g[f'{key}_mean']:.2f} +/- "
+                     f"{y * g[f'{key}_std']:.2f}", f"{g['train_bitops_mean'] / 1e12:.3f}",
                      _pct(g["savings_vs_fp32"]), _pct(g["savings_vs_fw8bw8"]),
-                     _fmt(g["accuracy_delta_vs_fw8bw8_pp"], "+.2f"), _fmt(g["cp_mean"], ".2f"),
+                     _fmt(g[delta_key(task, "fw8bw8")], "+.2f"), _fmt(g["cp_mean"], ".2f"),
                      _fmt(g["cp_gated_mean"], ".2f").replace("n/a", "-"),
                      _fmt(g["cp_model_mean"], ".3f").replace("n/a", "-"),
                      _fmt(g["wall_seconds_mean"] / 60, ".1f")])
-    return lines + table(header, rows) + [""] + seeds_table(groups, ACCURACY, 100)
+    return lines + table(header, rows) + [""] + seeds_table(groups, task)
 
 
-def seeds_table(groups: list[dict], key: str, scale: float) -> list[str]:
+def seeds_table(groups: list[dict], task: Objective) -> list[str]:
     """Every seed's figure and training BitOPs side by side, a column per seed (split seeds marked)."""
     seeds = sorted({seed for g in groups for seed in (g.get("per_seed") or {})})
-    word = "accuracy %" if key == ACCURACY else "test perplexity"
-    header = ["method"] + [f"seed {s}: {word} / TBitOPs" for s in seeds]
+    key, scale = task.key, task.scale
+    header = ["method"] + [f"seed {s}: {task.column} / TBitOPs" for s in seeds]
     rows = []
     for g in groups:
         per = g.get("per_seed") or {}
-        rows.append([g["method"] + (" (split)" if split_seeds(g) else "")] +
+        rows.append([g["method"] + (" (split)" if split_seeds(g, task) else "")] +
                     [f"{scale * per[s][key]:.2f} / {per[s][TRAIN_BITOPS] / 1e12:.3f}" if s in per else "-"
                      for s in seeds])
     return ["Each seed's final figure and its run's training TBitOPs:", ""] + table(header, rows)
@@ -484,10 +490,10 @@ def allocation_table(groups: list[dict]) -> list[str]:
     return lines + table(["method"] + [f"block {b}" for b in blocks], rows)
 
 
-def perplexity_table(groups: list[dict], on_front: set[str]) -> list[str]:
-    """A language model's table: test perplexity (lower is better) and its relative change against FP32 and
-    FW8/BW8, where a classifier's has accuracy and its difference in points."""
-    lines = [SECTION[PERPLEXITY], "",
+def relative_table(groups: list[dict], on_front: set[str], task: Objective) -> list[str]:
+    """The table of an objective compared relatively (a language model's test perplexity, lower is better): its
+    mean and its relative change against FP32 and FW8/BW8, where accuracy's has its difference in points."""
+    lines = [section_title(task), "",
              "Mean +/- std over seeds of the final test perplexity (exp of the mean next-token cross-entropy on the "
              "test split; lower is better); training BitOPs of the whole run (forward, error and weight-gradient "
              "passes over every token, exact counts); savings against this sweep's FP32 and FW8/BW8 rows "
@@ -497,26 +503,28 @@ def perplexity_table(groups: list[dict], on_front: set[str]) -> list[str]:
              "(the mean of the per-epoch `cp_gated`); minutes: wall time per trial (one CPU thread). * marks the "
              "Pareto front of the method means (test perplexity min, training cost min); a column empty in every "
              "row is left out.", ""]
-    header = ["method", "seeds", "test perplexity", "TBitOPs", "vs FP32", "vs FW8/BW8", "ppl. vs FP32 (%)",
-              "ppl. vs FW8/BW8 (%)", "cp %", "gated cp %", "minutes"]
+    header = ["method", "seeds", task.column, "TBitOPs", "vs FP32", "vs FW8/BW8", delta_column(task, "FP32"),
+              delta_column(task, "FW8/BW8"), "cp %", "gated cp %", "minutes"]
+    key, y = task.key, task.scale
     rows = [[g["method"] + (" *" if g["method"] in on_front else ""), str(g["n"]),
-             f"{g['perplexity_mean']:.2f} +/- {g['perplexity_std']:.2f}", f"{g['train_bitops_mean'] / 1e12:.3f}",
-             _pct(g["savings_vs_fp32"]), _pct(g["savings_vs_fw8bw8"]), _fmt(g["perplexity_delta_vs_fp32_pct"], "+.1f"),
-             _fmt(g["perplexity_delta_vs_fw8bw8_pct"], "+.1f"), _fmt(g["cp_mean"], ".2f"),
+             f"{y * g[f'{key}_mean']:.2f} +/- {y * g[f'{key}_std']:.2f}", f"{g['train_bitops_mean'] / 1e12:.3f}",
+             _pct(g["savings_vs_fp32"]), _pct(g["savings_vs_fw8bw8"]), _fmt(g[delta_key(task, "fp32")], "+.1f"),
+             _fmt(g[delta_key(task, "fw8bw8")], "+.1f"), _fmt(g["cp_mean"], ".2f"),
              _fmt(g["cp_gated_mean"], ".2f").replace("n/a", "-"), _fmt(g["wall_seconds_mean"] / 60, ".1f")]
             for g in groups]
-    return lines + table(header, rows) + [""] + seeds_table(groups, PERPLEXITY, 1)
+    return lines + table(header, rows) + [""] + seeds_table(groups, task)
 
 
-def trends_section(groups: list[dict], checks: list[dict], plot: str, seeds_plot: str | None = None) -> list[str]:
-    key = task_of(groups)[0]
-    word, delta, column = ((PERPLEXITY, "perplexity_delta_pct", "ppl. change (%)") if key == PERPLEXITY else
-                           (ACCURACY, "accuracy_delta_pp", "acc. delta (pp)"))
+def trends_section(groups: list[dict], checks: list[dict], plot: str, task: Objective,
+                   seeds_plot: str | None = None) -> list[str]:
+    word = task.key
+    delta = check_delta(task)
+    column = f"{task.short} change (%)" if task.relative else f"{task.short} delta (pp)"
     lines = ["", f"![{word} vs training cost]({plot})", ""]
     if seeds_plot:
         lines += [f"![{word} vs training cost, each seed]({seeds_plot})", ""]
     lines += ["## The papers' trends, checked", "",
-              f"Rule: a method holds a claim when it saves BitOPs against the reference and {comparable_rule(key)}.",
+              f"Rule: a method holds a claim when it saves BitOPs against the reference and {comparable_rule(task)}.",
               ""]
     if any(c["claim"].startswith("Dynamic precision") for c in checks):
         lines += ["\"Dynamic precision beats static precision of equal cost\" compares a gated method with the "
@@ -525,18 +533,18 @@ def trends_section(groups: list[dict], checks: list[dict], plot: str, seeds_plot
                   "or above that accuracy; its delta is the mean's, its BitOPs saving is against the front's cost "
                   "at the method's mean accuracy (n/a outside the front's accuracies).", ""]
     lines += [f"A method's seeds are *split* (bimodal) where two of them, sorted, lie more than "
-              f"{'twice ' + format(TOLERANCE_PCT, 'g') + '% of the median' if key == PERPLEXITY else format(2 * TOLERANCE_PP, 'g') + ' points'} "
+              f"{'twice ' + format(task.tolerance, 'g') + '% of the median' if task.relative else format(2 * task.tolerance, 'g') + ' points'} "
               "apart: its mean describes none of them, and its verdict names the clusters.", "",
               f"| claim | source | method | reference | {column} | BitOPs saving | holds |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
-    scale = 1 if key == PERPLEXITY else 100
+    scale = task.scale
     for c in checks:
         verdict = "yes" if c["holds"] else f"no ({c['why_not']})"
         if c.get("split_seeds"):
             verdict += "; seeds split: " + " | ".join(", ".join(f"{scale * v:.2f}" for v in part)
                                                       for part in c["split_seeds"])
         lines.append(f"| {c['claim']} | {c['source']} | {c['method']} | {c['reference']} | "
-                     f"{_fmt(c[delta], '+.1f' if key == PERPLEXITY else '+.2f')} | "
+                     f"{_fmt(c[delta], '+.1f' if task.relative else '+.2f')} | "
                      f"{_fmt(100 * c['savings'], '.1f')}{'%' if math.isfinite(c['savings']) else ''} | {verdict} |")
     return lines
 
@@ -648,14 +656,14 @@ def last_stage(data: SweepData) -> tuple[SweepData, list[dict]]:
         return data, []  # not staged, or stages that start from none of each other: one comparison
     order = [s for s in data.client.get_run(data.parent_run_id).data.tags.get("fractune.stages", "").split(",") if s]
     order = order or list(dict.fromkeys(r["stage"] for r in data.rows if r.get("stage")))
-    task = runs.task_objective(data.rows)[0]
+    task = data.task.key
     refs = []
     for stage in order[:-1]:
-        acc = [r[task] for r in runs.finished([r for r in data.rows if r.get("stage") == stage])]
+        acc = [r[task] for r in runs.finished([r for r in data.rows if r.get("stage") == stage], data.task)]
         refs.append({"stage": stage, "n": len(acc), f"{task}_mean": sum(acc) / len(acc) if acc else math.nan,
                      f"{task}_std": _std(acc)})
     last = [r for r in data.rows if r.get("stage") == order[-1]]
-    init = [r["init_accuracy"] for r in runs.finished(last) if math.isfinite(r.get("init_accuracy", math.nan))]
+    init = [r["init_accuracy"] for r in runs.finished(last, data.task) if math.isfinite(r.get("init_accuracy", math.nan))]
     if init and task == ACCURACY:  # the engine measures a loaded model's accuracy only (no perplexity)
         refs.append({"stage": f"{order[-1]} before any step (init_accuracy)", "n": len(init),
                      "accuracy_mean": sum(init) / len(init), "accuracy_std": _std(init)})
@@ -678,17 +686,17 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
     data, stage_refs = last_stage(load_sweep(uri, sweep, sweep_id))
     objective = check_objective(objective or data.objective, data.rows)
     done = with_configs(data)
-    groups = summarise(done)
-    front = front_of(groups, objective)
+    task = data.task
+    groups = summarise(done, task)
+    front = front_of(groups, task, objective)
     paired = paired_spec(data)
-    checks = trends(groups, paired is not None)
+    checks = trends(groups, task, paired is not None)
     page = Path(out).expanduser().resolve()
     page.parent.mkdir(parents=True, exist_ok=True)
-    plot = results_png(groups, front, page.with_name(page.stem + "_pareto.png"), objective)
-    per_seed = seeds_png(groups, page.with_name(page.stem + "_seeds.png"))
+    plot = results_png(groups, front, page.with_name(page.stem + "_pareto.png"), task, objective)
+    per_seed = seeds_png(groups, page.with_name(page.stem + "_seeds.png"), task)
     notes_text = read_text(notes, "--notes", "markdown file") if notes else None
     cmd = command or f"fractune results {sweep} --out {out}"
-    task, mode = runs.task_objective(done)
     test, pairs_plot, paired_lines = None, None, None
     if paired is not None:
         for g in groups:
@@ -701,13 +709,13 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
     text = markdown(data, groups, checks, front, plot.name, cmd, notes_text, setup_of(data),
                     per_seed.name if per_seed else None, paired_lines)
     if stage_refs:  # a staged sweep: the table is its last stage; the earlier stages for reference
-        y, column = (1, "test perplexity") if task == PERPLEXITY else (100, "accuracy %")
-        text = text.replace(SECTION[task], "\n".join(
+        y, column, key = task.scale, task.column, task.key
+        text = text.replace(section_title(task), "\n".join(
             ["## Earlier stages (reference)", "", "The tables below compare the last stage's methods; each of its runs "
              "started from the earlier stage's run of the same seed.", "", f"| stage | runs | {column} |",
-             "| --- | --- | --- |"] + [f"| {r['stage']} | {r['n']} | {y * r[f'{task}_mean']:.2f} +/- "
-                                       f"{y * r[f'{task}_std']:.2f} |" for r in stage_refs]
-            + ["", SECTION[task]]), 1)
+             "| --- | --- | --- |"] + [f"| {r['stage']} | {r['n']} | {y * r[f'{key}_mean']:.2f} +/- "
+                                       f"{y * r[f'{key}_std']:.2f} |" for r in stage_refs]
+            + ["", section_title(task)]), 1)
     page.write_text(text)
     artifact = None
     if log:
@@ -722,7 +730,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
                for g in groups]
     return {"sweep": data.name, "sweep_id": data.sweep_id, "parent_run_id": data.parent_run_id,
             "trials": len(data.rows), "finished": len(done), "methods": methods, "objective": objective,
-            "task_objective": task, "direction": runs.DIRECTIONS[mode], "comparable_rule": comparable_rule(task),
+            "task_objective": task.key, "direction": task.direction.optuna, "comparable_rule": comparable_rule(task),
             "status": data.status, "partial": data.progress() is not None,
             "pareto": [r["method"] for r in front], "rankings": rankings(groups), "trends": checks, "markdown": str(page), "plot": str(plot),
             "seeds_plot": str(per_seed) if per_seed else None, "paired": test,

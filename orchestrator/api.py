@@ -42,7 +42,7 @@ __all__ = [
 
 PathLike = str | os.PathLike
 # the columns of a front's rows, as `fractune pareto --json` gives each entry (a language model adds perplexity)
-FRONT_COLUMNS = ("run_id", "trial_id", ACCURACY, TRAIN_BITOPS, "objective", "cost", "cp", "params")
+FRONT_COLUMNS = ("run_id", "trial_id", "name", "method", ACCURACY, TRAIN_BITOPS, "objective", "cost", "cp", "params")
 # the keys a sweep's report adds to its outcome (written, or why not)
 REPORT_KEYS = ("report", "report_pngs", "report_artifact", "report_error")
 # what a training's per-epoch line shows
@@ -96,6 +96,7 @@ class SweepResult(_Result):
     errored: int
     errors: list[dict[str, Any]] = []  # {trial_id, run_id, error} per errored trial
     objective: str  # the cost model of the front's cost axis
+    task: str = "accuracy max"  # the task objective and its direction: "accuracy max", "perplexity min"
     hypervolume: float | None = None
     pareto: list[dict[str, Any]] = []  # the front, cheapest first, as `fractune pareto --json` gives it
     stages: dict[str, Any] | None = None  # a staged sweep: per stage its trials, errors and runs
@@ -363,6 +364,7 @@ def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None
     """
     from orchestrator.sweep.driver import SweepOptions
     from orchestrator.sweep.launch import run_sweep
+    from results import objectives
 
     if objective:  # a bad name is refused before Ray starts
         from engine.cost.hardware import check_model_name
@@ -383,7 +385,7 @@ def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None
         raise
     if report:
         out.update(write_report(out, report_dir, uri=uri))
-    return _sweep_result(SweepResult, out, uri)
+    return _sweep_result(SweepResult, out, uri, task=str(objectives.of_spec(loaded)))
 
 
 def ablate(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None, storage: str | None = None,
@@ -423,7 +425,7 @@ def ablate(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = Non
         c.log_dict(outcome["parent_run_id"], meta, "ablation.json")
         c.set_tag(outcome["parent_run_id"], "fractune.ablation", meta["mode"])
     data = load_sweep(uri, outcome["sweep"], outcome["sweep_id"])
-    a = analyse(data.finished(), data.meta or meta)
+    a = analyse(data.finished(), data.meta or meta, data.task)
     if report:
         outcome.update(write_report(outcome, out, data=data, uri=uri))
     return _sweep_result(AblationResult, outcome, uri, mode=meta["mode"], factors=meta["labels"],
@@ -601,7 +603,7 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
     store.check_uri(uri)
     data = runs.load(uri, name, sweep_id)
     objective = runs.check_objective(objective or data.objective, data.rows)
-    front = runs.front(data.rows, objective)
+    front = data.front(objective)
     progress = data.progress()
     diverged = [r for r in data.rows if r.get("diverged")]
     return ParetoFront(sweep=name, sweep_id=data.sweep_id, experiment_id=data.experiment_id,
@@ -610,8 +612,8 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
                        partial=progress is not None, progress=progress, diverged=[r["run_id"] for r in diverged],
                        diverged_trials=[{"run_id": r["run_id"], "name": r["name"], "epoch": r["diverged"]}
                                         for r in diverged],
-                       objective=objective, task=" ".join(runs.task_objective(data.rows)),
-                       pareto=[runs.front_entry(r, objective) for r in front])
+                       objective=objective, task=str(data.task),
+                       pareto=[runs.front_entry(r, data.task, objective) for r in front])
 
 
 def pareto(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_uri: str | None = None,

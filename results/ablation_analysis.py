@@ -5,8 +5,9 @@ objective and ``train_bitops``) and the design (``meta``: mode, factors' level l
 verdict thresholds; ``search_spaces.ablation.LoadedAblation.meta``). Reports and ``fractune ablate`` call
 ``analyse``; tests call the pieces on hand-built tables.
 
-The task objective is the sweep's, as ``results.runs.task_objective`` picks it from the rows: final test
-``accuracy`` (maximize) for classifiers, test ``perplexity`` (minimize) for language models. Every statistic,
+The task objective is the sweep's (``results.objectives.Objective``, resolved once when the rows were read:
+``results.runs.SweepRuns.task``), passed in: final test ``accuracy`` (maximize) for classifiers, test
+``perplexity`` (minimize) for language models. Every statistic,
 verdict and importance is keyed by its name (``accuracy_mean`` or ``perplexity_mean``, ``importance["accuracy"]``
 or ``importance["perplexity"]``); the cost objective is ``train_bitops`` (minimize).
 """
@@ -19,24 +20,22 @@ from typing import Any
 
 import pandas as pd
 
-from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
-from results.runs import DIRECTIONS, task_objective
+from engine.metrics import TRAIN_BITOPS
+from results.objectives import Objective
 from search_spaces.ablation import level_label
 
 COST = (TRAIN_BITOPS, "minimize")  # the cost objective (a cost model's cost is put in this column)
 
 
-def objectives(rows: list[dict]) -> tuple[tuple[str, str], tuple[str, str]]:
-    """The two objectives of the rows' study, Optuna's way: the task objective (``task_objective``: accuracy
-    maximize, or a language model's test perplexity minimize) and the cost (``train_bitops`` minimize)."""
-    key, mode = task_objective(rows)
-    return (key, DIRECTIONS[mode]), COST
+def objectives(task: Objective) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The two objectives of a study, Optuna's way: the task objective (accuracy maximize, or a language model's
+    test perplexity minimize) and the cost (``train_bitops`` minimize)."""
+    return (task.key, task.direction.optuna), COST
 
 
-def frame(rows: list[dict], factors: list[str], task: str | None = None) -> pd.DataFrame:
-    """One row per trial with a finite task objective (``task``: the rows' own by default) and BitOPs; factor
-    columns hold the level labels."""
-    task = task or task_objective(rows)[0]
+def frame(rows: list[dict], factors: list[str], task: str) -> pd.DataFrame:
+    """One row per trial with a finite task objective (``task``: its metric key) and BitOPs; factor columns hold
+    the level labels."""
     records = []
     for r in rows:
         quality, cost = r.get(task), r.get(TRAIN_BITOPS)
@@ -50,12 +49,7 @@ def frame(rows: list[dict], factors: list[str], task: str | None = None) -> pd.D
     return pd.DataFrame.from_records(records, columns=[*factors, "seed", task, TRAIN_BITOPS, "run_id"])
 
 
-def frame_task(df: pd.DataFrame) -> str:
-    """The task objective column of a ``frame``."""
-    return PERPLEXITY if PERPLEXITY in df.columns else ACCURACY
-
-
-def level_stats(df: pd.DataFrame, meta: dict) -> dict[str, dict[str, dict]]:
+def level_stats(df: pd.DataFrame, meta: dict, task: str) -> dict[str, dict[str, dict]]:
     """Per factor and level: mean and std (over seeds; ddof 1) of the task objective (``accuracy_mean``, or a
     language model's ``perplexity_mean``...) and BitOPs, and n.
 
@@ -63,7 +57,6 @@ def level_stats(df: pd.DataFrame, meta: dict) -> dict[str, dict[str, dict]]:
     point belongs to every curve). grid: marginal means over all trials at that level.
     """
     out: dict[str, dict[str, dict]] = {}
-    task = frame_task(df)
     factors = list(meta["labels"])
     for f in factors:
         sub = df
@@ -124,14 +117,14 @@ def _distribution(values: list[Any]):
     return CategoricalDistribution(sorted({level_label(v) for v in values})), True
 
 
-def importances(rows: list[dict], factors: list[str], evaluator: str = "fanova") -> dict:
+def importances(rows: list[dict], factors: list[str], objective: Objective, evaluator: str = "fanova") -> dict:
     """Optuna's importance of each factor, for the task objective and for BitOPs separately, from an in-memory
     two-objective study (``objectives``: accuracy maximize, or a language model's test perplexity minimize;
     BitOPs minimize) holding one trial per finished run. Keyed by the objectives' names (``accuracy`` or
     ``perplexity``, ``train_bitops``), with ``objective`` and ``direction`` naming the task objective."""
     import optuna
 
-    (task, direction), _ = study_objectives = objectives(rows)
+    (task, direction), _ = study_objectives = objectives(objective)
     usable = [r for r in rows if all(f in (r.get("point") or {}) for f in factors)
               and math.isfinite(r.get(task, math.nan)) and math.isfinite(r.get(TRAIN_BITOPS, math.nan))]
     varied = [f for f in factors if len({level_label(r["point"][f]) for r in usable}) > 1]
@@ -161,12 +154,13 @@ def importances(rows: list[dict], factors: list[str], evaluator: str = "fanova")
     return out
 
 
-def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, evaluator: str = "fanova") -> dict:
+def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, objective: Objective,
+                             evaluator: str = "fanova") -> dict:
     """Each factor's importance for the task objective (accuracy, or a language model's test perplexity:
     ``objectives``) and for the training cost under each cost model: ``costs`` maps a model name to a function
     of a row giving its cost (``results.runs.cost_of``). One two-objective study per model (the task
     objective, that cost), so each model's importance is computed from the trials that logged it."""
-    (task, direction), _ = objectives(rows)
+    (task, direction), _ = objectives(objective)
     out: dict = {"evaluator": evaluator, "objective": task, "direction": direction, "trials": 0, task: {}}
     for name, cost in costs.items():
         priced = [{**r, TRAIN_BITOPS: cost(r)} for r in rows]
@@ -176,7 +170,7 @@ def importances_by_objective(rows: list[dict], factors: list[str], costs: dict, 
             out.setdefault("constant", []).append(name)
             continue
         try:
-            imp = importances(priced, factors, evaluator)
+            imp = importances(priced, factors, objective, evaluator)
         except RuntimeError as exc:  # an evaluator that cannot fit these trials (fANOVA: no variance in a tree)
             out[name] = {}
             out["note"] = f"{name}: {exc}"
@@ -199,15 +193,15 @@ def _evaluator(name: str):
     return oi.FanovaImportanceEvaluator(seed=0)
 
 
-def analyse(rows: list[dict], meta: dict) -> dict:
+def analyse(rows: list[dict], meta: dict, objective: Objective) -> dict:
     """Levels, pooled seed std, verdicts and importance of an ablation's finished trials, on the task objective
     (``objectives``: accuracy, or a language model's test perplexity; named in ``objective`` and ``direction``)
     and BitOPs. A verdict measures the spread of the level means, so it reads the same either way."""
     factors = list(meta["labels"])
-    study = objectives(rows)
+    study = objectives(objective)
     (task, direction), _ = study
     df = frame(rows, factors, task)
-    levels = level_stats(df, meta)
+    levels = level_stats(df, meta, task)
     pooled = {c: pooled_seed_std(df, factors, c) for c, _ in study}
     verdicts = {}
     for f, lv in levels.items():
@@ -217,4 +211,4 @@ def analyse(rows: list[dict], meta: dict) -> dict:
     return {"mode": meta["mode"], "objective": task, "direction": direction, "trials": int(len(df)),
             "levels": levels, "pooled_seed_std": pooled,
             "verdicts": verdicts, "verdict_rule": verdict_rule(meta["verdict"]),
-            "importance": importances(rows, factors, meta.get("importance", "fanova"))}
+            "importance": importances(rows, factors, objective, meta.get("importance", "fanova"))}

@@ -1,8 +1,8 @@
 """A sweep's trials as rows read back from MLflow: the one loader behind the sweep's own summary
 (``pareto.json`` and its JSON line), ``fractune pareto``, the HTML report and ``fractune results``.
 
-A row: ``run_id``, ``trial_id``, ``name``, ``status``, ``schedule`` (the kind), the objectives ``accuracy`` (a
-language model's task objective: ``perplexity``, test, lower is better; ``task_objective``) and ``train_bitops``,
+A row: ``run_id``, ``trial_id``, ``name``, ``status``, ``schedule`` (the kind), every registered task objective's
+metric (``results.objectives``: ``accuracy``, a language model's test ``perplexity``) and ``train_bitops``,
 ``cp`` (the run's cumulative cp), ``cp_gated`` (DFQ/FracTrain: the mean of the per-epoch gated
 cp the papers report, else NaN), ``seed``, ``wall_seconds``, ``point`` (the swept values, typed), ``epochs``
 (the last epoch logged), ``planned_epochs``, ``complete``, ``node_id``, ``pareto`` (the front's tag) and
@@ -10,7 +10,8 @@ cp the papers report, else NaN), ``seed``, ``wall_seconds``, ``point`` (the swep
 
 The cost axis of a front is any cost model (``objective``: ``bitops`` by default, the sweep spec's
 ``objective`` at sweep time, ``--objective`` for the readers); the sweep records its own in the parent run's
-``fractune.objective`` tag and in ``pareto.json``.
+``fractune.objective`` tag and in ``pareto.json``. The task objective (``results.objectives.Objective``) is
+resolved once, when the rows are read (``SweepRuns.task``), and every front and statistic here receives it.
 
 ``complete``: the run FINISHED and logged its planned epochs, the engine's ``run_length(cfg).epochs`` of the
 trial's resolved config, which the tracker records in the ``fractune.planned_epochs`` tag when it creates the
@@ -26,17 +27,9 @@ from dataclasses import dataclass, field
 
 from engine.cost.hardware import check_model_name
 from engine.errors import ConfigError
-from engine.metrics import (
-    ACCURACY,
-    COST_PREFIX,
-    CUM_CP,
-    PERPLEXITY,
-    TRAIN_BITOPS,
-    TRAIN_TBITOPS,
-    Task,
-    cost_key,
-)
-from results import store
+from engine.metrics import ACCURACY, COST_PREFIX, CUM_CP, TRAIN_BITOPS, TRAIN_TBITOPS, cost_key
+from results import objectives, store
+from results.objectives import Objective
 from results.pareto import hypervolume, pareto_rows
 from search_spaces import trial
 
@@ -56,9 +49,13 @@ class SweepRuns:
     objective: str = "bitops"  # the cost model the sweep's own front used (parent tag fractune.objective)
     status: str = "FINISHED"  # the parent run's: RUNNING while the sweep runs, KILLED when it was interrupted
     planned: int | None = None  # the trials the sweep planned (parent param planned_trials)
+    task: Objective = objectives.DEFAULT  # the task objective, resolved once from the rows (``load``)
 
     def finished(self, objective: str = "bitops") -> list[dict]:
-        return finished(self.rows, objective)
+        return finished(self.rows, self.task, objective)
+
+    def front(self, objective: str = "bitops") -> list[dict]:
+        return front(self.rows, self.task, objective)
 
     def progress(self) -> str | None:
         """A line saying the sweep is not done (running, or interrupted) and how far it got; None when done."""
@@ -84,7 +81,8 @@ def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
     planned = parent.data.params.get("planned_trials")
     return SweepRuns(uri, name, parent.data.tags.get(store.SWEEP_TAG, ""), parent.info.experiment_id,
                      parent.info.run_id, rows, factors, c, parent.data.tags.get(OBJECTIVE_TAG, "bitops"),
-                     parent.info.status, int(planned) if planned and planned.isdigit() else None)
+                     parent.info.status, int(planned) if planned and planned.isdigit() else None,
+                     objectives.of_rows(rows))
 
 
 def trial_rows(c, parent) -> tuple[list[dict], list[str]]:
@@ -118,6 +116,7 @@ def _row(c, run, swept: list[str], record: set[str] | None) -> dict:
                    point=trial.point_of(tags.get(store.POINT_TAG), run.data.params, swept),
                    planned_epochs=int(planned) if planned else None, node_id=tags.get("fractune.node_id"),
                    cp_gated=cp_gated, pareto=tags.get("pareto") == "true")
+    row["method"] = tags.get(store.METHOD_TAG, schedule)  # the method's label (runs logged before it: the kind)
     row["stage"], row["init_run"] = tags.get("fractune.stage"), tags.get("fractune.init_run")  # staged sweeps
     row["diverged"] = tags.get("fractune.diverged")  # the epoch its loss passed the engine's bound, or None
     row["init_accuracy"] = float(m.get("init_accuracy", math.nan))  # from a pretrained model: before any step
@@ -136,8 +135,7 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
     epochs = metrics.get("epoch")
     epochs = int(epochs) if epochs is not None else None
     return {"run_id": run_id, "trial_id": trial_id, "name": name, "status": status, "schedule": schedule,
-            ACCURACY: float(metrics.get(ACCURACY, math.nan)),
-            PERPLEXITY: float(metrics.get(PERPLEXITY, math.nan)),
+            **{key: float(metrics.get(key, math.nan)) for key in objectives.OBJECTIVES},
             TRAIN_BITOPS: float(metrics.get(TRAIN_BITOPS, math.nan)),
             TRAIN_TBITOPS: float(metrics.get(TRAIN_TBITOPS, math.nan)),  # its readable companion, where logged
             "cp": float(metrics.get(CUM_CP, math.nan)), "cp_gated": cp_gated, "seed": seed,
@@ -145,16 +143,6 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
             "planned_epochs": planned_epochs, "node_id": node_id, "pareto": pareto, "costs": row_costs(metrics),
             "complete": (status == "FINISHED" and epochs is not None and planned_epochs is not None
                          and epochs >= planned_epochs)}
-
-
-DIRECTIONS = {"max": "maximize", "min": "minimize"}  # a mode of task_objective as Optuna and the JSON name it
-
-
-def task_objective(rows: list[dict]) -> tuple[str, str]:
-    """The task objective of a sweep's trials: test ``perplexity`` (min) when they are language models (they
-    report it), else ``accuracy`` (max). The cost objective (the cost model of the cost axis) is separate:
-    the ``objective`` argument of ``finished``/``front``."""
-    return Task.of_rows(rows).objective
 
 
 def row_costs(metrics: dict) -> dict[str, float]:
@@ -184,51 +172,46 @@ def check_objective(objective: str, rows: list[dict] | None = None, field_name: 
     return objective
 
 
-def finished(rows: list[dict], objective: str = "bitops") -> list[dict]:
-    """Trials that ran their planned length with both objectives (the task's, ``task_objective``, and the cost
+def finished(rows: list[dict], task: Objective, objective: str = "bitops") -> list[dict]:
+    """Trials that ran their planned length with both objectives (the ``task`` objective's metric and the cost
     under the cost model ``objective``): the ones fronts and statistics use."""
-    key = task_objective(rows)[0]
-    return [r for r in rows if r["complete"] and math.isfinite(r.get(key, math.nan))
+    return [r for r in rows if r["complete"] and math.isfinite(r.get(task.key, math.nan))
             and math.isfinite(cost_of(r, objective))]
 
 
-def front(rows: list[dict], objective: str = "bitops") -> list[dict]:
-    """The Pareto front (accuracy max, or a language model's test perplexity min; training cost under the cost
-    model ``objective`` min) of the finished trials, cheapest first; each member carries its ``cost`` under
-    that model."""
-    key, mode = task_objective(rows)
-    keyed = [{**r, "cost": cost_of(r, objective)} for r in finished(rows, objective)]
-    return pareto_rows(keyed, acc_key=key, cost_key="cost", maximize=mode == "max")
+def front(rows: list[dict], task: Objective, objective: str = "bitops") -> list[dict]:
+    """The Pareto front (the ``task`` objective in its direction; training cost under the cost model
+    ``objective`` min) of the finished trials, cheapest first; each member carries its ``cost`` under that
+    model."""
+    keyed = [{**r, "cost": cost_of(r, objective)} for r in finished(rows, task, objective)]
+    return pareto_rows(keyed, acc_key=task.key, cost_key="cost", maximize=task.direction is objectives.Direction.MAX)
 
 
-def front_entry(row: dict, objective: str = "bitops") -> dict:
-    """A front member as the sweep's and ``fractune pareto``'s JSON give it: the swept values and the seed as
-    ``params``, its ``cost`` under the front's ``objective`` and, for a language model, its ``perplexity``."""
-    entry = {"run_id": row["run_id"], "trial_id": row["trial_id"], ACCURACY: row[ACCURACY],
+def front_entry(row: dict, task: Objective, objective: str = "bitops") -> dict:
+    """A front member as the sweep's and ``fractune pareto``'s JSON give it: its run ``name`` and ``method``
+    label, the swept values and the seed as ``params``, its ``cost`` under the front's ``objective`` and its task
+    objective's value where that is not accuracy (a language model's ``perplexity``)."""
+    entry = {"run_id": row["run_id"], "trial_id": row["trial_id"], "name": row.get("name"),
+             "method": row.get("method") or row.get("schedule"), ACCURACY: row[ACCURACY],
              TRAIN_BITOPS: row[TRAIN_BITOPS], "objective": objective, "cost": cost_of(row, objective),
              "cp": row["cp"], "params": {**row["point"], "seed": row["seed"]}}
-    if math.isfinite(row.get(PERPLEXITY, math.nan)):  # a language model: the front's task objective
-        entry[PERPLEXITY] = row[PERPLEXITY]
+    if task.key != ACCURACY and math.isfinite(row.get(task.key, math.nan)):
+        entry[task.key] = row[task.key]
     return entry
 
 
-def front_quality(done: list[dict], front: list[dict], objective: str) -> dict:
-    """The hypervolume of the front (``results.pareto.hypervolume``) with its reference point stated. A
-    language model's quality axis is ``1 / perplexity`` (the geometric-mean probability of the next token, in
-    (0, 1], the analogue of accuracy), from the reference point perplexity infinity."""
+def front_quality(done: list[dict], front: list[dict], task: Objective, objective: str) -> dict:
+    """The hypervolume of the front (``results.pareto.hypervolume``) with its reference point stated. The quality
+    axis is the task objective (accuracy, from 0), or its inverse where the objective says so (``inverse``: a
+    language model's ``1 / perplexity``, the geometric-mean probability of the next token, in (0, 1], from the
+    reference point perplexity infinity)."""
     costs = [cost_of(r, objective) for r in done]
     ref = max(costs) if costs else float("nan")
-    if task_objective(done)[0] == PERPLEXITY:
-        quality = [1.0 / r[PERPLEXITY] if r[PERPLEXITY] > 0 else 0.0 for r in done]
-        return {"objective": objective, "task_objective": PERPLEXITY,
-                "hypervolume": hypervolume(quality, costs, ref) if costs else float("nan"),
-                "reference": {"inverse_perplexity": 0.0, "cost": ref},
-                "rule": f"area dominated by the front in the (cost / reference cost, 1 / test perplexity) unit "
-                        f"square, from the reference point perplexity infinity at the dearest finished trial's "
-                        f"cost under {objective} ({ref:.6g}); 1 = perplexity 1 at no cost", "front_size": len(front)}
-    return {"objective": objective, "task_objective": ACCURACY,
-            "hypervolume": hypervolume([r[ACCURACY] for r in done], costs, ref) if costs
-            else float("nan"), "reference": {ACCURACY: 0.0, "cost": ref},
-            "rule": f"area dominated by the front in the (cost / reference cost, accuracy) unit square, from the "
-                    f"reference point accuracy 0 at the dearest finished trial's cost under {objective} "
-                    f"({ref:.6g}); 1 = accuracy 1 at no cost", "front_size": len(front)}
+    quality = [task.quality(r[task.key]) for r in done]
+    axis, origin = (f"1 / {task.label}", "infinity") if task.inverse else (task.key, "0")
+    return {"objective": objective, "task_objective": task.key,
+            "hypervolume": hypervolume(quality, costs, ref) if costs else float("nan"),
+            "reference": {("inverse_" if task.inverse else "") + task.key: 0.0, "cost": ref},
+            "rule": f"area dominated by the front in the (cost / reference cost, {axis}) unit square, from the "
+                    f"reference point {task.key} {origin} at the dearest finished trial's cost under {objective} "
+                    f"({ref:.6g}); 1 = {task.key} 1 at no cost", "front_size": len(front)}

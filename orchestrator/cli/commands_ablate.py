@@ -3,7 +3,9 @@ and the HTML report, all computed from the finished trials in MLflow (``orchestr
 
 from __future__ import annotations
 
-from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
+from engine.metrics import TRAIN_BITOPS
+from results import objectives
+from results.objectives import Direction
 from results.output import emit_json, fmt, info, table
 
 
@@ -37,15 +39,16 @@ def cmd_ablate(args) -> int:
 
 
 def print_analysis(a: dict) -> None:
-    task = a.get("objective", ACCURACY)  # accuracy, or a language model's test perplexity (lower is better)
+    objective = objectives.of_key(a["objective"]) if "objective" in a else objectives.DEFAULT
+    task = objective.key  # accuracy, or a language model's test perplexity (lower is better)
     rows = [{"factor": f, "level": lv, "n": s["n"], f"{task}_mean": s[f"{task}_mean"], f"{task}_std": s[f"{task}_std"],
              "gbitops_mean": s["train_bitops_mean"] / 1e9, "gbitops_std": _nan(s["train_bitops_std"]) / 1e9}
             for f, levels in a["levels"].items() for lv, s in levels.items()]
-    print("\nper level (mean and std over seeds" + ("; test perplexity, lower is better):" if task == PERPLEXITY
-                                                   else "):"))
+    lower = objective.direction is Direction.MIN
+    print("\nper level (mean and std over seeds" + (f"; {objective.label}, lower is better):" if lower else "):"))
     table(rows)
     imp = a["importance"]
-    print(f"\nparameter importance (Optuna, {imp['evaluator']} evaluator; {_what(a)} and BitOPs separately):")
+    print(f"\nparameter importance (Optuna, {imp['evaluator']} evaluator; {_what(objective)} and BitOPs separately):")
     if imp[task]:
         table([{"factor": f, f"for_{task}": imp[task].get(f), "for_bitops": imp[TRAIN_BITOPS].get(f)}
                for f in imp[task]])
@@ -58,8 +61,8 @@ def print_analysis(a: dict) -> None:
     print(f"rule: {a['verdict_rule']}")
 
 
-def _what(a: dict) -> str:
-    return ACCURACY if a.get("objective", ACCURACY) == ACCURACY else "test perplexity (minimize)"
+def _what(objective: objectives.Objective) -> str:
+    return objective.word + (f" ({objective.direction.optuna})" if objective.direction is Direction.MIN else "")
 
 
 def _nan(v) -> float:

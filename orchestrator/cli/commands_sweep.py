@@ -3,7 +3,7 @@ its function of ``orchestrator.api`` and prints the outcome."""
 
 from __future__ import annotations
 
-from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS, TRAIN_TBITOPS
+from engine.metrics import TRAIN_BITOPS, TRAIN_TBITOPS
 from orchestrator.sweep.lifecycle import SweepInterrupted
 from results.output import emit_json, info, table
 
@@ -23,24 +23,16 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def task_label(rows: list[dict]) -> str:
-    """"accuracy max", or "perplexity min" for a language model's trials (``results.runs.task_objective``)."""
-    from results import runs
-
-    return " ".join(runs.task_objective(rows))
-
-
-def pareto_table(front: list[dict]) -> None:
-    key = PERPLEXITY if any(PERPLEXITY in r for r in front) else ACCURACY  # a language model's front
-    rows = [{"run_id": (r.get("run_id") or "")[:12], key: r[key], TRAIN_TBITOPS: r[TRAIN_BITOPS] / 1e12,
+def pareto_table(front: list[dict], task: str) -> None:
+    """The front for a person: each member's method label and run name (which holds its swept values and seed),
+    its task objective (``task``: "accuracy max", "perplexity min"), training TBitOPs, its cost under another
+    cost model where the front is under one, and cp."""
+    key = task.split()[0]
+    rows = [{"method": r.get("method") or "", "run": r.get("name") or (r.get("run_id") or "")[:12], key: r[key],
+             TRAIN_TBITOPS: r[TRAIN_BITOPS] / 1e12,
              **({f"cost_{r['objective']}": r["cost"]} if r.get("objective", "bitops") != "bitops" else {}),
-             "cp": r.get("cp"), **{k: _short(v) for k, v in r["params"].items()}} for r in front]
+             "cp": r.get("cp")} for r in front]
     table(rows)
-
-
-def _short(v) -> str:
-    text = str(v)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def cmd_sweep(args) -> int:
@@ -65,9 +57,8 @@ def cmd_sweep(args) -> int:
         return stop.exit_code
     out = res.raw
     print(f"\nsweep {out['sweep_id']}: {out['trials']} trials, {out['errored']} errored, "
-          f"{len(out['pareto'])} on the Pareto front ({task_label(out['pareto'])}, training cost min under "
-          f"{out['objective']})")
-    pareto_table(out["pareto"])
+          f"{len(out['pareto'])} on the Pareto front ({res.task}, training cost min under {out['objective']})")
+    pareto_table(out["pareto"], res.task)
     for e in out["errors"]:
         info(f"trial {e['trial_id']} errored: {e['error']}")
     if out.get("log") and (out["errors"] or out["tracking"].get("failed_calls")):
@@ -117,7 +108,7 @@ def cmd_pareto(args) -> int:
         info(f.progress)
     for r in f.diverged_trials:
         info(f"trial {r['name']} diverged (its training loss passed the engine's bound at {r['epoch']})")
-    pareto_table(f.pareto)
+    pareto_table(f.pareto, f.task)
     if args.json:
         emit_json({"sweep": args.sweep, "sweep_id": f.sweep_id, "experiment_id": f.experiment_id,
                    "parent_run_id": f.parent_run_id, "trials": f.trials, "finished": f.finished,

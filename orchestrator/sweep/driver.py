@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError, FractuneError
-from engine.metrics import ACCURACY, TRAIN_BITOPS, Objective, cost_key
+from engine.metrics import cost_key
 from orchestrator.sweep.lifecycle import (
     SweepInterrupted,
     claim_sweep_id,
@@ -31,21 +31,15 @@ from orchestrator.sweep.lifecycle import (
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
-OBJECTIVES = (Objective(ACCURACY, "max"), Objective(TRAIN_BITOPS, "min"))  # a classifier's, BitOPs
-
-
-def task_objective(loaded: LoadedSpec) -> Objective:
-    """The sweep's task objective: accuracy (max) for classifiers, test perplexity (min) for language models."""
-    from engine.models import task_of
-
-    return task_of(trial.decode(loaded.base_trial()).model.name).objective
-
 
 def objectives(loaded: LoadedSpec) -> tuple[tuple[str, str], ...]:
-    """The sweep's two objectives as the trials' metric keys: the task objective (``task_objective``) and the
-    training cost (min) under the spec's cost model (``objective``: ``train_bitops`` for bitops,
-    ``train_cost_<model>`` otherwise)."""
-    return sweep_objectives(loaded.spec.objective, task_objective(loaded))
+    """The sweep's two objectives as the trials' metric keys and their directions: the task objective
+    (``results.objectives.of_spec``) and the training cost (min) under the spec's cost model (``objective``:
+    ``train_bitops`` for bitops, ``train_cost_<model>`` otherwise)."""
+    from results import objectives as registry
+
+    task = registry.of_spec(loaded)
+    return (task.key, task.mode), (cost_key(loaded.spec.objective), "min")
 
 
 class SweepError(FractuneError):
@@ -280,13 +274,6 @@ def param_space(loaded: LoadedSpec, sweep_id: str, init_runs: dict[str, str] | N
                                 init_runs)
 
 
-def sweep_objectives(objective: str = "bitops", task: tuple[str, str] = OBJECTIVES[0]
-                     ) -> tuple[tuple[str, str], ...]:
-    """The task objective (accuracy max by default) and the training cost under the cost model ``objective``
-    (min), as the trials' metric keys."""
-    return task, (cost_key(objective), "min")
-
-
 def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
     s = loaded.spec.search
     if s.algorithm == "grid":
@@ -354,6 +341,7 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
 
     from orchestrator.sweep.progress_lines import ProgressPrinter
     from orchestrator.tracking.tracker import MLflowTracker
+    from results import objectives as registry
     from results import store
     from search_spaces import naming
 
@@ -379,7 +367,7 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
                                 variation=naming.variation(loaded))
         callbacks: list = [tracker]
         if opts.progress:
-            callbacks.append(ProgressPrinter(loaded.num_trials()))
+            callbacks.append(ProgressPrinter(loaded.num_trials(), registry.of_spec(loaded), naming.variation(loaded)))
         tuner = make_tuner(loaded, trainable, param_space(loaded, sweep_id, init_runs), sweep_id, sweep_id, root,
                            callbacks)
         print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {store.redact(uri)}", file=sys.stderr)
@@ -495,7 +483,7 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
         from engine.data.datasets import run_length
 
         max_t = run_length(trial.decode(loaded.base_trial())).epochs
-        metric, mode = task_objective(loaded)  # accuracy max, or a language model's test perplexity min
+        (metric, mode), _ = objectives(loaded)  # accuracy max, or a language model's test perplexity min
         scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
                                   grace_period=spec.scheduler.grace_period,
                                   reduction_factor=spec.scheduler.reduction_factor)
@@ -539,6 +527,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
     uses), the front tagged and ``pareto.json`` written beside the experiment and on the parent run; the parent's
     summary metrics, its note and the sweep's view in the MLflow UI (``dashboards.mlflow_view``)."""
     from orchestrator.tracking.tracker import REPORT_FILE
+    from results import objectives as registry
     from results import runs, store
 
     report_file = exp_path / REPORT_FILE
@@ -564,9 +553,9 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         # a trial MLflow holds as FAILED is an error even where Tune could not write (or read back) its error
         errors += [{"trial_id": r["trial_id"], "run_id": r["run_id"], "error": "the run FAILED (see its "
                     "fractune.error tag)"} for r in rows if r.get("status") == "FAILED" and r["run_id"] not in known]
-    objective = loaded.spec.objective
-    front = runs.front(rows, objective)
-    quality = runs.front_quality(runs.finished(rows, objective), front, objective)
+    objective, task = loaded.spec.objective, registry.of_spec(loaded)
+    front = runs.front(rows, task, objective)
+    quality = runs.front_quality(runs.finished(rows, task, objective), front, task, objective)
     summary = {"objective": objective, "front_quality": quality, "pareto": front, "errors": errors, "trials": rows}
     save_summary(exp_path, summary, track)
     if parent is not None:
@@ -582,7 +571,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
             if factors or rows:  # the UI's view of the sweep, the summary metrics and the note (dashboards)
                 from dashboards.mlflow_view import publish
 
-                publish(c, parent.info.experiment_id, parent_id, sweep_id, rows, factors)
+                publish(c, parent.info.experiment_id, parent_id, sweep_id, rows, factors, task)
             c.set_terminated(parent_id, "FINISHED")
         except Exception as exc:  # the summary is on disk
             track["pending"] = track.get("pending", 0) + 1
@@ -599,7 +588,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         "errors": errors,
         "objective": objective,
         "hypervolume": quality["hypervolume"],
-        "pareto": [runs.front_entry(r, objective) for r in front],
+        "pareto": [runs.front_entry(r, task, objective) for r in front],
         "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
                                                "report_error", "storage_error") if track.get(k) is not None},
         "storage": str(exp_path),

@@ -59,6 +59,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
 
     from orchestrator.sweep.progress_lines import ProgressPrinter
     from orchestrator.tracking.tracker import MLflowTracker
+    from results import objectives
     from search_spaces import naming
 
     spec = loaded.spec
@@ -99,7 +100,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
                                     variation=naming.variation(sub))
             callbacks: list = [tracker]
             if opts.progress:
-                callbacks.append(ProgressPrinter(sub.num_trials()))
+                callbacks.append(ProgressPrinter(sub.num_trials(), objectives.of_spec(sub), naming.variation(sub)))
             space = trial.staged(param_space(sub, sweep_id, init_runs), stage.name, inits)
             tuner = make_tuner(sub, trainable, space, sweep_id, stage.name, exp_root, callbacks)
             print(f"stage {stage.name}: {sub.num_trials()} trials" +
@@ -152,7 +153,7 @@ def stage_record(name: str, grid, report: dict) -> dict:
 def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, exp_root: Path, wall: float) -> dict:
     """The outcome: every stage's trials and errors; the Pareto front of the last stage's finished trials,
     tagged and written as ``pareto.json`` beside the experiment and on the parent run, which is then closed."""
-    from results import runs, store
+    from results import objectives, runs, store
 
     stages = [sub.stage.name for sub in loaded.stages]
     records = manifest["stages"]
@@ -168,9 +169,9 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
         track["final_error"] = store.one_line_error(exc)
     rows = rows or []
     last = [r for r in rows if r.get("stage") == stages[-1]]
-    objective = loaded.spec.objective
-    front = runs.front(last, objective)
-    quality = runs.front_quality(runs.finished(last, objective), front, objective)
+    objective, task = loaded.spec.objective, objectives.of_spec(loaded)
+    front = runs.front(last, task, objective)
+    quality = runs.front_quality(runs.finished(last, task, objective), front, task, objective)
     summary = {"stages": stages, "objective": objective, "pareto": front, "errors": errors, "trials": rows}
     save_summary(exp_root, summary, track)
     if parent is not None:
@@ -198,7 +199,7 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
         "errors": errors,
         "objective": objective,
         "hypervolume": quality["hypervolume"],
-        "pareto": [runs.front_entry(r, objective) for r in front],
+        "pareto": [runs.front_entry(r, task, objective) for r in front],
         "tracking": track,
         "storage": str(exp_root),
         "tracking_uri": store.redact(uri),

@@ -38,6 +38,7 @@ from results import provenance
 from results.lineage import CHECKPOINT_TAG
 from results.output import write_atomic
 from results.store import (
+    METHOD_TAG,
     PARENT_TAG,
     PLANNED_TAG,
     POINT_TAG,
@@ -232,7 +233,8 @@ class MLflowTracker(tune.Callback):
         cfg = trial_dict.decode(trial.config)
         point = trial_dict.swept_values(trial.config)
         self._submit({"op": "trial", "trial_id": trial.trial_id, "config": cfg.to_dict(), "swept": sorted(point),
-                      "point": point, "planned": run_length(cfg).epochs, "tags": lineage_tags(trial.config)})
+                      "point": point, "planned": run_length(cfg).epochs,
+                      "tags": {**lineage_tags(trial.config), METHOD_TAG: cfg.schedule.label()}})
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         tid = trial.trial_id
