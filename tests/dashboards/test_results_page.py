@@ -14,6 +14,8 @@ import yaml
 from dashboards.results_page import comparable, method_label, split_seeds, summarise, trends
 from engine.config.experiment import parse_config, set_path
 from results import store
+from results.objectives import ACCURACY_OBJECTIVE as ACC
+from results.objectives import PERPLEXITY_OBJECTIVE as PPL
 from tests.conftest import copy_store
 
 STUDY = {
@@ -106,7 +108,7 @@ def test_fractrain_is_checked_against_dfq_at_its_final_target_with_the_same_gate
     total = {"schedule": {"kind": "fractrain", "cp_total": 2.75, **gate}}
     points = [sbm, *dfq.values(), *other_gates, default, total]
     rows = [_row(p, s, 0.9, 100.0 - i) for i, p in enumerate(points) for s in (0, 1)]
-    pairs = {(c["method"], c["reference"]) for c in trends(summarise(rows)) if c["claim"].startswith("FracTrain costs")}
+    pairs = {(c["method"], c["reference"]) for c in trends(summarise(rows, ACC), ACC) if c["claim"].startswith("FracTrain costs")}
     assert pairs == {("FracTrain cp 1.5+0.5 routed (sampled) beta 1", "DFQ cp 3% routed (sampled) beta 1"),
                      ("FracTrain cp 2+0.5 routed (sampled) beta 1", "DFQ cp 3.5% routed (sampled) beta 1")}
 
@@ -117,20 +119,20 @@ def test_summary_statistics_savings_and_trend_rule():
     rows = [_row(fp32, 0, 0.90, 1000.0), _row(fp32, 1, 0.92, 1000.0),
             _row(sbm, 0, 0.89, 100.0), _row(sbm, 1, 0.91, 100.0),
             _row(low, 0, 0.80, 40.0), _row(low, 1, 0.84, 60.0)]
-    groups = {g["method"]: g for g in summarise(rows)}
-    assert [g["method"] for g in summarise(rows)] == ["FP32", "FW8/BW8", "PFQ auto FW3-4-6-8/BW6-6-8-8"]
+    groups = {g["method"]: g for g in summarise(rows, ACC)}
+    assert [g["method"] for g in summarise(rows, ACC)] == ["FP32", "FW8/BW8", "PFQ auto FW3-4-6-8/BW6-6-8-8"]
     assert all(g["kind"] == g["config"].schedule.kind for g in groups.values())
     g = groups["PFQ auto FW3-4-6-8/BW6-6-8-8"]
     assert g["accuracy_mean"] == pytest.approx(0.82) and g["accuracy_std"] == pytest.approx(statistics.stdev([.8, .84]))
     assert g["savings_vs_fp32"] == pytest.approx(0.95) and g["savings_vs_fw8bw8"] == pytest.approx(0.5)
     assert g["accuracy_delta_vs_fw8bw8_pp"] == pytest.approx(-8.0)
     assert g["per_seed"] == {0: {"accuracy": 0.80, "train_bitops": 40.0}, 1: {"accuracy": 0.84, "train_bitops": 60.0}}
-    checks = {c["method"]: c for c in trends(list(groups.values()))}
+    checks = {c["method"]: c for c in trends(list(groups.values()), ACC)}
     # FW8/BW8's worst seed (0.89) is 2 points below FP32's mean (0.91): more than the 1-point tolerance
     assert checks["FW8/BW8"]["holds"] is False
     assert checks["PFQ auto FW3-4-6-8/BW6-6-8-8"]["holds"] is False
     assert checks["PFQ auto FW3-4-6-8/BW6-6-8-8"]["why_not"] == "accuracy below the reference"
-    assert comparable(groups["FW8/BW8"], {**groups["FP32"], "accuracy_mean": 0.899})  # worst seed within 1 point
+    assert comparable(groups["FW8/BW8"], {**groups["FP32"], "accuracy_mean": 0.899}, ACC)  # worst seed within 1 point
 
 
 def test_a_method_whose_seeds_disagree_is_not_comparable_and_is_flagged_split():
@@ -139,16 +141,16 @@ def test_a_method_whose_seeds_disagree_is_not_comparable_and_is_flagged_split():
     sbm, frac = {"schedule": {"kind": "static", "fw": 8, "bw": 8}}, {"schedule": {"kind": "fractrain"}}
     rows = [_row(sbm, s, a, 100.0) for s, a in ((0, 0.904), (1, 0.905), (2, 0.903))]
     rows += [_row(frac, s, a, 60.0) for s, a in ((0, 0.811), (1, 0.898), (2, 0.900))]
-    groups = {g["method"]: g for g in summarise(rows)}
+    groups = {g["method"]: g for g in summarise(rows, ACC)}
     fr = groups["FracTrain cp 1.5+0.5 masked"]
     assert fr["accuracy_mean"] >= 0.904 - 2 * fr["accuracy_std"]  # the old allowance would have passed it
-    check = next(c for c in trends(list(groups.values())) if c["method"] == fr["method"])
+    check = next(c for c in trends(list(groups.values()), ACC) if c["method"] == fr["method"])
     assert check["holds"] is False and check["split_seeds"] == [[0.811], [0.898, 0.900]]
-    assert split_seeds(groups["FW8/BW8"]) is None
+    assert split_seeds(groups["FW8/BW8"], ACC) is None
     # its seeds close together again: comparable, one cluster
     rows[4] = _row(frac, 0, 0.897, 60.0)
-    fr = next(g for g in summarise(rows) if g["kind"] == "fractrain")
-    assert comparable(fr, groups["FW8/BW8"]) and split_seeds(fr) is None
+    fr = next(g for g in summarise(rows, ACC) if g["kind"] == "fractrain")
+    assert comparable(fr, groups["FW8/BW8"], ACC) and split_seeds(fr, ACC) is None
 
 
 def test_dynamic_precision_is_checked_against_the_interpolated_static_front():
@@ -162,7 +164,7 @@ def test_dynamic_precision_is_checked_against_the_interpolated_static_front():
     rows += [_row(above, 0, 0.885, 60.0), _row(above, 1, 0.883, 60.0)]  # front at 60: 0.88
     rows += [_row(below, 0, 0.87, 60.0), _row(below, 1, 0.90, 60.0)]  # mean 0.885, worst 0.87 < 0.88
     rows += [_row(cheap, 0, 0.85, 30.0), _row(cheap, 1, 0.85, 30.0)]
-    checks = {c["method"]: c for c in trends(summarise(rows)) if c["claim"].startswith("Dynamic precision")}
+    checks = {c["method"]: c for c in trends(summarise(rows, ACC), ACC) if c["claim"].startswith("Dynamic precision")}
     a, b, c = (checks[f"DFQ cp {t}% masked"] for t in (2, 3, 1))
     assert a["holds"] is True and a["reference"] == "static front (FW4/BW8 .. FW6/BW8)"
     assert a["accuracy_delta_pp"] == pytest.approx(0.4)
@@ -178,7 +180,7 @@ def test_savings_and_ranking_under_each_cost_model():
                       {"schedule": {"kind": "static", "fw": 6, "bw": 8}})
     rows = [_row(fp32, 0, 0.90, 1000.0, int_units=1000.0), _row(sbm, 0, 0.89, 100.0, int_units=100.0),
             _row(fw6, 0, 0.89, 70.0, int_units=100.0), _row(fw6, 1, 0.89, 70.0, int_units=110.0)]
-    groups = {g["method"]: g for g in summarise(rows)}
+    groups = {g["method"]: g for g in summarise(rows, ACC)}
     g = groups["FW6/BW8"]
     assert g["costs_mean"] == {"bitops": 70.0, "int_units": 105.0}
     assert g["savings_by_model"]["bitops"] == {"fp32": pytest.approx(0.93), "fw8bw8": pytest.approx(0.3)}
@@ -186,8 +188,8 @@ def test_savings_and_ranking_under_each_cost_model():
     assert rankings(list(groups.values())) == {"bitops": ["FW6/BW8", "FW8/BW8", "FP32"],
                                                "int_units": ["FW8/BW8", "FW6/BW8", "FP32"]}
     # the front follows the model: FW6/BW8 dominates FW8/BW8 in BitOPs, not on integer units
-    assert [r["method"] for r in front_of(list(groups.values()))] == ["FW6/BW8", "FP32"]
-    assert [r["method"] for r in front_of(list(groups.values()), "int_units")] == ["FW8/BW8", "FP32"]
+    assert [r["method"] for r in front_of(list(groups.values()), ACC)] == ["FW6/BW8", "FP32"]
+    assert [r["method"] for r in front_of(list(groups.values()), ACC, "int_units")] == ["FW8/BW8", "FP32"]
     text = "\n".join(cost_model_section(list(groups.values())))
     assert "| FW6/BW8 | +93.0% / +30.0% | +89.5% / -5.0% |" in text
     assert "- int_units: **FW8/BW8**, **FW6/BW8**, FP32" in text
@@ -292,7 +294,7 @@ def test_pfq_is_checked_against_the_static_run_at_its_final_precision():
     pfq8 = {"schedule": {"kind": "pfq", "mode": "manual", "fw": [4, 8], "bw": [8, 8]}}
     rows = [_row(p, s, 0.9, ops) for p, ops in ((sbm, 100.0), (sbm16, 200.0), (pfq16, 60.0), (pfq8, 70.0))
             for s in (0, 1)]
-    refs = {c["method"]: c["reference"] for c in trends(summarise(rows))}
+    refs = {c["method"]: c["reference"] for c in trends(summarise(rows, ACC), ACC)}
     assert refs["PFQ auto FW3-4-6-8/BW6-8-12-16"] == "FW8/BW16"
     assert refs["PFQ manual FW4-8/BW8-8"] == "FW8/BW8"
 
@@ -377,7 +379,7 @@ def test_language_model_results_page_ranks_on_perplexity(tmp_path, monkeypatch):
     assert checks["FW8/BW8"]["claim"] == "8-bit training (FW8/BW8, SBM) matches FP32 perplexity"
     # that claim asks for more than half of FP32's BitOPs saved (an LM's fp32 output layer can keep it from that)
     few = trends([{**g, "train_bitops_mean": 800e9} if g["method"] == "FW8/BW8" else g for g in
-                  summarise([{**r, "config": _config(r["point"])} for r in _lm_rows()])])
+                  summarise([{**r, "config": _config(r["point"])} for r in _lm_rows()], PPL)], PPL)
     assert next(c for c in few if c["method"] == "FW8/BW8")["why_not"] == \
         "BitOPs saving 20.0% not above the 50% this claim asks"
 
@@ -399,11 +401,11 @@ def test_language_model_results_page_ranks_on_perplexity(tmp_path, monkeypatch):
 
 def test_perplexity_comparable_rule_is_relative_on_the_worst_seed():
     ref = {"perplexity_mean": 100.0, "perplexity_std": 0.1}
-    assert comparable({"perplexity_mean": 101.9, "perplexity_std": 0.1}, ref)  # within 2% of 100
-    assert not comparable({"perplexity_mean": 102.1, "perplexity_std": 0.1}, ref)
-    assert comparable({"perplexity_mean": 80.0, "perplexity_std": 0.1}, ref)  # lower is better
+    assert comparable({"perplexity_mean": 101.9, "perplexity_std": 0.1}, ref, PPL)  # within 2% of 100
+    assert not comparable({"perplexity_mean": 102.1, "perplexity_std": 0.1}, ref, PPL)
+    assert comparable({"perplexity_mean": 80.0, "perplexity_std": 0.1}, ref, PPL)  # lower is better
     seeds = {0: {"perplexity": 100.5}, 1: {"perplexity": 103.3}}  # mean 101.9, worst seed 3.3 % above
-    assert not comparable({"perplexity_mean": 101.9, "perplexity_std": 2.0, "per_seed": seeds}, ref)
+    assert not comparable({"perplexity_mean": 101.9, "perplexity_std": 2.0, "per_seed": seeds}, ref, PPL)
 
 
 def test_results_page_names_the_spec_file_that_made_it(tmp_path):

@@ -12,6 +12,8 @@ import pytest
 from engine.errors import ConfigError
 from orchestrator.cli.main import main
 from results.ablation_analysis import analyse, frame, importances, level_stats, pooled_seed_std, verdict
+from results.objectives import ACCURACY_OBJECTIVE as ACC
+from results.objectives import PERPLEXITY_OBJECTIVE as PPL
 from search_spaces.ablation import parse_ablation
 from tests.conftest import ROOT
 
@@ -84,7 +86,7 @@ def test_ofat_levels_use_only_baseline_rows_of_the_other_factors():
     points = parse_ablation(OFAT).points + [{"schedule.epsilon": 0.15, "schedule.alpha": 0.3}]  # off-design
     rows = _rows(points, [0, 1], lambda p, s: p["schedule.epsilon"] + p["schedule.alpha"] + 0.01 * s,
                  lambda p, s: 1e9 * (1 + s))
-    lv = level_stats(frame(rows, list(meta["labels"])), meta)
+    lv = level_stats(frame(rows, list(meta["labels"]), "accuracy"), meta, "accuracy")
     assert list(lv["schedule.epsilon"]) == ["0.02", "0.05", "0.15"]
     assert lv["schedule.epsilon"]["0.15"]["n"] == 2  # the off-baseline (0.15, 0.3) point is left out
     assert lv["schedule.epsilon"]["0.15"]["accuracy_mean"] == pytest.approx(0.15 + 0.5 + 0.005)
@@ -97,7 +99,7 @@ def test_grid_levels_are_marginal_means():
     meta = {"mode": "grid", "labels": {"a": ["1", "2"], "b": ["x", "y"]}, "baseline": {}, "verdict": THRESHOLDS}
     rows = _rows([{"a": a, "b": b} for a in (1, 2) for b in ("x", "y")], [0],
                  lambda p, s: p["a"] * 10 + (1 if p["b"] == "y" else 0), lambda p, s: 1.0)
-    lv = level_stats(frame(rows, ["a", "b"]), meta)
+    lv = level_stats(frame(rows, ["a", "b"], "accuracy"), meta, "accuracy")
     assert lv["a"]["1"]["accuracy_mean"] == pytest.approx(10.5) and lv["a"]["2"]["n"] == 2
     assert lv["b"]["y"]["accuracy_mean"] == pytest.approx(16.0)
 
@@ -129,9 +131,9 @@ def test_importance_separates_objectives_and_minds_direction():
         acc = 1.0 if p["a"] > 0.9 else 0.5 - 0.4 * p["b"]
         rows.append({"point": p, "accuracy": acc, "train_bitops": 1e9 * (1 + 5 * p["c"]), "run_id": str(i)})
     for evaluator in ("ped_anova", "fanova"):
-        imp = importances(rows, ["a", "b", "c"], evaluator)
+        imp = importances(rows, ["a", "b", "c"], ACC, evaluator)
         assert max(imp["train_bitops"], key=imp["train_bitops"].get) == "c", (evaluator, imp)
-    ped = importances(rows, ["a", "b", "c"], "ped_anova")
+    ped = importances(rows, ["a", "b", "c"], ACC, "ped_anova")
     assert max(ped["accuracy"], key=ped["accuracy"].get) == "a", ped
     assert ped["evaluator"] == "ped_anova" and ped["trials"] == 120
 
@@ -140,9 +142,9 @@ def test_importance_with_categorical_levels_and_too_few_trials():
     rows = _rows([{"schedule": {"kind": k}} for k in ("fp32", "static", "pfq")], [0, 1],
                  lambda p, s: {"fp32": 0.9, "static": 0.8, "pfq": 0.85}[p["schedule"]["kind"]] + 0.001 * s,
                  lambda p, s: {"fp32": 10.0, "static": 2.0, "pfq": 1.0}[p["schedule"]["kind"]])
-    imp = importances(rows, ["schedule"])
+    imp = importances(rows, ["schedule"], ACC)
     assert imp["accuracy"] == {"schedule": pytest.approx(1.0)} and imp["train_bitops"] == {"schedule": pytest.approx(1.0)}
-    few = importances(rows[:2], ["schedule"])
+    few = importances(rows[:2], ["schedule"], ACC)
     assert few["accuracy"] == {} and "three or more" in few["note"]
 
 
@@ -151,7 +153,7 @@ def test_analyse_reports_levels_verdicts_and_importance():
     rng = np.random.default_rng(1)
     rows = _rows(la.points, [0, 1], lambda p, s: 0.8 + p["schedule.epsilon"] + rng.normal(0, 0.002),
                  lambda p, s: 1e10 * (1 + p["schedule.epsilon"]))
-    a = analyse(rows, la.meta())
+    a = analyse(rows, la.meta(), ACC)
     assert a["verdicts"]["schedule.epsilon"]["verdict"] == "sensitive"
     assert a["verdicts"]["schedule.alpha"]["train_bitops_verdict"] == "insensitive"
     assert set(a["importance"]["accuracy"]) == {"schedule.epsilon", "schedule.alpha"}
@@ -169,7 +171,7 @@ def test_importance_per_cost_model():
         rows.append({"point": p, "accuracy": 0.5 + 0.1 * p["c"], "run_id": str(i),
                      "costs": {"bitops": 1e9 * (1 + p["c"]), "energy": 5.0 + p["d"], "macs": 3.0}})
     imp = importances_by_objective(rows, ["c", "d"], {m: (lambda r, m=m: r["costs"][m])
-                                                      for m in ("bitops", "energy", "macs")}, "fanova")
+                                                      for m in ("bitops", "energy", "macs")}, ACC, "fanova")
     assert max(imp["bitops"], key=imp["bitops"].get) == "c" and max(imp["energy"], key=imp["energy"].get) == "d"
     assert imp["macs"] == {} and imp["constant"] == ["macs"] and imp["trials"] == 60
     assert max(imp["accuracy"], key=imp["accuracy"].get) == "c"
@@ -189,19 +191,19 @@ def test_language_model_importance_follows_perplexity_minimized():
         ppl = 20.0 if p["a"] > 0.85 else 60.0 + 40.0 * p["b"]
         rows.append({"point": p, "perplexity": ppl, "accuracy": 0.2 + 0.2 * p["d"], "run_id": str(i),
                      "train_bitops": 1e9 * (1 + 5 * p["c"]), "costs": {"bitops": 1e9 * (1 + 5 * p["c"])}})
-    ped = importances(rows, list("abcd"), "ped_anova")
+    ped = importances(rows, list("abcd"), PPL, "ped_anova")
     assert ped["objective"] == "perplexity" and ped["direction"] == "minimize" and "accuracy" not in ped
     assert max(ped["perplexity"], key=ped["perplexity"].get) == "a", ped
     assert max(ped["train_bitops"], key=ped["train_bitops"].get) == "c", ped
-    fanova = importances(rows, list("abcd"), "fanova")
+    fanova = importances(rows, list("abcd"), PPL, "fanova")
     assert max(fanova["perplexity"], key=fanova["perplexity"].get) in {"a", "b"}
     assert fanova["perplexity"]["d"] < 0.05  # next-token accuracy's factor explains none of the perplexity
     # the report's importance (one study per cost model) names the objective the same way: no workaround there
-    by_model = importances_by_objective(rows, list("abcd"), {"bitops": lambda r: r["costs"]["bitops"]}, "ped_anova")
+    by_model = importances_by_objective(rows, list("abcd"), {"bitops": lambda r: r["costs"]["bitops"]}, PPL, "ped_anova")
     assert by_model["objective"] == "perplexity" and by_model["direction"] == "minimize" and "accuracy" not in by_model
     assert max(by_model["perplexity"], key=by_model["perplexity"].get) == "a"
     # a classifier's rows keep accuracy, maximized
-    classic = importances(_rows([{"a": 1}, {"a": 2}, {"a": 3}], [0], lambda p, s: 0.1 * p["a"], lambda p, s: p["a"]), ["a"])
+    classic = importances(_rows([{"a": 1}, {"a": 2}, {"a": 3}], [0], lambda p, s: 0.1 * p["a"], lambda p, s: p["a"]), ["a"], ACC)
     assert classic["objective"] == "accuracy" and classic["direction"] == "maximize" and classic["accuracy"]
 
 
@@ -213,7 +215,7 @@ def test_language_model_ablation_levels_verdicts_and_printout(capsys):
     rng = np.random.default_rng(1)
     rows = [{**r, "perplexity": 100.0 + 200 * r["point"]["schedule.epsilon"] + rng.normal(0, 0.05)}
             for r in _rows(la.points, [0, 1], lambda p, s: 0.3 + 0.01 * s, lambda p, s: 1e10 * (1 + p["schedule.alpha"]))]
-    a = analyse(rows, la.meta())
+    a = analyse(rows, la.meta(), ACC)
     assert a["objective"] == "perplexity" and a["direction"] == "minimize"
     level = a["levels"]["schedule.epsilon"]["0.15"]
     assert level["perplexity_mean"] == pytest.approx(130.0, abs=0.2) and "accuracy_mean" not in level
