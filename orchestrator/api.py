@@ -25,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from engine.errors import CheckpointError, ConfigError, DataError, FractuneError, TrainingDiverged
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS, VAL_ACCURACY, VAL_PERPLEXITY
+from orchestrator._preflight import load_for_cluster
+from orchestrator._reports import write_report
 from orchestrator.sweep.lifecycle import SweepInterrupted
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from engine.config.experiment import ExperimentConfig
-    from search_spaces.spec import LoadedSpec
 
 __all__ = [
     "train", "sweep", "ablate", "validate", "results", "pareto", "pareto_front", "report",
@@ -442,102 +443,6 @@ def _sweep_result(cls, out: dict, uri: str, **extra):
     return res
 
 
-def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, dashboard: bool = False,
-                     ablation: bool = False, tracking_uri: str | None = None, storage: str | None = None,
-                     resume: bool = False, outputs: dict[str, str | None] | None = None) -> tuple[LoadedSpec, str]:
-    """Everything a sweep needs checked before anything is created or started, every problem reported
-    together: the spec (no Ray), the tracking URI and store (nothing created), the storage folder (not
-    created), the output folders, the Ray address, and the spec's resources (against a Ray already running in
-    this process, else against this machine for a local Ray, which is not started for it); then Ray starts or
-    attaches and the resources are checked against it. Returns the loaded spec and the normalised tracking URI."""
-    from pydantic import ValidationError
-
-    from engine.config.experiment import read_yaml
-    from orchestrator.sweep.driver import (
-        check_local_resources,
-        check_ray_address,
-        check_resources,
-        init_ray,
-        storage_root,
-    )
-    from results import store
-    from results.output import check_output_folder
-    from search_spaces.ablation import load_ablation, parse_ablation
-    from search_spaces.spec import Resources, load_spec, parse_spec
-
-    problems = []
-
-    def gather(check, *a, **kw):
-        try:
-            return check(*a, **kw)
-        except ConfigError as err:
-            problems.extend((f"{err.source}: {f}" if err.source else f, v, m) for f, v, m in err.problems)
-            return None
-
-    if isinstance(spec, Mapping):
-        tree = copy.deepcopy(dict(spec))
-        loaded = gather(parse_ablation if ablation else parse_spec, copy.deepcopy(tree))
-    else:
-        tree = None
-        loaded = gather(load_ablation if ablation else load_spec, spec)
-    if loaded is not None and hasattr(loaded, "base_trial"):  # the data every trial reads: damaged files exit 2 here
-        from engine.data.datasets import check_available
-
-        gather(check_available, trial_data(loaded))
-    uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
-    gather(store.preflight, uri, mode="check")
-    root = gather(storage_root, storage, create=False)
-    if resume and root is not None and loaded is not None:
-        from orchestrator.sweep.driver import latest_sweep_id
-
-        gather(latest_sweep_id, root, loaded.name)
-    for field, value in (outputs or {}).items():
-        if value:
-            gather(check_output_folder, field, value)
-    gather(check_ray_address, address)
-    try:
-        res = Resources.model_validate((tree if tree is not None else read_yaml(spec)).get("resources") or {})
-    except (ValidationError, ConfigError, AttributeError):
-        res = None
-    ray_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
-    if res is not None and (ray_up or address is None):
-        # reported with the spec's other errors: against the running Ray, or against what a local Ray would
-        # get (this machine's CPUs and GPUs) without starting one
-        gather(check_resources if ray_up else check_local_resources, res.cpu, res.gpu)
-    if problems:
-        raise ConfigError(problems)
-    if res is not None and not ray_up:
-        init_ray(address, dashboard)
-        try:
-            check_resources(res.cpu, res.gpu)
-        except ConfigError as err:
-            raise ConfigError(err.problems, None if tree is not None else str(spec)) from None
-    return loaded, uri
-
-
-def trial_data(loaded):
-    """The data config of the spec's base trial (what its trials train on)."""
-    from search_spaces import trial
-
-    return trial.decode(loaded.base_trial()).data
-
-
-def write_report(out: dict, folder: str | None, data=None, uri: str | None = None) -> dict:
-    """The sweep's HTML report (``dashboards.report``), logged on its parent run: ``report``, ``report_pngs``,
-    ``report_artifact``. A report that cannot be written is noted (``report: None``, ``report_error``), not
-    raised: the sweep's results are in MLflow either way (``report`` again, or ``fractune report``)."""
-    from dashboards.report import build_report
-
-    if out["parent_run_id"] is None:
-        return {"report": None, "report_error": "the sweep has no parent run"}
-    try:
-        rep = build_report(uri or out["tracking_uri"], out["sweep"], out["sweep_id"], folder, data=data)
-    except Exception as exc:  # noqa: BLE001  any failure here must not hide the sweep's own outcome
-        return {"report": None, "report_error": f"{type(exc).__name__}: {exc}"}
-    return {"report": rep["report"], "report_pngs": rep["pngs"], "report_artifact": rep["artifact"]}
-
-
-# -- reading a sweep back --------------------------------------------------------------------------------------
 def _where(sweep: str | SweepResult, sweep_id: str | None, tracking_uri: str | None) -> tuple[str, str | None, str]:
     """(name, sweep id, normalised tracking URI) of a sweep given by name or by its ``SweepResult``."""
     from results import store

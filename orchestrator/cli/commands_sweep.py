@@ -89,7 +89,7 @@ def cmd_sweep(args) -> int:
 
 
 def print_report(out: dict) -> None:
-    """The report's line (``orchestrator.api.write_report``): its file, or why it failed and how to retry."""
+    """The report's line (``orchestrator._reports.write_report``): its file, or why it failed and how to retry."""
     if out.get("report"):
         print(f"report: {out['report']}" + (f" (MLflow artifact {out['report_artifact']})"
                                             if out.get("report_artifact") else ""))
