@@ -128,7 +128,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     html_path.write_text(H.page(f"fractune report: {data.name}", sections, subtitle))
     summary = {"sweep": data.name, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
                "parent_run_id": data.parent_run_id, "trials": len(whole.rows), "finished": len(done),
-               "objective": objective, "pareto": _front_rows(front, objective), "front_quality": quality,
+               "objective": objective, "pareto": _front_rows(front, task, objective), "front_quality": quality,
                "importance": importance, "analysis": analysis,
                "chosen_runs": [r["run_id"] for r in chosen], "bit_allocation_runs": list(allocs),
                "stages": stage_refs}

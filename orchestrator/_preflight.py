@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 
 PathLike = str | os.PathLike
-# the columns of a front's rows, as `fractune pareto --json` gives each entry (a language model adds perplexity)
 
 
 def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, dashboard: bool = False,

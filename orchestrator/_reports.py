@@ -3,17 +3,6 @@
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-
-    pass
-
-
-PathLike = str | os.PathLike
-# the columns of a front's rows, as `fractune pareto --json` gives each entry (a language model adds perplexity)
-
 
 def write_report(out: dict, folder: str | None, data=None, uri: str | None = None) -> dict:
     """The sweep's HTML report (``dashboards.report``), logged on its parent run: ``report``, ``report_pngs``,
@@ -28,6 +17,3 @@ def write_report(out: dict, folder: str | None, data=None, uri: str | None = Non
     except Exception as exc:  # noqa: BLE001  any failure here must not hide the sweep's own outcome
         return {"report": None, "report_error": f"{type(exc).__name__}: {exc}"}
     return {"report": rep["report"], "report_pngs": rep["pngs"], "report_artifact": rep["artifact"]}
-
-
-# -- reading a sweep back --------------------------------------------------------------------------------------

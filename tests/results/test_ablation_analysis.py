@@ -215,7 +215,7 @@ def test_language_model_ablation_levels_verdicts_and_printout(capsys):
     rng = np.random.default_rng(1)
     rows = [{**r, "perplexity": 100.0 + 200 * r["point"]["schedule.epsilon"] + rng.normal(0, 0.05)}
             for r in _rows(la.points, [0, 1], lambda p, s: 0.3 + 0.01 * s, lambda p, s: 1e10 * (1 + p["schedule.alpha"]))]
-    a = analyse(rows, la.meta(), ACC)
+    a = analyse(rows, la.meta(), PPL)
     assert a["objective"] == "perplexity" and a["direction"] == "minimize"
     level = a["levels"]["schedule.epsilon"]["0.15"]
     assert level["perplexity_mean"] == pytest.approx(130.0, abs=0.2) and "accuracy_mean" not in level
