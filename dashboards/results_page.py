@@ -343,7 +343,7 @@ def results_png(groups: list[dict], front: list[dict], path: Path, task: Objecti
     lower = task.direction is Direction.MIN
     ax.set_ylabel(f"{task.label}{', ' + task.unit if task.unit else ''} (mean +/- std over seeds"
                   f"{'; lower is better' if lower else ''})")
-    ax.set_title(f"{task.word.capitalize()} vs training cost ({objective}) per method")
+    ax.set_title(f"{_upper_first(task.word)} vs training cost ({objective}) per method")
     ax.legend(fontsize=7, loc="upper right" if lower else "lower right")
     return _save(fig, path)
 
@@ -413,8 +413,12 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
     return "\n".join(lines) + "\n"
 
 
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]  # "accuracy" -> "Accuracy"; "BLEU" stays BLEU
+
+
 def section_title(task: Objective) -> str:
-    return f"## {task.word.capitalize()} and training BitOPs"
+    return f"## {_upper_first(task.word)} and training BitOPs"
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
