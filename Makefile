@@ -82,9 +82,9 @@ test: install browser docker-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2 --durations=15
 
-# The engine, spec and Pareto tests only (no Ray, MLflow server or browser): the quick loop while editing.
+# The engine, spec, results-layer and naming tests only (no Ray, MLflow server or browser): the quick loop while editing.
 test-fast: install
-	$(BIN)/python -m pytest -q tests/engine tests/test_spec.py tests/test_pareto.py tests/test_architecture.py
+	$(BIN)/python -m pytest -q tests/engine tests/test_spec.py tests/results tests/search_spaces tests/test_architecture.py
 
 bench: install
 	$(BIN)/python bench/engine_overhead.py

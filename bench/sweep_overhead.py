@@ -46,9 +46,9 @@ def main() -> None:
     sequential = time.perf_counter() - t
     torch.set_num_threads(os.cpu_count() or 1)
 
-    from orchestrator import store
-    from orchestrator.runner import run_sweep
-    from orchestrator.sweep import SweepOptions, init_ray
+    from orchestrator.sweep.driver import SweepOptions, init_ray
+    from orchestrator.sweep.launch import run_sweep
+    from results import store
     from search_spaces.spec import parse_spec
 
     spec = parse_spec({"name": "bench_overhead", "base": base, "seeds": list(range(args.trials)),

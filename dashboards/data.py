@@ -1,4 +1,4 @@
-"""Read a sweep back from MLflow for the reports: its trial rows (``orchestrator.runs``, the loader every reader
+"""Read a sweep back from MLflow for the reports: its trial rows (``results.runs``, the loader every reader
 uses), the ablation design, metric histories, JSON artifacts and DFQ bit allocations.
 
 Read-only: nothing here writes to the store.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from orchestrator import runs
-from orchestrator.store import artifact_json
+from results import runs
+from results.store import artifact_json
 
 # A report downloads a few small JSON artifacts per run: MLflow's progress bar per file is only noise.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -22,7 +22,7 @@ class SweepData(runs.SweepRuns):
 
 
 def load_sweep(uri: str, name: str, sweep_id: str | None = None) -> SweepData:
-    """The sweep's rows (``orchestrator.runs.load``) and, for an ablation, its design."""
+    """The sweep's rows (``results.runs.load``) and, for an ablation, its design."""
     loaded = runs.load(uri, name, sweep_id)
     return SweepData(**vars(loaded), meta=artifact_json(loaded.client, loaded.parent_run_id, "ablation.json"))
 

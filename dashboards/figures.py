@@ -11,25 +11,17 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
-from orchestrator.runs import cost_of
+from engine.metrics import TRAIN_BITOPS
+from results import objectives
+from results.objectives import Objective
+from results.runs import cost_of
 
 PRECISION_KEYS = ("fw_bits", "bw_bits", "target_cp", "stage")
 
 
-def objective_axis(rows: list[dict]) -> tuple[str, str, str]:
-    """(row key, axis title, direction) of the sweep's task objective: a language model's test perplexity
-    (min) or test accuracy (max), as ``orchestrator.runs.task_objective`` decides."""
-    from orchestrator.runs import task_objective
-
-    key, mode = task_objective(rows)
-    return key, ("test perplexity" if key == PERPLEXITY else "test accuracy"), mode
-
-
-def _hover(row: dict, objective: str = "bitops") -> str:
+def _hover(row: dict, task: Objective, objective: str = "bitops") -> str:
     point = ", ".join(f"{k}={_short(v)}" for k, v in (row.get("point") or {}).items())
-    quality = (f"perplexity {row[PERPLEXITY]:.2f}" if math.isfinite(row.get(PERPLEXITY, math.nan))
-               else f"accuracy {row[ACCURACY]:.4f}")
+    quality = task.value_text(row[task.key])
     other = "" if objective == "bitops" else f"<br>{objective} {cost_of(row, objective):.4g}"
     return (f"{row.get('name')}<br>{quality}<br>{row[TRAIN_BITOPS] / 1e9:.3f} GBitOPs"
             f"{other}<br>seed {row.get('seed')}<br>{point}")
@@ -49,26 +41,26 @@ def _short(v) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def pareto_figure(rows: list[dict], front: list[dict], objective: str = "bitops") -> go.Figure:
-    """Accuracy (a language model's test perplexity) against the training cost under ``objective`` (GBitOPs by
-    default), one colour per schedule kind, the front as a stepped line."""
-    key, title, mode = objective_axis(rows)
+def pareto_figure(rows: list[dict], front: list[dict], task: Objective, objective: str = "bitops") -> go.Figure:
+    """The task objective (accuracy, a language model's test perplexity) against the training cost under
+    ``objective`` (GBitOPs by default), one colour per schedule kind, the front as a stepped line."""
+    key, title, mode = task.key, task.label, task.mode
     scale, label = cost_axis(objective)
     fig = go.Figure()
     for kind in sorted({r.get("schedule") or "?" for r in rows}):
         sub = [r for r in rows if (r.get("schedule") or "?") == kind]
         fig.add_trace(go.Scatter(x=[cost_of(r, objective) / scale for r in sub], y=[r[key] for r in sub],
                                  mode="markers", name=kind, marker={"size": 9, "opacity": 0.75},
-                                 text=[_hover(r, objective) for r in sub], hoverinfo="text"))
+                                 text=[_hover(r, task, objective) for r in sub], hoverinfo="text"))
     if front:
         fig.add_trace(go.Scatter(x=[cost_of(r, objective) / scale for r in front], y=[r[key] for r in front],
                                  mode="lines+markers", name="Pareto front", line={"shape": "hv", "color": "black"},
                                  marker={"symbol": "star", "size": 14, "color": "gold",
                                          "line": {"color": "black", "width": 1}},
-                                 text=[_hover(r, objective) for r in front], hoverinfo="text"))
+                                 text=[_hover(r, task, objective) for r in front], hoverinfo="text"))
     costs = [c for r in rows if (c := cost_of(r, objective)) > 0]
     log = bool(costs) and max(costs) / min(costs) > 20  # fp32 next to 4-bit runs spans decades
-    word = PERPLEXITY if key == PERPLEXITY else ACCURACY
+    word = key
     fig.update_layout(title=f"{word.capitalize()} vs {label.removeprefix('training ')} (front: {word} {mode}, "
                       "cost min)", height=520,
                       xaxis={"title": label + (" (log)" if log else ""), "type": "log" if log else "linear"},
@@ -76,7 +68,7 @@ def pareto_figure(rows: list[dict], front: list[dict], objective: str = "bitops"
     return fig
 
 
-def parallel_figure(rows: list[dict], factors: list[str], objectives: list[str]) -> go.Figure:
+def parallel_figure(rows: list[dict], factors: list[str], models: list[str], task: Objective) -> go.Figure:
     """Parallel coordinates: every swept parameter (categorical ones as numbered levels) and the objectives
     (accuracy, or a language model's perplexity, and the training cost under each model), one line per finished
     trial coloured by the task objective."""
@@ -89,9 +81,9 @@ def parallel_figure(rows: list[dict], factors: list[str], objectives: list[str])
             levels = sorted({_short(v) for v in values})
             dims.append({"label": f, "values": [levels.index(_short(v)) for v in values],
                          "tickvals": list(range(len(levels))), "ticktext": [t[:24] for t in levels]})
-    key = objective_axis(rows)[0]  # accuracy, or a language model's perplexity
+    key = task.key  # accuracy, or a language model's perplexity
     dims.append({"label": key, "values": [r[key] for r in rows]})
-    for name in objectives:
+    for name in models:
         dims.append({"label": name, "values": [cost_of(r, name) for r in rows]})
     fig = go.Figure(go.Parcoords(line={"color": [r[key] for r in rows], "colorscale": "Viridis",
                                        "showscale": True, "colorbar": {"title": key}}, dimensions=dims))
@@ -99,10 +91,11 @@ def parallel_figure(rows: list[dict], factors: list[str], objectives: list[str])
     return fig
 
 
-def sensitivity_figure(levels: dict, verdicts: dict, task: str = ACCURACY) -> go.Figure:
+def sensitivity_figure(levels: dict, verdicts: dict, objective: Objective) -> go.Figure:
     """Per factor: the mean task objective (accuracy, or a language model's test ``perplexity``) and mean
     GBitOPs per level, error bars one std over seeds."""
     factors = list(levels)
+    task = objective.key
     titles = []
     for f in factors:
         titles += [f"{f}: {task} ({verdicts[f]['verdict']})", f"{f}: GBitOPs ({verdicts[f]['train_bitops_verdict']})"]
@@ -118,7 +111,7 @@ def sensitivity_figure(levels: dict, verdicts: dict, task: str = ACCURACY) -> go
                                  "visible": True},
                 text=[f"n={s['n']}" for s in stats]), row=i, col=col)
             fig.update_xaxes(title_text=f, type="category", row=i, col=col)
-        fig.update_yaxes(title_text="test perplexity" if task == PERPLEXITY else ACCURACY, row=i, col=1)
+        fig.update_yaxes(title_text=objective.word, row=i, col=1)
         fig.update_yaxes(title_text="GBitOPs", row=i, col=2)
     fig.update_layout(title="Sensitivity: mean ± std over seeds per level", height=height)
     return fig
@@ -144,8 +137,9 @@ def importance_objectives(importance: dict) -> list[str]:
 
 
 def importance_title(key: str) -> str:
-    return {ACCURACY: "for accuracy", PERPLEXITY: "for test perplexity",
-            TRAIN_BITOPS: "for training BitOPs"}.get(key, f"for {key}")
+    if key in objectives.OBJECTIVES:
+        return f"for {objectives.OBJECTIVES[key].word}"
+    return "for training BitOPs" if key == TRAIN_BITOPS else f"for {key}"
 
 
 def importance_figure(importance: dict) -> go.Figure:

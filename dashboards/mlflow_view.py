@@ -6,7 +6,7 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
 ``publish`` writes, for one sweep:
 
 - the view ``fractune-<sweep id>``: the sweep's trials only (``tags.fractune.sweep_id`` and kind ``trial``),
-  sorted by the task objective (``orchestrator.runs.task_objective``: accuracy, highest first, or a language
+  sorted by the task objective (``results.objectives.Objective``, received: accuracy, highest first, or a language
   model's test perplexity, lowest first; a sort by a metric also lists the nested trials flat, no parent row to
   expand), with the swept parameters, that objective, training TBitOPs (``train_tbitops``, the readable
   companion of the exact ``train_bitops``: ``engine.metrics.readable_key``; a sweep logged before it has
@@ -19,7 +19,7 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
   run, links to the two views and to the report artifact once it is logged.
 
 ``view_url`` is the URL ``fractune ui`` prints. The experiment's kind tag (model-training mode) is
-``orchestrator.store.mark_training``. Everything here is rebuilt from MLflow (``fractune ui --sweep`` refreshes
+``results.store.mark_training``. Everything here is rebuilt from MLflow (``fractune ui --sweep`` refreshes
 it for sweeps logged before it existed).
 """
 
@@ -29,8 +29,9 @@ import json
 import math
 import re
 
-from engine.metrics import CUM_CP, PERPLEXITY, TERA, TRAIN_BITOPS, TRAIN_TBITOPS
-from orchestrator import runs, store
+from engine.metrics import CUM_CP, TERA, TRAIN_BITOPS, TRAIN_TBITOPS
+from results import runs, store
+from results.objectives import Objective
 
 VIEW_TAG = "mlflow.sharedViewState."
 NOTE_TAG = "mlflow.note.content"
@@ -91,22 +92,21 @@ def cost_column(rows: list[dict]) -> str:
     return TRAIN_TBITOPS if readable else TRAIN_BITOPS
 
 
-def objective_columns(rows: list[dict]) -> list[str]:
+def objective_columns(rows: list[dict], task: Objective) -> list[str]:
     """The three objectives' metrics, in this order: the task objective (accuracy, or a language model's
     ``perplexity``), the training BitOPs (``cost_column``) and cp."""
-    return [runs.task_objective(rows)[0], cost_column(rows), CUM_CP]
+    return [task.key, cost_column(rows), CUM_CP]
 
 
-def metric_columns(rows: list[dict]) -> list[str]:
+def metric_columns(rows: list[dict], task: Objective) -> list[str]:
     gated = any(math.isfinite(r.get("cp_gated", math.nan)) for r in rows)
-    return [*objective_columns(rows), *(["cp_gated"] if gated else [])]  # in this order in the table
+    return [*objective_columns(rows, task), *(["cp_gated"] if gated else [])]  # in this order in the table
 
 
-def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
+def view_state(sweep_id: str, rows: list[dict], factors: list[str], task: Objective) -> dict:
     """The page's state as the UI reads it from a shared-view tag (its search facets and UI state keys)."""
-    params, metrics = param_columns(rows, factors), metric_columns(rows)
-    key, mode = runs.task_objective(rows)  # accuracy (max), or a language model's test perplexity (min)
-    word = "test perplexity" if key == PERPLEXITY else key
+    params, metrics = param_columns(rows, factors), metric_columns(rows, task)
+    key, mode, word = task.key, task.mode, task.word
     cost = cost_column(rows)
     unit = "TBitOPs" if cost == TRAIN_TBITOPS else "BitOPs"
     section = "fractune-sweep"
@@ -124,7 +124,7 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
         chart(2, type="SCATTER", displayName=f"{word} vs cp (% of FP32 BitOPs)", xaxis=axis(CUM_CP),
               yaxis=axis(key)),
         # the parallel plot draws only the runs that hold every selected param: the swept ones all trials have
-        chart(3, type="PARALLEL", displayName="swept parameters and objectives", selectedMetrics=objective_columns(rows),
+        chart(3, type="PARALLEL", displayName="swept parameters and objectives", selectedMetrics=objective_columns(rows, task),
               selectedParams=[p for p in params if all(_holds(r, p) for r in rows)], showAllRuns=True),
         chart(4, type="LINE", displayName=f"{word} per epoch", metricKey=key,
               selectedMetricKeys=[key], xAxisKey="step", scaleType="linear", xAxisScaleType="linear",
@@ -149,28 +149,27 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str]) -> dict:
     }
 
 
-def summary_metrics(rows: list[dict]) -> dict[str, float]:
+def summary_metrics(rows: list[dict], task: Objective) -> dict[str, float]:
     """The sweep's summary as the parent run's metrics (read from the trial rows MLflow holds)."""
-    done = runs.finished(rows)
+    done = runs.finished(rows, task)
     out = {"sweep/trials": float(len(rows)), "sweep/finished": float(len(done)),
            "sweep/errored": float(sum(r["status"] == "FAILED" for r in rows)),
-           "sweep/front_size": float(len(runs.front(rows)))}
-    if done:
-        key, mode = runs.task_objective(done)  # a language model's sweep: its best (lowest) test perplexity
-        out[f"sweep/best_{key}"] = (max if mode == "max" else min)(r[key] for r in done)
+           "sweep/front_size": float(len(runs.front(rows, task)))}
+    if done:  # a language model's sweep: its best (lowest) test perplexity
+        out[f"sweep/best_{task.key}"] = task.direction.best(r[task.key] for r in done)
     return out
 
 
-def note(experiment_id: str, sweep_id: str, rows: list[dict], metrics: dict[str, float],
+def note(experiment_id: str, sweep_id: str, rows: list[dict], task: Objective, metrics: dict[str, float],
          report_run: str | None) -> str:
     """The parent run's description (markdown): the numbers, the front with links, the views and the report."""
-    front = runs.front(rows)
-    key, mode = runs.task_objective(rows)  # accuracy, or a language model's test perplexity
+    front = runs.front(rows, task)
+    key, mode = task.key, task.mode
     base = f"#/experiments/{experiment_id}"
     lines = [f"**Sweep `{sweep_id}`**: {len(rows)} trials, {int(metrics['sweep/finished'])} finished, "
              f"{int(metrics['sweep/errored'])} errored, {len(front)} on the Pareto front "
              f"({key} {mode}, training BitOPs min).", "",
-             f"[All trials, sorted by {'test perplexity' if key == PERPLEXITY else 'test accuracy'}]"
+             f"[All trials, sorted by {task.label}]"
              f"({view_url('', experiment_id, sweep_id)}) · "
              f"[Charts of every trial]({view_url('', experiment_id, sweep_id, charts=True)})"
              + (f" · [HTML report]({base}/runs/{report_run}/artifacts/{REPORT})" if report_run else ""), ""]
@@ -190,24 +189,25 @@ def note(experiment_id: str, sweep_id: str, rows: list[dict], metrics: dict[str,
 
 
 def publish(c, experiment_id: str, parent_run_id: str, sweep_id: str, rows: list[dict],
-            factors: list[str]) -> dict:
+            factors: list[str], task: Objective) -> dict:
     """Write the sweep's view tag, the parent's summary metrics and its note. Idempotent; returns what it wrote."""
     import time
 
     from mlflow.entities import Metric
 
     c.set_experiment_tag(experiment_id, VIEW_TAG + view_key(sweep_id),
-                         json.dumps(view_state(sweep_id, rows, factors), separators=(",", ":")))
-    metrics = summary_metrics(rows)
+                         json.dumps(view_state(sweep_id, rows, factors, task), separators=(",", ":")))
+    metrics = summary_metrics(rows, task)
     now = int(time.time() * 1000)
     c.log_batch(parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
     held = c.get_run(parent_run_id).data.metrics  # a hypervolume another step logged is shown too
     metrics.update({k: v for k, v in held.items() if "hypervolume" in k})
     has_report = any(a.path == REPORT for a in c.list_artifacts(parent_run_id, "report"))
-    text = note(experiment_id, sweep_id, rows, metrics, parent_run_id if has_report else None)
+    text = note(experiment_id, sweep_id, rows, task, metrics, parent_run_id if has_report else None)
     c.set_tag(parent_run_id, NOTE_TAG, text)
     return {"view": view_key(sweep_id), "metrics": metrics, "note": text}
 
 
 def publish_sweep(data: runs.SweepRuns) -> dict:
-    return publish(data.client, data.experiment_id, data.parent_run_id, data.sweep_id, data.rows, data.factors)
+    return publish(data.client, data.experiment_id, data.parent_run_id, data.sweep_id, data.rows, data.factors,
+                   data.task)

@@ -13,7 +13,8 @@ import math
 import statistics
 from pathlib import Path
 
-from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
+from engine.metrics import TRAIN_BITOPS
+from results.objectives import Direction, Objective
 from search_spaces.spec import Paired, picks
 
 # two-sided 95 % quantiles of Student's t by degrees of freedom (beyond 30: the normal's 1.96)
@@ -25,11 +26,11 @@ def t95(dof: int) -> float:
     return T95[dof - 1] if 1 <= dof <= len(T95) else 1.96
 
 
-def advantage(arm: dict, twin: dict, task: str) -> float:
-    """The arm's advantage over its twin: accuracy in points, or percent lower test perplexity."""
-    if task == PERPLEXITY:
-        return 100.0 * (twin[PERPLEXITY] - arm[PERPLEXITY]) / twin[PERPLEXITY]
-    return 100.0 * (arm[ACCURACY] - twin[ACCURACY])
+def advantage(arm: dict, twin: dict, task: Objective) -> float:
+    """The arm's advantage over its twin: accuracy in points, or percent lower test perplexity (``relative``)."""
+    key = task.key
+    better = arm[key] - twin[key] if task.direction is Direction.MAX else twin[key] - arm[key]
+    return 100.0 * better / twin[key] if task.relative else task.scale * better
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -41,10 +42,11 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def pair_up(rows: list[dict], paired: Paired, task: str) -> list[dict]:
+def pair_up(rows: list[dict], paired: Paired, objective: Objective) -> list[dict]:
     """Every pair with its runs matched by seed: ``seeds`` (per seed: the arm's and the twin's objective, BitOPs
     and the difference), the methods' names, ``mean``/``low``/``high`` of the differences and ``control``. Rows
     carry ``config`` (their resolved ExperimentConfig) and ``method``."""
+    task = objective.key
     dumps = [(r, r["config"].to_dict()) for r in rows if r.get("config") is not None]
     out = []
     for pair in paired.pairs:
@@ -55,7 +57,7 @@ def pair_up(rows: list[dict], paired: Paired, task: str) -> list[dict]:
             a, t = arm[seed], twin[seed]
             seeds.append({"seed": seed, "arm": a[task], "twin": t[task], "arm_bitops": a[TRAIN_BITOPS],
                           "twin_bitops": t[TRAIN_BITOPS], "arm_cp": a.get("cp_model", math.nan), "twin_cp": t["cp"],
-                          "difference": advantage(a, t, task)})
+                          "difference": advantage(a, t, objective)})
         mean, low, high = interval([s["difference"] for s in seeds])
         out.append({"arm_method": next(iter(arm.values()))["method"] if arm else "(no run)",
                     "twin_method": next(iter(twin.values()))["method"] if twin else "(no run)",
@@ -83,8 +85,9 @@ def decide(pairs: list[dict], paired: Paired) -> dict:
             "high": high, "refute_margin": paired.refute_margin}
 
 
-def rule_text(paired: Paired, task: str) -> str:
-    unit = "percent lower test perplexity" if task == PERPLEXITY else "points of test accuracy"
+def rule_text(paired: Paired, task: Objective) -> str:
+    better = "lower" if task.direction is Direction.MIN else "higher"
+    unit = f"percent {better} {task.label}" if task.relative else f"points of {task.label}"
     return (f"**Decision rule** (the spec's, fixed before the runs): per seed, each pair's arm against its twin in "
             f"{unit} (positive: the arm is better). The claim \"{paired.claim}\" holds when every difference of "
             f"the deciding pairs is >= 0 and their mean > 0; it is refuted when every difference is < 0 and their "
@@ -96,10 +99,10 @@ def _f(v: float, spec: str) -> str:
     return "n/a" if not math.isfinite(v) else format(v, spec)
 
 
-def section(pairs: list[dict], verdict: dict, paired: Paired, task: str, plot: str | None) -> list[str]:
+def section(pairs: list[dict], verdict: dict, paired: Paired, task: Objective, plot: str | None) -> list[str]:
     """The page's paired section: the rule, then per pair and seed the runs side by side, the differences and
     the verdict."""
-    y, unit = (1.0, "ppl") if task == PERPLEXITY else (100.0, "acc. %")
+    y, unit = task.scale, f"{task.short} {task.unit}" if task.unit else task.short.rstrip(".")
     lines = ["## Paired test", "", rule_text(paired, task), "",
              "Per seed: each side's final test figure and training BitOPs (the run's, exact; a gated arm's cp is on "
              "the whole model with its gate, the static twin's over every layer), and the difference.", "",
@@ -126,7 +129,7 @@ def section(pairs: list[dict], verdict: dict, paired: Paired, task: str, plot: s
     return lines
 
 
-def pairs_png(pairs: list[dict], task: str, path: Path) -> Path | None:
+def pairs_png(pairs: list[dict], task: Objective, path: Path) -> Path | None:
     """The test as the verdict reads it: per pair, each seed's twin and arm at their own BitOPs joined by a line
     (no front, no interpolation), the means bold; one panel per pair."""
     from dashboards.pngs import _save, plt
@@ -134,7 +137,7 @@ def pairs_png(pairs: list[dict], task: str, path: Path) -> Path | None:
     shown = [p for p in pairs if p["seeds"]]
     if not shown:
         return None
-    y = 1.0 if task == PERPLEXITY else 100.0
+    y = task.scale
     fig, axes = plt.subplots(1, len(shown), figsize=(4.6 * len(shown), 4.4), squeeze=False)
     for ax, p in zip(axes[0], shown):
         for s in p["seeds"]:
@@ -153,5 +156,5 @@ def pairs_png(pairs: list[dict], task: str, path: Path) -> Path | None:
         ax.set_title(("control: " if p["control"] else "") + f"mean difference {_f(p['mean'], '+.2f')}", fontsize=9)
         ax.set_xlabel("training TBitOPs")
         ax.legend(fontsize=6, loc="lower right")
-    axes[0][0].set_ylabel("test perplexity" if task == PERPLEXITY else "test accuracy, %")
+    axes[0][0].set_ylabel(f"{task.label}{', ' + task.unit if task.unit else ''}")
     return _save(fig, path)

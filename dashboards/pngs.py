@@ -11,13 +11,14 @@ from pathlib import Path
 
 import matplotlib
 
-from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
+from engine.metrics import TRAIN_BITOPS
+from results.objectives import Objective
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from dashboards.figures import cost_axis, objective_axis, run_title  # noqa: E402
+from dashboards.figures import cost_axis, run_title  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -34,10 +35,10 @@ def log_x_if_wide(ax, costs: list[float]) -> None:
         ax.set_xscale("log")
 
 
-def pareto_png(rows: list[dict], front: list[dict], path: Path, objective: str = "bitops") -> Path:
-    from orchestrator.runs import cost_of
+def pareto_png(rows: list[dict], front: list[dict], path: Path, task: Objective, objective: str = "bitops") -> Path:
+    from results.runs import cost_of
 
-    key, title, _ = objective_axis(rows)  # accuracy, or a language model's test perplexity
+    key, title = task.key, task.label  # accuracy, or a language model's test perplexity
     scale, label = cost_axis(objective)
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for kind in sorted({r.get("schedule") or "?" for r in rows}):
@@ -56,13 +57,13 @@ def pareto_png(rows: list[dict], front: list[dict], path: Path, objective: str =
     return _save(fig, path)
 
 
-def sensitivity_png(levels: dict, verdicts: dict, path: Path, task: str = ACCURACY) -> Path:
+def sensitivity_png(levels: dict, verdicts: dict, path: Path, objective: Objective) -> Path:
+    task, quality = objective.key, objective.word
     factors = list(levels)
     fig, axes = plt.subplots(len(factors), 2, figsize=(10, 3.2 * len(factors)), squeeze=False)
     for i, f in enumerate(factors):
         labels = list(levels[f])
         stats = [levels[f][k] for k in labels]
-        quality = "test perplexity" if task == PERPLEXITY else ACCURACY
         for j, (key, scale, unit) in enumerate(((task, 1.0, quality), (TRAIN_BITOPS, 1e9, "GBitOPs"))):
             ax = axes[i][j]
             ax.errorbar(range(len(labels)), [s[f"{key}_mean"] / scale for s in stats],

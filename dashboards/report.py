@@ -25,9 +25,10 @@ from dashboards.data import SweepData, bit_allocation, histories, load_sweep
 from dashboards.mlflow_view import publish_sweep, view_url
 from engine.config.experiment import GATED_KINDS
 from engine.errors import ConfigError
-from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
-from orchestrator.output import emit_json, info
-from orchestrator.store import artifact_json
+from engine.metrics import TRAIN_BITOPS
+from results.objectives import Direction, Objective
+from results.output import emit_json, info
+from results.store import artifact_json
 
 MAX_CHOSEN = 6  # runs in the precision figure when none are named
 MAX_GATED = 4  # heatmaps
@@ -56,24 +57,23 @@ def cost_models_of(rows: list[dict]) -> list[str]:
 def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | Path | None = None,
                  runs: list[str] | None = None, log: bool = True, data: SweepData | None = None,
                  objective: str | None = None) -> dict:
-    from dashboards.results import last_stage
-    from orchestrator.ablation_analysis import analyse, importances_by_objective
-    from orchestrator.runs import check_objective, cost_of, front_quality
-    from orchestrator.runs import front as pareto_front
+    from dashboards.results_page import last_stage
+    from results.ablation_analysis import analyse, importances_by_objective
+    from results.runs import check_objective, cost_of, front_quality
 
     started = time.perf_counter()
     whole = data or load_sweep(uri, sweep, sweep_id)
     data, stage_refs = last_stage(whole)  # a staged sweep: the front, figures and importance are its last stage's
-    objective = check_objective(objective or data.objective, data.rows)
+    objective, task = check_objective(objective or data.objective, data.rows), data.task
     c = data.client
     done = data.finished(objective)
-    front = pareto_front(data.rows, objective)
-    quality = front_quality(done, front, objective)
+    front = data.front(objective)
+    quality = front_quality(done, front, task, objective)
     models = cost_models_of(done) or [objective]
-    analysis = analyse(done, data.meta) if data.meta else None
+    analysis = analyse(done, data.meta, task) if data.meta else None
     evaluator = "ped_anova" if len(done) > PED_ANOVA_FROM else "fanova"
     importance = analysis["importance"] if analysis else importances_by_objective(
-        done, data.factors, {m: (lambda r, m=m: cost_of(r, m)) for m in models}, evaluator)
+        done, data.factors, {m: (lambda r, m=m: cost_of(r, m)) for m in models}, task, evaluator)
     chosen = choose_runs(whole, front, runs)
     hist = {r["run_id"]: histories(c, r["run_id"], figures.PRECISION_KEYS) for r in chosen}
     events = {r["run_id"]: artifact_json(c, r["run_id"], "events.json") or [] for r in chosen}
@@ -88,28 +88,25 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     sections.append(("Trials", _trials_table(whole)))
     if stage_refs:
         sections.append(("Stages", _stages_html(whole, data, stage_refs)))
-    task_key, task_title, _ = figures.objective_axis(done)  # accuracy, or a language model's test perplexity
-    word = task_title[5:].capitalize()
+    word = task.label[5:].capitalize()
     title = (f"{word} vs training BitOPs" if objective == "bitops" else f"{word} vs training cost ({objective})")
-    sections.append((title, H.figure(figures.pareto_figure(done, front, objective))
+    sections.append((title, H.figure(figures.pareto_figure(done, front, task, objective))
                      + H.note(f"Hypervolume of the front: {H.fmt(quality['hypervolume'])} ({quality['rule']}).")
-                     + H.table(_front_rows(front, objective))))
-    made.append(pngs.pareto_png(done, front, folder / "pareto.png", objective))
+                     + H.table(_front_rows(front, task, objective))))
+    made.append(pngs.pareto_png(done, front, folder / "pareto.png", task, objective))
     if len(done) >= 2 and data.factors and not analysis:
-        sections.append(("Parameters and objectives", H.figure(figures.parallel_figure(done, data.factors, models))
-                         + H.note(f"Parallel coordinates: one line per finished trial, coloured by {task_key}; "
+        sections.append(("Parameters and objectives", H.figure(figures.parallel_figure(done, data.factors, models, task))
+                         + H.note(f"Parallel coordinates: one line per finished trial, coloured by {task.key}; "
                                   "categorical parameters as numbered levels; drag along an axis to filter.")))
     if analysis:
-        sections.append(("Sensitivity", _sensitivity_html(analysis)))
-        made.append(pngs.sensitivity_png(analysis["levels"], analysis["verdicts"], folder / "sensitivity.png",
-                                         analysis["objective"]))
+        sections.append(("Sensitivity", _sensitivity_html(analysis, task)))
+        made.append(pngs.sensitivity_png(analysis["levels"], analysis["verdicts"], folder / "sensitivity.png", task))
     if importance.get(importance["objective"]):
         what = "BitOPs" if analysis else "the training cost under each cost model in turn"
-        task = ("test perplexity" if importance["objective"] == PERPLEXITY else ACCURACY) + " " + \
-            importance["direction"]
+        studied = f"{task.word} {importance['direction']}"
         sections.append(("Parameter importance", H.figure(figures.importance_figure(importance)) + H.note(
             f"Optuna get_param_importances, {importance['evaluator']} evaluator, over {importance['trials']} "
-            f"finished trials of in-memory two-objective studies ({task}, {what} minimize), one "
+            f"finished trials of in-memory two-objective studies ({studied}, {what} minimize), one "
             "objective at a time as the target." + (f" Every trial costs the same under {', '.join(importance['constant'])}"
                                                     ": no importance there." if importance.get("constant") else ""))))
         made.append(pngs.importance_png(importance, folder / "importance.png"))
@@ -131,7 +128,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     html_path.write_text(H.page(f"fractune report: {data.name}", sections, subtitle))
     summary = {"sweep": data.name, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
                "parent_run_id": data.parent_run_id, "trials": len(whole.rows), "finished": len(done),
-               "objective": objective, "pareto": _front_rows(front, objective), "front_quality": quality,
+               "objective": objective, "pareto": _front_rows(front, task, objective), "front_quality": quality,
                "importance": importance, "analysis": analysis,
                "chosen_runs": [r["run_id"] for r in chosen], "bit_allocation_runs": list(allocs),
                "stages": stage_refs}
@@ -165,17 +162,17 @@ def _view_links(data: SweepData) -> str:
     return " · ".join(f'<a href="{html.escape(u)}" target="_blank">{t}</a>' for u, t in links)
 
 
-def _front_rows(front: list[dict], objective: str = "bitops") -> list[dict]:
-    from orchestrator.runs import cost_of
+def _front_rows(front: list[dict], task: Objective, objective: str = "bitops") -> list[dict]:
+    from results.runs import cost_of
 
-    key = figures.objective_axis(front)[0]  # a language model's front: perplexity
+    key = task.key  # a language model's front: perplexity
     return [{"run": r["name"], "run_id": r["run_id"], key: r[key], "train_gbitops": r[TRAIN_BITOPS] / 1e9,
              **({f"cost_{objective}": cost_of(r, objective)} if objective != "bitops" else {}),
              "cp": r["cp"], "point": figures._short(r["point"]), "seed": r["seed"]} for r in front]
 
 
 def _trials_table(data: SweepData) -> str:
-    key = figures.objective_axis(data.rows)[0]  # a language model's sweep: perplexity
+    key = data.task.key  # a language model's sweep: perplexity
     staged = any(r.get("stage") for r in data.rows)
     names = {r["run_id"]: r["name"] for r in data.rows}
     rows = [{"run": r["name"], **({"stage": r.get("stage") or "", "from": names.get(r.get("init_run"),
@@ -191,20 +188,18 @@ def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
     """A staged sweep: the earlier stages' task objective (accuracy, or a language model's perplexity) for
     reference, and the last stage's methods (the rows every figure below compares) with their savings against
     that stage's own FP32 and FW8/BW8 rows."""
-    from dashboards.results import summarise, with_configs
-    from orchestrator.runs import task_objective
+    from dashboards.results_page import delta_column, delta_key, summarise, with_configs
 
-    task = task_objective(last.rows)[0]
-    scale, unit = (100, " %") if task == ACCURACY else (1, "")
-    delta = ("accuracy_delta_vs_fw8bw8_pp", "acc. vs FW8/BW8 (pp)") if task == ACCURACY else (
-        "perplexity_delta_vs_fw8bw8_pct", "perplexity vs FW8/BW8 (%)")
+    objective = last.task
+    task, scale, unit = objective.key, objective.scale, f" {objective.unit}" if objective.unit else ""
+    delta = delta_key(objective, "fw8bw8"), delta_column(objective, "FW8/BW8")
     stage = next((r.get("stage") for r in last.rows if r.get("stage")), "last")
     ref_rows = [{"stage": r["stage"], "runs": r["n"], f"{task}{unit}": scale * r[f"{task}_mean"],
                  "std": scale * r[f"{task}_std"]} for r in refs]
     methods = [{"method": g["method"], "seeds": g["n"], f"{task}{unit}": scale * g[f"{task}_mean"],
                 "std": scale * g[f"{task}_std"], "train_gbitops": g["train_bitops_mean"] / 1e9,
                 "savings vs FP32 %": 100 * g["savings_vs_fp32"], "savings vs FW8/BW8 %": 100 * g["savings_vs_fw8bw8"],
-                delta[1]: g.get(delta[0])} for g in summarise(with_configs(last))]
+                delta[1]: g.get(delta[0])} for g in summarise(with_configs(last), objective)]
     return (H.note(f"A staged sweep: {len(whole.rows)} trials over its stages. The front, the parallel coordinates "
                    f"and the importance below are over the last stage ({stage}); each of its runs started from "
                    "the earlier stage's run of the same seed (column \"from\" in the trials table).")
@@ -213,8 +208,8 @@ def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
             + H.table(methods))
 
 
-def _sensitivity_html(a: dict) -> str:
-    task = a["objective"]  # accuracy, or a language model's test perplexity
+def _sensitivity_html(a: dict, objective: Objective) -> str:
+    task = objective.key  # accuracy, or a language model's test perplexity
     levels = [{"factor": f, "level": lv, **{k: v for k, v in s.items()}}
               for f, by_level in a["levels"].items() for lv, s in by_level.items()]
     verdicts = [{"factor": f, f"{task} verdict": v["verdict"], f"{task} range": v["range"], "ratio": v["ratio"],
@@ -222,16 +217,16 @@ def _sensitivity_html(a: dict) -> str:
                 for f, v in a["verdicts"].items()]
     how = ("one factor at a time around the baseline (the baseline point is in every curve)" if a["mode"] == "ofat"
            else "marginal over every combination of the other factors")
-    what = " (test perplexity, lower is better)" if task == PERPLEXITY else ""
-    return (H.figure(figures.sensitivity_figure(a["levels"], a["verdicts"], task)) + H.note(f"Levels{what}: {how}; "
+    what = f" ({objective.label}, lower is better)" if objective.direction is Direction.MIN else ""
+    return (H.figure(figures.sensitivity_figure(a["levels"], a["verdicts"], objective)) + H.note(f"Levels{what}: {how}; "
             f"std over seeds (ddof 1). Pooled seed std: {task} {H.fmt(a['pooled_seed_std'][task])}, "
             f"BitOPs {H.fmt(a['pooled_seed_std'][TRAIN_BITOPS])}.") + H.table(levels) + H.table(verdicts)
             + H.note("Verdict rule: " + a["verdict_rule"] + "."))
 
 
 def cmd_report(args) -> int:
-    from orchestrator import store
-    from orchestrator.output import check_output_folder
+    from results import store
+    from results.output import check_output_folder
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     ConfigError.check_all(lambda: store.check_names(args.sweep, args.sweep_id), lambda: store.check_uri(uri),

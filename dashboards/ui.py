@@ -31,8 +31,8 @@ import urllib.request
 from pathlib import Path
 
 from engine.errors import ConfigError
-from orchestrator import store
-from orchestrator.output import emit_json, info
+from results import store
+from results.output import emit_json, info
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LOG_FILE = "mlflow-ui.log"  # the server's own log, beside the database (stderr with --verbose)
@@ -70,7 +70,7 @@ def experiment_id(uri: str, sweep: str | None) -> str | None:
 def prepare(uri: str, sweep: str | None) -> dict:
     """Before the UI opens: fractune's experiments in model-training mode; with ``sweep``, its latest sweep's
     view, summary metrics and note (re)written. Returns the experiment id and the sweep id (None without)."""
-    from orchestrator import runs
+    from results import runs
 
     c = store.client(uri)
     exp_id = experiment_id(uri, sweep)

@@ -366,7 +366,7 @@ def node_names(stack: Stack) -> dict[str, str]:
 
 def trial_rows(stack: Stack, sweep: str) -> tuple[list[dict], str]:
     sys.path.insert(0, str(ROOT))
-    from orchestrator import store
+    from results import store
 
     c = store.client(stack.tracking)
     parent = store.sweep_parent(c, sweep)

@@ -63,7 +63,7 @@ def load_init(init, model_name: str) -> dict:
     """The pretrained weights ``init`` (an ``InitConfig``) names, for a run building ``model_name``: the backbone's
     state dict (a gated run's gate is left out), refused with a one-line error when another architecture wrote
     it. Only the weights are used: optimizer, schedule and BitOPs totals start afresh."""
-    if init.checkpoint is None:  # init.run_id alone: the orchestrator resolves it (orchestrator.lineage)
+    if init.checkpoint is None:  # init.run_id alone: the orchestrator resolves it (results.lineage)
         raise CheckpointError(f"init.checkpoint: none for init.run_id {init.run_id}; allowed: a checkpoint folder, "
                               "or run the config with fractune train/sweep --tracking-uri, which resolve the run "
                               "to its final checkpoint")

@@ -25,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from engine.errors import CheckpointError, ConfigError, DataError, FractuneError, TrainingDiverged
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS, VAL_ACCURACY, VAL_PERPLEXITY
-from orchestrator.lifecycle import SweepInterrupted
+from orchestrator._preflight import load_for_cluster
+from orchestrator._reports import write_report
+from orchestrator.sweep.lifecycle import SweepInterrupted
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from engine.config.experiment import ExperimentConfig
-    from search_spaces.spec import LoadedSpec
 
 __all__ = [
     "train", "sweep", "ablate", "validate", "results", "pareto", "pareto_front", "report",
@@ -42,7 +43,7 @@ __all__ = [
 
 PathLike = str | os.PathLike
 # the columns of a front's rows, as `fractune pareto --json` gives each entry (a language model adds perplexity)
-FRONT_COLUMNS = ("run_id", "trial_id", ACCURACY, TRAIN_BITOPS, "objective", "cost", "cp", "params")
+FRONT_COLUMNS = ("run_id", "trial_id", "name", "method", ACCURACY, TRAIN_BITOPS, "objective", "cost", "cp", "params")
 # the keys a sweep's report adds to its outcome (written, or why not)
 REPORT_KEYS = ("report", "report_pngs", "report_artifact", "report_error")
 # what a training's per-epoch line shows
@@ -52,7 +53,7 @@ EPOCH_KEYS = ("epoch", "loss", "train_accuracy", VAL_ACCURACY, ACCURACY, VAL_PER
 
 def __getattr__(name: str):  # SweepError lives with the Tune code, which imports torch: loaded when asked for
     if name == "SweepError":
-        from orchestrator.sweep import SweepError
+        from orchestrator.sweep.driver import SweepError
 
         return SweepError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -96,6 +97,7 @@ class SweepResult(_Result):
     errored: int
     errors: list[dict[str, Any]] = []  # {trial_id, run_id, error} per errored trial
     objective: str  # the cost model of the front's cost axis
+    task: str = "accuracy max"  # the task objective and its direction: "accuracy max", "perplexity min"
     hypervolume: float | None = None
     pareto: list[dict[str, Any]] = []  # the front, cheapest first, as `fractune pareto --json` gives it
     stages: dict[str, Any] | None = None  # a staged sweep: per stage its trials, errors and runs
@@ -121,7 +123,7 @@ class SweepResult(_Result):
 class AblationResult(SweepResult):
     """An ablation's outcome (``ablate``): the sweep's fields, and per factor and level the mean and std over
     seeds, Optuna's importance per objective and a sensitivity verdict per factor (``analysis``: all of it as
-    ``orchestrator.ablation_analysis.analyse`` gives it)."""
+    ``results.ablation_analysis.analyse`` gives it)."""
 
     mode: str  # ofat or grid
     factors: dict[str, list[str]]  # factor (dotted path) -> its levels' labels
@@ -234,8 +236,8 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
 
     from engine.data.datasets import check_available
     from engine.train import train_and_evaluate
-    from orchestrator import lineage
-    from orchestrator.output import check_output_file, check_output_folder, info
+    from results import lineage
+    from results.output import check_output_file, check_output_folder, info
 
     cfg = lineage.resolve_config(_config(config, overrides, data_dir), tracking_uri)
     check_available(cfg.data)
@@ -361,8 +363,9 @@ def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None
             it carries ``sweep``, ``sweep_id``, ``finished``, ``total`` and ``tracking_uri``.
         SweepError: Ray Tune itself gave up (e.g. the storage became unwritable).
     """
-    from orchestrator.runner import run_sweep
-    from orchestrator.sweep import SweepOptions
+    from orchestrator.sweep.driver import SweepOptions
+    from orchestrator.sweep.launch import run_sweep
+    from results import objectives
 
     if objective:  # a bad name is refused before Ray starts
         from engine.cost.hardware import check_model_name
@@ -383,7 +386,7 @@ def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None
         raise
     if report:
         out.update(write_report(out, report_dir, uri=uri))
-    return _sweep_result(SweepResult, out, uri)
+    return _sweep_result(SweepResult, out, uri, task=str(objectives.of_spec(loaded)))
 
 
 def ablate(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None, storage: str | None = None,
@@ -406,10 +409,10 @@ def ablate(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = Non
         ConfigError, DataError, SweepInterrupted, SweepError: as for ``sweep``.
     """
     from dashboards.data import load_sweep
-    from orchestrator import store
-    from orchestrator.ablation_analysis import analyse
-    from orchestrator.runner import run_sweep
-    from orchestrator.sweep import SweepOptions
+    from orchestrator.sweep.driver import SweepOptions
+    from orchestrator.sweep.launch import run_sweep
+    from results import store
+    from results.ablation_analysis import analyse
 
     loaded, uri = load_for_cluster(spec, address, dashboard, ablation=True, tracking_uri=tracking_uri,
                                    storage=storage, resume=resume, outputs={"--out": out if report else None})
@@ -423,7 +426,7 @@ def ablate(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = Non
         c.log_dict(outcome["parent_run_id"], meta, "ablation.json")
         c.set_tag(outcome["parent_run_id"], "fractune.ablation", meta["mode"])
     data = load_sweep(uri, outcome["sweep"], outcome["sweep_id"])
-    a = analyse(data.finished(), data.meta or meta)
+    a = analyse(data.finished(), data.meta or meta, data.task)
     if report:
         outcome.update(write_report(outcome, out, data=data, uri=uri))
     return _sweep_result(AblationResult, outcome, uri, mode=meta["mode"], factors=meta["labels"],
@@ -440,105 +443,9 @@ def _sweep_result(cls, out: dict, uri: str, **extra):
     return res
 
 
-def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, dashboard: bool = False,
-                     ablation: bool = False, tracking_uri: str | None = None, storage: str | None = None,
-                     resume: bool = False, outputs: dict[str, str | None] | None = None) -> tuple[LoadedSpec, str]:
-    """Everything a sweep needs checked before anything is created or started, every problem reported
-    together: the spec (no Ray), the tracking URI and store (nothing created), the storage folder (not
-    created), the output folders, the Ray address, and the spec's resources (against a Ray already running in
-    this process, else against this machine for a local Ray, which is not started for it); then Ray starts or
-    attaches and the resources are checked against it. Returns the loaded spec and the normalised tracking URI."""
-    from pydantic import ValidationError
-
-    from engine.config.experiment import read_yaml
-    from orchestrator import store
-    from orchestrator.output import check_output_folder
-    from orchestrator.sweep import (
-        check_local_resources,
-        check_ray_address,
-        check_resources,
-        init_ray,
-        storage_root,
-    )
-    from search_spaces.ablation import load_ablation, parse_ablation
-    from search_spaces.spec import Resources, load_spec, parse_spec
-
-    problems = []
-
-    def gather(check, *a, **kw):
-        try:
-            return check(*a, **kw)
-        except ConfigError as err:
-            problems.extend((f"{err.source}: {f}" if err.source else f, v, m) for f, v, m in err.problems)
-            return None
-
-    if isinstance(spec, Mapping):
-        tree = copy.deepcopy(dict(spec))
-        loaded = gather(parse_ablation if ablation else parse_spec, copy.deepcopy(tree))
-    else:
-        tree = None
-        loaded = gather(load_ablation if ablation else load_spec, spec)
-    if loaded is not None and hasattr(loaded, "base_trial"):  # the data every trial reads: damaged files exit 2 here
-        from engine.data.datasets import check_available
-
-        gather(check_available, trial_data(loaded))
-    uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
-    gather(store.preflight, uri, mode="check")
-    root = gather(storage_root, storage, create=False)
-    if resume and root is not None and loaded is not None:
-        from orchestrator.sweep import latest_sweep_id
-
-        gather(latest_sweep_id, root, loaded.name)
-    for field, value in (outputs or {}).items():
-        if value:
-            gather(check_output_folder, field, value)
-    gather(check_ray_address, address)
-    try:
-        res = Resources.model_validate((tree if tree is not None else read_yaml(spec)).get("resources") or {})
-    except (ValidationError, ConfigError, AttributeError):
-        res = None
-    ray_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
-    if res is not None and (ray_up or address is None):
-        # reported with the spec's other errors: against the running Ray, or against what a local Ray would
-        # get (this machine's CPUs and GPUs) without starting one
-        gather(check_resources if ray_up else check_local_resources, res.cpu, res.gpu)
-    if problems:
-        raise ConfigError(problems)
-    if res is not None and not ray_up:
-        init_ray(address, dashboard)
-        try:
-            check_resources(res.cpu, res.gpu)
-        except ConfigError as err:
-            raise ConfigError(err.problems, None if tree is not None else str(spec)) from None
-    return loaded, uri
-
-
-def trial_data(loaded):
-    """The data config of the spec's base trial (what its trials train on)."""
-    from search_spaces import trial
-
-    return trial.decode(loaded.base_trial()).data
-
-
-def write_report(out: dict, folder: str | None, data=None, uri: str | None = None) -> dict:
-    """The sweep's HTML report (``dashboards.report``), logged on its parent run: ``report``, ``report_pngs``,
-    ``report_artifact``. A report that cannot be written is noted (``report: None``, ``report_error``), not
-    raised: the sweep's results are in MLflow either way (``report`` again, or ``fractune report``)."""
-    from dashboards.report import build_report
-
-    if out["parent_run_id"] is None:
-        return {"report": None, "report_error": "the sweep has no parent run"}
-    try:
-        rep = build_report(uri or out["tracking_uri"], out["sweep"], out["sweep_id"], folder, data=data)
-    except Exception as exc:  # noqa: BLE001  any failure here must not hide the sweep's own outcome
-        return {"report": None, "report_error": f"{type(exc).__name__}: {exc}"}
-    return {"report": rep["report"], "report_pngs": rep["pngs"], "report_artifact": rep["artifact"]}
-
-
-# -- reading a sweep back --------------------------------------------------------------------------------------
 def _where(sweep: str | SweepResult, sweep_id: str | None, tracking_uri: str | None) -> tuple[str, str | None, str]:
     """(name, sweep id, normalised tracking URI) of a sweep given by name or by its ``SweepResult``."""
-    from orchestrator import store
+    from results import store
 
     if isinstance(sweep, SweepResult):
         return sweep.sweep, sweep_id or sweep.sweep_id, store.normalise_uri(tracking_uri or sweep._uri
@@ -551,7 +458,7 @@ def results(sweep: str | SweepResult, *, sweep_id: str | None = None,
             tracking_uri: str | None = None) -> pd.DataFrame:
     """A sweep's trials read back from MLflow: one row per trial run.
 
-    The rows every reader uses (``orchestrator.runs``): ``run_id``, ``trial_id``, ``name``, ``status``,
+    The rows every reader uses (``results.runs``): ``run_id``, ``trial_id``, ``name``, ``status``,
     ``schedule``, ``accuracy``, ``perplexity``, ``train_bitops``, ``cp``, ``cp_gated``, ``seed``,
     ``wall_seconds``, ``point`` (the swept values), ``epochs``, ``planned_epochs``, ``complete``, ``pareto`` (on
     the sweep's front), ``costs`` (the training cost under every cost model logged), ``stage``, ...
@@ -570,7 +477,7 @@ def results(sweep: str | SweepResult, *, sweep_id: str | None = None,
     """
     import pandas as pd
 
-    from orchestrator import runs
+    from results import runs
 
     name, sweep_id, uri = _where(sweep, sweep_id, tracking_uri)
     data = runs.load(uri, name, sweep_id)
@@ -595,13 +502,13 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
     Raises:
         ConfigError: no such sweep, a bad name or URI, or an objective no trial logged.
     """
-    from orchestrator import runs, store
+    from results import runs, store
 
     name, sweep_id, uri = _where(sweep, sweep_id, tracking_uri)
     store.check_uri(uri)
     data = runs.load(uri, name, sweep_id)
     objective = runs.check_objective(objective or data.objective, data.rows)
-    front = runs.front(data.rows, objective)
+    front = data.front(objective)
     progress = data.progress()
     diverged = [r for r in data.rows if r.get("diverged")]
     return ParetoFront(sweep=name, sweep_id=data.sweep_id, experiment_id=data.experiment_id,
@@ -610,8 +517,8 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
                        partial=progress is not None, progress=progress, diverged=[r["run_id"] for r in diverged],
                        diverged_trials=[{"run_id": r["run_id"], "name": r["name"], "epoch": r["diverged"]}
                                         for r in diverged],
-                       objective=objective, task=" ".join(runs.task_objective(data.rows)),
-                       pareto=[runs.front_entry(r, objective) for r in front])
+                       objective=objective, task=str(data.task),
+                       pareto=[runs.front_entry(r, data.task, objective) for r in front])
 
 
 def pareto(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_uri: str | None = None,
@@ -662,8 +569,8 @@ def report(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_ur
         ConfigError: no such sweep, a bad name, URI, output folder or objective.
     """
     from dashboards.report import build_report
-    from orchestrator import store
-    from orchestrator.output import check_output_folder
+    from results import store
+    from results.output import check_output_folder
 
     name, sweep_id, uri = _where(sweep, sweep_id, tracking_uri)
     ConfigError.check_all(lambda: store.check_names(name, sweep_id), lambda: store.check_uri(uri),
@@ -694,7 +601,7 @@ def validate(file: PathLike, *, tracking_uri: str | None = None) -> ValidationRe
         ConfigError: every problem at once, each naming field, value and what is allowed.
         DataError, CheckpointError: the data or a starting checkpoint cannot be read.
     """
-    from orchestrator import lineage
+    from results import lineage
 
     kind, obj = _load_any(file)
     if kind in ("spec", "ablation"):

@@ -11,7 +11,7 @@ ablation:
   verdict: {moderate: 2.0, sensitive: 4.0}   # thresholds on range of level means / pooled seed std
 ```
 
-The points (one dict of factor values each) become one grid of a normal sweep (``orchestrator.sweep``), every
+The points (one dict of factor values each) become one grid of a normal sweep (``orchestrator.sweep.driver``), every
 point repeated over ``seeds``. ``parse_ablation`` reports every error at once, like ``parse_spec``: the
 section's own fields, the rest of the spec, and every point as a complete experiment config.
 """

@@ -61,7 +61,7 @@ def unresolved_run(tree: dict) -> str | None:
 
 
 def with_init_runs(trial: dict, init_runs: dict[str, str] | None) -> dict:
-    """``trial`` carrying the checkpoint of each run its ``init.run_id`` may name (``orchestrator.lineage``)."""
+    """``trial`` carrying the checkpoint of each run its ``init.run_id`` may name (``results.lineage``)."""
     return {**trial, INIT_RUNS: dict(init_runs)} if init_runs else trial
 
 
@@ -137,88 +137,3 @@ def param_value(text: str | None) -> Any:
         return safe_yaml.loads(text, "param")  # the guarded reader: a store's params are input like any file
     except ConfigError:
         return text
-
-
-# Short names of the settings that tell trials apart (the rest use their own key): run names stay readable
-ABBREVIATIONS = {"epsilon": "eps", "alpha": "a", "target_cp": "cp", "weight_bits": "w", "num_cycles": "cyc",
-                 "eval_every": "ev", "eval_windows": "ew", "block_floor": "bf", "force_final_at": "ff", "cp0": "cp", "cp_step": "+", "learning_rate": "lr",
-                 "batch_size": "bs", "weight_decay": "wd", "momentum": "mom", "epochs": "ep", "model.name": "",
-                 "options": "", "execution": "", "mode": "", "controller": "", "beta": "beta", "rounding": ""}
-PAIRS = (("fw", "bw"), ("fw_min", "fw_max"), ("bw_min", "bw_max"))
-
-
-def run_name(cfg_tree: dict, point: dict[str, Any]) -> str:
-    """A trial's run name from what it is: the method (schedule kind, and PFQ's mode), its swept values and the
-    seed, e.g. ``static fw6/bw8 s1``, ``pfq auto eps0.1 a0.5 s0``, ``dfq paper cp3 routed s0``. Pure: the tracker
-    makes it unique within the sweep."""
-    schedule = cfg_tree.get("schedule") or {}
-    words = [str(schedule.get("kind", "trial"))]
-    if schedule.get("kind") == "pfq":
-        words.append(str(schedule.get("mode", "auto")))
-    leaves: dict[str, Any] = {}
-    for path, value in point.items():
-        if isinstance(value, dict):
-            for key, sub in _leaves(value).items():
-                leaves[f"{path}.{key}"] = sub
-        else:
-            leaves[path] = value
-    leaves = {k: v for k, v in leaves.items() if k not in ("schedule.kind", "schedule.mode")}
-    used: set[str] = set()
-    for path, value in leaves.items():
-        if path in used:
-            continue
-        head, _, key = path.rpartition(".")
-        pair = next(((a, b) for a, b in PAIRS if key == a and (f"{head}.{b}" if head else b) in leaves), None)
-        if pair:  # fw/bw (and min/max) read as one: fw6/bw8, fw3-8
-            a, b = pair
-            other = leaves[f"{head}.{b}" if head else b]
-            used.add(f"{head}.{b}" if head else b)
-            if a.endswith("_min"):
-                words.append(a[:-4] + (short_value(value) if value == other else f"{short_value(value)}-{short_value(other)}"))
-            else:
-                words.append(f"{a}{short_value(value)}/{b}{short_value(other)}")
-            continue
-        label = ABBREVIATIONS.get(path, ABBREVIATIONS.get(key, key))
-        text = short_value(value)
-        if label == "+":  # FracTrain's cp step joins its start: cp1.5+0.5
-            if words[-1].startswith("cp"):
-                words[-1] += f"+{text}"
-            else:
-                words.append(f"cpstep{text}")
-        else:
-            words.append(text if isinstance(value, str) and not label else f"{label}{text}")
-    seed = cfg_tree.get("seed")
-    if seed is not None:
-        words.append(f"s{seed}")
-    return " ".join(w for w in words if w)
-
-
-def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def short_value(value: Any) -> str:
-    """A value as a run name shows it: booleans on/off, floats to 3 significant digits, lists joined by -."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    if isinstance(value, list | tuple):
-        return "-".join(short_value(v) for v in value)
-    return str(value)
-
-
-def unique_name(name: str, taken: set[str] | list[str]) -> str:
-    """``name``, or ``name #2``, ``name #3``... when a run of the sweep already has it."""
-    if name not in taken:
-        return name
-    n = 2
-    while f"{name} #{n}" in taken:
-        n += 1
-    return f"{name} #{n}"

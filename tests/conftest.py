@@ -115,7 +115,7 @@ def write_yaml(path: Path, text: str) -> Path:
 
 def run_main(*args: str) -> tuple[int, str, dict | None]:
     """`fractune ARGS` in this process (on the session's Ray): exit code, stdout, the JSON line if any."""
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -199,7 +199,7 @@ def store_template(tmp_path_factory) -> Path:
     """An empty MLflow sqlite store, created once per session. MLflow migrates a new database through its whole
     schema history (about a second of CPU in every process that opens it first); tests that only need an empty
     store copy this one. Creating a store from nothing stays covered by the CLI, bad-input and demo tests."""
-    from orchestrator import store
+    from results import store
 
     path = tmp_path_factory.mktemp("store_template") / "mlflow.db"
     store.preflight(f"sqlite:///{path}")

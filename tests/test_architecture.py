@@ -12,25 +12,34 @@ import pytest
 
 from tests.conftest import ROOT
 
-PACKAGES = ("engine", "search_spaces", "trainables", "orchestrator", "dashboards")
-# package -> the fractune packages it may import (itself included); the one direction of docs/architecture.md
+# The product's packages, lowest first; package -> the fractune packages it may import (itself included): the one
+# direction of docs/architecture.md. ``results`` (sweeps read back from MLflow) lies below both ``dashboards``
+# (the views) and ``orchestrator`` (the CLI, the sweep driver, tracking, cluster jobs), and imports neither.
+PACKAGES = ("engine", "search_spaces", "trainables", "results", "dashboards", "orchestrator")
 MAY_IMPORT = {
     "engine": {"engine"},
     "search_spaces": {"engine", "search_spaces"},
     "trainables": {"engine", "search_spaces", "trainables"},
-    "orchestrator": {"engine", "search_spaces", "trainables", "orchestrator", "dashboards"},
-    "dashboards": {"engine", "search_spaces", "orchestrator", "dashboards"},
+    "results": {"engine", "search_spaces", "results"},
+    "dashboards": {"engine", "search_spaces", "results", "dashboards"},
+    "orchestrator": set(PACKAGES),
 }
 SERVICE_LIBRARIES = {"ray", "mlflow", "optuna"}
 MAY_USE_SERVICES = {  # package -> the service libraries it may import
-    "engine": set(), "search_spaces": set(), "trainables": {"ray"}, "orchestrator": SERVICE_LIBRARIES,
-    "dashboards": {"mlflow", "optuna"},
+    "engine": set(), "search_spaces": set(), "trainables": {"ray"}, "results": {"mlflow", "optuna"},
+    "dashboards": {"mlflow", "optuna"}, "orchestrator": SERVICE_LIBRARIES,
 }
-# the orchestrator modules that need no Ray: the read side that dashboards may use
-RAY_FREE_ORCHESTRATOR = {"orchestrator.store", "orchestrator.runs", "orchestrator.pareto", "orchestrator.output",
-                         "orchestrator.ablation_analysis", "orchestrator.provenance"}
-# orchestrator modules that import Ray at module level: the Tune callbacks, imported lazily by orchestrator.sweep
-RAY_AT_IMPORT = {"orchestrator.tracker", "orchestrator.progress", "orchestrator.checkpoints"}
+# orchestrator's subpackages, lowest first: a module imports only from its own layer or below (api.py and its
+# private helpers form one layer; the CLI's commands call the API)
+ORCHESTRATOR_LAYERS = (
+    {"orchestrator.tracking", "orchestrator.cluster"},
+    {"orchestrator.sweep"},
+    {"orchestrator.api", "orchestrator._preflight", "orchestrator._reports"},
+    {"orchestrator.cli"},
+)
+# orchestrator modules that import Ray at module level: the Tune callbacks, imported lazily by the sweep driver
+RAY_AT_IMPORT = {"orchestrator.tracking.tracker", "orchestrator.sweep.progress_lines",
+                 "orchestrator.sweep.tune_checkpoints"}
 
 
 def _module(path: Path) -> str:
@@ -93,20 +102,56 @@ def test_only_ray_tune_apis_never_ray_train_or_air():
     assert _violations(lambda mod, name, top: name.split(".")[:2] in (["ray", "train"], ["ray", "air"])) == []
 
 
-def test_dashboards_use_only_the_ray_free_read_side_of_the_orchestrator():
+def test_results_and_dashboards_never_import_the_orchestrator():
+    """The must-show of the layering: no import of ``orchestrator`` in ``results`` or ``dashboards``, none of
+    ``dashboards`` in ``results`` (in a function or under TYPE_CHECKING alike)."""
     def wrong(mod, name, top):
-        return mod.startswith("dashboards") and name.startswith("orchestrator") and name not in RAY_FREE_ORCHESTRATOR
+        pkg, target = mod.split(".")[0], name.split(".")[0]
+        return (pkg in ("results", "dashboards") and target == "orchestrator") or \
+            (pkg == "results" and target == "dashboards")
 
     assert _violations(wrong) == []
 
 
-def test_orchestrator_imports_dashboards_and_ray_lazily():
+def orchestrator_layer(module: str) -> int | None:
+    parts = module.split(".")
+    for depth in (2, 1):
+        name = ".".join(parts[:depth])
+        for level, members in enumerate(ORCHESTRATOR_LAYERS):
+            if name in members:
+                return level
+    return None
+
+
+def test_every_orchestrator_module_has_a_layer():
+    assert [m for m in IMPORTS if m.startswith("orchestrator.") and orchestrator_layer(m) is None] == []
+    loose = sorted(p.name for p in (ROOT / "orchestrator").glob("*.py"))
+    assert loose == ["__init__.py", "_preflight.py", "_reports.py", "api.py"]
+
+
+def orchestrator_upward_imports(imports) -> list[str]:
+    out = []
+    for mod, names in imports.items():
+        here = orchestrator_layer(mod)
+        for name, top in names:
+            there = orchestrator_layer(name)
+            if here is not None and there is not None and there > here:
+                out.append(f"{mod} imports {name}" + ("" if top else " (in a function)"))
+    return out
+
+
+def test_orchestrator_imports_only_its_own_layer_or_below():
+    assert orchestrator_upward_imports(IMPORTS) == []
+
+
+def test_the_orchestrator_layer_check_finds_an_upward_import():
+    bad = {**IMPORTS, "orchestrator.tracking.tracker": [("orchestrator.api", False)]}
+    assert orchestrator_upward_imports(bad) == ["orchestrator.tracking.tracker imports orchestrator.api (in a function)"]
+
+
+def test_orchestrator_imports_ray_lazily():
     def wrong(mod, name, top):
-        if not mod.startswith("orchestrator") or not top:
-            return False
-        if name.split(".")[0] == "dashboards":
-            return True
-        return name.split(".")[0] == "ray" and mod not in RAY_AT_IMPORT
+        return mod.startswith("orchestrator") and top and name.split(".")[0] == "ray" and mod not in RAY_AT_IMPORT
 
     assert _violations(wrong) == []
     # and nothing imports those callbacks at module level
@@ -116,7 +161,7 @@ def test_orchestrator_imports_dashboards_and_ray_lazily():
 @pytest.mark.parametrize("rule", [test_fractune_packages_import_only_downwards,
                                   test_service_libraries_only_where_allowed])
 def test_the_scan_catches_a_violation(rule, monkeypatch):
-    bad = {**IMPORTS, "engine.bad": [("orchestrator.sweep", True), ("ray.tune", True)]}
+    bad = {**IMPORTS, "engine.bad": [("orchestrator.sweep.driver", True), ("ray.tune", True)]}
     monkeypatch.setitem(globals(), "IMPORTS", bad)
     with pytest.raises(AssertionError):
         rule()
@@ -134,11 +179,11 @@ def test_light_entry_points_import_no_service_libraries():
     # `ui`, `results`) pays no Ray import
     stmt = ("import engine, engine.train, engine.config.experiment, engine.data.datasets, engine.cost.bitops, "
             "engine.models, engine.schedules.progress, engine.dfq.runner, engine.preview, engine.checkpoint, "
-            "search_spaces.spec, search_spaces.trial, orchestrator.cli, orchestrator.commands_engine")
+            "search_spaces.spec, search_spaces.trial, orchestrator.cli, orchestrator.cli.commands_engine")
     assert _loaded_after(stmt, ("ray", "mlflow", "optuna")) == []
-    stmt = ("import orchestrator.store, orchestrator.runs, orchestrator.ablation_analysis, "
-            "orchestrator.commands_ablate, orchestrator.commands_sweep, dashboards.report, dashboards.ui, "
-            "dashboards.data, dashboards.results")
+    stmt = ("import results.store, results.runs, results.ablation_analysis, "
+            "orchestrator.cli.commands_ablate, orchestrator.cli.commands_sweep, dashboards.report, dashboards.ui, "
+            "dashboards.data, dashboards.results_page")
     assert _loaded_after(stmt, ("ray",)) == []
 
 
@@ -154,10 +199,10 @@ def _type_only(path: Path) -> set[str]:
     return out
 
 
-def import_cycles(imports: dict[str, list[tuple[str, bool]]], type_only: dict[str, set[str]]) -> list[list[str]]:
+def import_cycles(imports: dict[str, list[tuple[str, bool]]]) -> list[list[str]]:
     """The groups of product modules that import each other, directly or through others (a strongly connected
-    component of more than one module), at module level or inside functions alike; type-only imports left out."""
-    graph = {m: {n for n, _ in names if n in imports and n != m and n not in type_only.get(m, set())}
+    component of more than one module), at module level, inside functions and under ``if TYPE_CHECKING:`` alike."""
+    graph = {m: {n for n, _ in names if n in imports and n != m}
              for m, names in imports.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -192,15 +237,25 @@ def import_cycles(imports: dict[str, list[tuple[str, bool]]], type_only: dict[st
 TYPE_ONLY = {_module(p): _type_only(p) for p in SOURCES}
 
 
+# The one cycle left, a type-only one inside engine/ (``RunLength`` in data/: issue 44, item 4, the engine's
+# side); remove this entry when engine/ no longer has it.
+ENGINE_CYCLE_PENDING = ["engine.config.experiment", "engine.data.datasets", "engine.schedules.progress"]
+
+
 def test_no_import_cycle_among_the_products_modules():
-    """No two modules need each other, not even through a late import inside a function: each one can be read,
-    tested and moved with what it imports below it."""
-    assert import_cycles(IMPORTS, TYPE_ONLY) == []
+    """No two modules need each other, not even through a late import inside a function or one under
+    ``if TYPE_CHECKING:``: each one can be read, tested and moved with what it imports below it."""
+    assert [c for c in import_cycles(IMPORTS) if c != ENGINE_CYCLE_PENDING] == []
+
+
+def test_the_service_packages_have_no_cycle_even_type_only():
+    service = {m: v for m, v in IMPORTS.items() if not m.startswith("engine")}
+    assert import_cycles(service) == []
 
 
 def test_the_cycle_check_finds_a_cycle():
     looped = {**IMPORTS, "engine.numerics.quant": [*IMPORTS["engine.numerics.quant"], ("engine.train", False)]}
-    assert {"engine.numerics.quant", "engine.train"} <= set(sum(import_cycles(looped, TYPE_ONLY), []))
+    assert {"engine.numerics.quant", "engine.train"} <= set(sum(import_cycles(looped), []))
 
 
 # engine/'s layers, lowest first: a module imports only from its own layer or below (docs/architecture.md)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from engine.config.experiment import parse_config
 from engine.errors import FractuneError
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from search_spaces.ablation import parse_ablation
 from search_spaces.spec import parse_spec
 from tests.conftest import ROOT
@@ -52,7 +52,7 @@ def argv_of(path) -> list[str]:
 @pytest.fixture(scope="session")
 def empty_store(tmp_path_factory):
     """An MLflow sqlite store with its tables (made once): copied into every case's folder."""
-    from orchestrator import store
+    from results import store
 
     folder = tmp_path_factory.mktemp("store")
     store.preflight(f"sqlite:///{folder}/mlflow.db")
@@ -88,7 +88,7 @@ def snapshot(folder) -> dict:
 
 def test_the_corpus_is_large_enough_and_covers_every_subcommand():
     assert len(BAD) >= 120
-    from orchestrator.cli import build_parser
+    from orchestrator.cli.main import build_parser
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     covered = {argv_of(p)[0] for p in BAD}
@@ -179,7 +179,7 @@ def test_a_refused_path_names_the_argument_it_came_from():
     import argparse
     import errno
 
-    from orchestrator.cli import build_parser, path_problem
+    from orchestrator.cli.main import build_parser, path_problem
 
     sweep = build_parser()._subparsers._group_actions[0].choices["sweep"]
     args = argparse.Namespace(command="sweep", spec="s.yaml", storage="runs", report_dir=None,

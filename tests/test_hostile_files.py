@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
+from orchestrator.cli.main import main
 from tests.conftest import ROOT, write_yaml
 
 TINY = """
@@ -204,9 +204,9 @@ def test_output_path_refused_before_the_work(tmp_path, flag, monkeypatch):
 
 
 def test_a_sweep_tune_gives_up_on_leaves_its_parent_run_failed_with_the_cause(tmp_path):
-    from orchestrator import store
-    from orchestrator.sweep import mark_failed
-    from orchestrator.tracker import MLflowTracker
+    from orchestrator.sweep.driver import mark_failed
+    from orchestrator.tracking.tracker import MLflowTracker
+    from results import store
 
     uri = f"sqlite:///{tmp_path}/m.db"
     tracker = MLflowTracker(uri, "refused", "refused-20261124-000000", {"spec": "refused"}, {"name": "refused"})

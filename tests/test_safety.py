@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import store
+from results import store
 from tests.conftest import ROOT, copy_store
 
-SOURCES = [p for d in ("engine", "trainables", "search_spaces", "orchestrator", "dashboards")
+SOURCES = [p for d in ("engine", "trainables", "search_spaces", "results", "orchestrator", "dashboards")
            for p in (ROOT / d).rglob("*.py")]
 
 
@@ -43,7 +43,7 @@ PROBE = r"""
 import json, sys, urllib.request
 import ray
 import psutil  # Ray's vendored copy, on sys.path once ray is imported
-from orchestrator.sweep import init_ray
+from orchestrator.sweep.driver import init_ray
 init_ray(None, dashboard=True)  # the default's services and the dashboard's
 me = psutil.Process()
 pids = {p.pid for p in me.children(recursive=True)} | {me.pid}

@@ -112,7 +112,7 @@ def test_validate_cli_exit_codes(tmp_path, capsys):
 
 
 def test_a_trial_dict_decodes_to_the_config_of_its_point():
-    from orchestrator.store import flatten
+    from results.store import flatten
     from search_spaces import trial
 
     loaded = parse_spec({**OK, "set": {"optim.epochs": 2}})
@@ -133,14 +133,16 @@ def test_a_trial_dict_decodes_to_the_config_of_its_point():
 
 
 def test_run_names_say_what_the_trial_is_and_stay_unique():
-    from search_spaces import trial
+    """A trial named with every swept value (``naming.every_value``: a tracker pickled before it knew the
+    sweep's variation) reads as its method and values."""
+    from search_spaces import naming
 
     def name(point: dict, seed: int = 0, kind: str | None = None) -> str:
-        sched = point.get("schedule") or {"kind": kind, "mode": "auto"}
-        return trial.run_name({"schedule": sched, "seed": seed}, point)
+        kind = (point.get("schedule") or {}).get("kind", kind)
+        return naming.run_name(point, seed, naming.every_value(point), kind)
 
     assert name({"schedule": {"kind": "static", "fw": 6, "bw": 8}}, 1) == "static fw6/bw8 s1"
-    assert name({"schedule.epsilon": 0.1, "schedule.alpha": 0.5}, kind="pfq") == "pfq auto eps0.1 a0.5 s0"
+    assert name({"schedule.epsilon": 0.1, "schedule.alpha": 0.5}, kind="pfq") == "pfq eps0.1 a0.5 s0"
     assert name({"schedule": {"kind": "dfq", "options": "paper", "target_cp": 3.0, "execution": "routed"}}) == \
         "dfq paper cp3 routed s0"
     assert name({"schedule": {"kind": "fractrain", "cp0": 1.5, "cp_step": 0.5}}) == "fractrain cp1.5+0.5 s0"
@@ -149,8 +151,8 @@ def test_run_names_say_what_the_trial_is_and_stay_unique():
     assert name({"schedule": {"kind": "fp32"}}, 2) == "fp32 s2"
     # FW4/BW8 and FW6/BW8 differ by name; a repeated point (random search) gets a suffix
     taken = {"static fw6/bw8 s1", "static fw6/bw8 s1 #2"}
-    assert trial.unique_name("static fw6/bw8 s1", taken) == "static fw6/bw8 s1 #3"
-    assert trial.unique_name("static fw4/bw8 s1", taken) == "static fw4/bw8 s1"
+    assert naming.unique_name("static fw6/bw8 s1", taken) == "static fw6/bw8 s1 #3"
+    assert naming.unique_name("static fw4/bw8 s1", taken) == "static fw4/bw8 s1"
 
 
 def test_objective_is_any_cost_model(tmp_path):

@@ -198,7 +198,7 @@ class InitConfig(Strict):
 
     ``run_id`` alone names an MLflow run of an earlier sweep instead: ``fractune train``, ``validate`` and
     ``sweep`` resolve it, through the tracking store, to the final checkpoint that run recorded
-    (``orchestrator.lineage``); the engine itself reads only ``checkpoint``. With both set, ``run_id`` is the
+    (``results.lineage``); the engine itself reads only ``checkpoint``. With both set, ``run_id`` is the
     lineage of ``checkpoint`` (staged sweeps set both)."""
 
     checkpoint: str | None = None

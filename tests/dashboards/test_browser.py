@@ -12,7 +12,7 @@ from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from orchestrator import store
+from results import store
 from tests.conftest import ROOT
 
 SHOTS = ROOT / "test-artifacts"

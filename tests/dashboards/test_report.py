@@ -12,8 +12,9 @@ import pytest
 from dashboards import figures
 from dashboards import html as H
 from dashboards.data import bit_allocation, load_sweep
-from orchestrator import store
-from orchestrator.pareto import pareto_rows
+from results import store
+from results.objectives import ACCURACY_OBJECTIVE as ACC
+from results.pareto import pareto_rows
 from tests.conftest import run_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,7 +28,7 @@ def _row(name, acc, cost, kind="static", **kw):
 def test_pareto_figure_highlights_exactly_the_front():
     rows = [_row("a", 0.9, 1e9), _row("b", 0.8, 2e9), _row("c", 0.95, 5e10, "fp32"), _row("d", 0.7, 5e8, "pfq")]
     front = pareto_rows(rows)
-    fig = figures.pareto_figure(rows, front)
+    fig = figures.pareto_figure(rows, front, ACC)
     (trace,) = [t for t in fig.data if t.name == "Pareto front"]
     assert list(trace.y) == [0.7, 0.9, 0.95]  # b is dominated by a; cheapest first
     assert {t.name for t in fig.data} == {"static", "fp32", "pfq", "Pareto front"}
@@ -37,10 +38,10 @@ def test_pareto_figure_highlights_exactly_the_front():
 def test_front_and_parallel_coordinates_under_a_cost_model():
     rows = [{**_row("a", 0.9, 1e9), "costs": {"bitops": 1e9, "energy": 5.0}},
             {**_row("b", 0.8, 2e9, fw=4), "costs": {"bitops": 2e9, "energy": 2.0}}]
-    fig = figures.pareto_figure(rows, rows, "energy")
+    fig = figures.pareto_figure(rows, rows, ACC, "energy")
     (trace,) = [t for t in fig.data if t.name == "Pareto front"]
     assert list(trace.x) == [5.0, 2.0] and "pJ" in fig.layout.xaxis.title.text
-    par = figures.parallel_figure(rows, ["schedule.fw"], ["bitops", "energy"])
+    par = figures.parallel_figure(rows, ["schedule.fw"], ["bitops", "energy"], ACC)
     dims = {d.label: list(d.values) for d in par.data[0].dimensions}
     assert dims == {"schedule.fw": [8, 4], "accuracy": [0.9, 0.8], "bitops": [1e9, 2e9], "energy": [5.0, 2.0]}
     imp = figures.importance_figure({"evaluator": "fanova", "trials": 3, "accuracy": {"x": 1.0}, "energy": {"x": 1.0}})
@@ -53,7 +54,7 @@ def test_sensitivity_figure_has_error_bars_per_level():
                                    "0.1": {"accuracy_mean": 0.92, "accuracy_std": 0.02, "train_bitops_mean": 2e9,
                                            "train_bitops_std": 1e8, "n": 2}}}
     verdicts = {"schedule.epsilon": {"verdict": "moderate", "train_bitops_verdict": "sensitive"}}
-    fig = figures.sensitivity_figure(levels, verdicts)
+    fig = figures.sensitivity_figure(levels, verdicts, ACC)
     acc, cost = fig.data
     assert list(acc.x) == ["0.02", "0.1"] and list(acc.error_y.array) == [0.01, 0.02]
     assert list(cost.y) == [1.0, 2.0] and list(cost.error_y.array) == [0.0, 0.1]  # GBitOPs; a missing std is 0
@@ -61,7 +62,7 @@ def test_sensitivity_figure_has_error_bars_per_level():
 
 
 def test_the_page_is_self_contained():
-    page = H.page("t", [("Accuracy", H.figure(figures.pareto_figure([_row("a", 0.9, 1e9)], [])))])
+    page = H.page("t", [("Accuracy", H.figure(figures.pareto_figure([_row("a", 0.9, 1e9)], [], ACC)))])
     assert "Plotly" in page and len(page) > 1_000_000  # plotly.js inline, once
     assert not re.search(r"<script[^>]+src=", page) and "<link" not in page
     assert page.count('class="plotly-graph-div"') == 1

@@ -58,7 +58,7 @@ def test_a_sweep_opens_in_training_mode_with_its_summary(served_sweep, mlflow_se
     import json
 
     from dashboards import mlflow_view
-    from orchestrator import runs, store
+    from results import runs, store
 
     c = store.client(mlflow_server["uri"])
     exp = c.get_experiment(served_sweep["experiment_id"])
@@ -96,7 +96,7 @@ def test_ui_brings_an_earlier_sweep_to_the_same_view(mlflow_server):
 
     from mlflow.entities import Metric
 
-    from orchestrator import store
+    from results import store
     from tests.conftest import run_main
 
     c = store.client(mlflow_server["uri"])

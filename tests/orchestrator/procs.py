@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator import store
+from results import store
 from tests.conftest import ROOT
 
 SLOW = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 6},

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import store
-from orchestrator.cli import main
+from orchestrator.cli.main import main
+from results import store
 
 SPEC = {
     "name": "digits_ablation",

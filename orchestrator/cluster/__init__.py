@@ -1,0 +1,1 @@
+"""Ray clusters: sweeps submitted as Ray Jobs."""

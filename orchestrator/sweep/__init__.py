@@ -1,0 +1,1 @@
+"""The sweep driver: Tune and its callbacks, stages, a sweep's lifecycle, run names."""

@@ -1,0 +1,624 @@
+"""Run a sweep on Ray Tune: local Ray by default, ``address`` to attach to a running cluster.
+
+Only ``ray.tune.*`` APIs. Storage is absolute; every sweep invocation gets an id ``<name>-<timestamp>`` of its
+own (``orchestrator.sweep.lifecycle``: a suffix where another start of the same second holds it) so a second run never
+overwrites the first, and ``resume`` restores the latest unfinished one with ``Tuner.restore``; SIGINT and
+SIGTERM stop a sweep gracefully (``SweepInterrupted``). Resources are checked against the cluster before ``fit()`` (a trial larger than every
+node would stay PENDING forever), and after ``fit()`` trial errors are surfaced, not swallowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError, FractuneError
+from engine.metrics import cost_key
+from orchestrator.sweep.lifecycle import (
+    SweepInterrupted,
+    claim_sweep_id,
+    hold_sweep,
+    interruptible,
+    reconcile,
+)
+from search_spaces import trial
+from search_spaces.spec import LoadedSpec
+
+
+def objectives(loaded: LoadedSpec) -> tuple[tuple[str, str], ...]:
+    """The sweep's two objectives as the trials' metric keys and their directions: the task objective
+    (``results.objectives.of_spec``) and the training cost (min) under the spec's cost model (``objective``:
+    ``train_bitops`` for bitops, ``train_cost_<model>`` otherwise)."""
+    from results import objectives as registry
+
+    task = registry.of_spec(loaded)
+    return (task.key, task.mode), (cost_key(loaded.spec.objective), "min")
+
+
+class SweepError(FractuneError):
+    exit_code = 1
+
+
+@dataclass
+class SweepOptions:
+    address: str | None = None
+    tracking_uri: str | None = None
+    storage: str | None = None
+    resume: bool = False
+    dashboard: bool = False
+    progress: bool = True
+    verbose: bool = False  # Tune's and MLflow's log lines on stderr, else in the sweep's fractune.log
+
+
+def storage_root(storage: str | None, create: bool = True) -> Path:
+    """The absolute storage folder; ``create=False`` only checks that it is (or can become) a writable folder."""
+    field = "--storage"
+    root = Path(storage or os.environ.get("FRACTUNE_STORAGE") or "fractune_runs").expanduser().resolve()
+    if not create:
+        from results.output import check_output_folder
+
+        return check_output_folder(field, str(root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError.single(field, str(root), f"must be a writable folder ({exc.strerror})") from None
+    return root
+
+
+def storage_problem(root: Path) -> str | None:
+    """A one-line description when the storage folder is full or no longer writable, else None."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(root).free
+        probe = root / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        return f"--storage {root}: not writable any more ({exc.strerror}); free space and rerun with --resume"
+    if free < 1 << 20:
+        return (f"--storage {root}: No space left on device ({free} bytes free); free space and rerun with "
+                "--resume")
+    return None
+
+
+def latest_sweep_id(root: Path, name: str) -> str:
+    candidates = sorted(p.name for p in root.glob(f"{name}-*")
+                        if (p / "tuner.pkl").is_file() or (p / "stages.json").is_file())  # staged: stages.json
+    if not candidates:
+        raise ConfigError.single("--resume", name, f"no sweep named {name!r} to resume under {root}")
+    return candidates[-1]
+
+
+def sweep_taken(uri: str, name: str):
+    """``taken(sweep_id)`` for ``lifecycle.claim_sweep_id``: whether the tracking store holds a parent run of that
+    id (a sweep of the same second with another storage folder); False where the store cannot say."""
+    def taken(sweep_id: str) -> bool:
+        from results import store
+
+        try:
+            return store.sweep_parent(store.client(uri), name, sweep_id) is not None
+        except Exception:  # noqa: BLE001  an unreadable store: the storage folder's claim stands
+            return False
+    return taken
+
+
+def check_ray_address(address: str | None, timeout: float = 3.0) -> None:
+    """``--address``: auto, local, or HOST:PORT / ray://HOST:PORT of a running cluster that answers within
+    ``timeout`` seconds (Ray itself retries an unreachable address for minutes)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if address is None or address in ("auto", "local"):
+        return
+    allowed = "allowed: auto, or a running cluster's HOST:PORT (its GCS, port 6379 by default) or ray://HOST:PORT"
+    if "://" in address and not address.startswith("ray://"):
+        raise ConfigError.single("--address", address, f"{allowed} (http:// is the dashboard: `fractune submit` "
+                                 "takes that)")
+    try:
+        parts = urlsplit(address if "://" in address else "ray://" + address)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ConfigError.single("--address", address, f"malformed ({exc}); {allowed}") from None
+    if not host or not port:
+        raise ConfigError.single("--address", address, allowed)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except UnicodeError as exc:  # a host name that cannot be encoded (IDNA): too long a label, a control character
+        raise ConfigError.single("--address", address, f"not a valid host name ({exc}); {allowed}") from None
+    except OSError as exc:
+        raise ConfigError.single("--address", address, f"no Ray cluster reachable there within {timeout:g} s "
+                                 f"({exc.strerror or exc}); start it (ray start --head) or give auto") from None
+
+
+def init_ray(address: str | None, dashboard: bool = False) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
+    try:
+        if address:
+            ray.init(address=address, **kwargs)  # attaching: never pass CPU/GPU counts
+        elif os.environ.get("RAY_ADDRESS"):  # a Ray job's driver: attach to its cluster (no _system_config there)
+            ray.init(**kwargs)
+        else:
+            # The dashboard (HTTP, Jobs API) binds 127.0.0.1; Ray's gRPC ports are guarded by its token auth.
+            # Metrics collection is off: its Prometheus endpoint would listen on every interface, unauthenticated.
+            # The node's address is loopback: Ray's autoscaler and dashboard metrics servers (fixed ports 44217
+            # and 44227, plain HTTP, no auth) bind every interface unless the node itself is on localhost, and
+            # Ray turns a 127.0.0.1 node address into the machine's address unless "clusters" are disabled (its
+            # macOS/Windows mode: this process's constant, and the environment its processes start with).
+            from ray._private import ray_constants
+
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+            ray_constants.ENABLE_RAY_CLUSTER = False
+            ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
+                     _system_config={"enable_metrics_collection": False}, **kwargs)
+    except Exception as exc:  # ConnectionError, RuntimeError, ValueError from Ray: one line, the cause
+        from results.store import one_line_error
+
+        raise ConfigError.single("--address", address or "(local)", f"Ray could not start or attach "
+                                 f"({one_line_error(exc)[:300]})") from None
+
+
+def check_resources(cpu: float, gpu: float) -> None:
+    """Refuse a sweep whose trials fit on no node (Tune would leave them PENDING forever)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    best_cpu = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
+    best_gpu = max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0)
+    problems = []
+    if cpu > best_cpu:
+        problems.append(("resources.cpu", cpu, f"allowed: <= {best_cpu:g} (CPUs of the largest node of this cluster)"))
+    if gpu > best_gpu:
+        problems.append(("resources.gpu", gpu, f"allowed: <= {best_gpu:g} (GPUs of the largest node of this cluster)"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_local_resources(cpu: float, gpu: float) -> None:
+    """``check_resources`` against the local Ray that would start here (this process's CPUs, the GPUs torch
+    sees), without starting it; the check on the started Ray follows."""
+    import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    problems = []
+    if cpu > cpus:
+        problems.append(("resources.cpu", cpu, f"allowed: <= {cpus:g} (CPUs of this machine, where a local Ray "
+                         "would start)"))
+    if gpu > gpus:
+        problems.append(("resources.gpu", gpu, f"allowed: <= {gpus:g} (GPUs of this machine, where a local Ray "
+                         "would start)"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_shared_storage(root: Path, timeout_s: float = 60.0) -> None:
+    """On a multi-node cluster, refuse a storage folder that some node cannot see (Tune syncs nothing since
+    Ray 2.7: a node-local path loses that node's checkpoints). A probe file written here is read on every
+    alive node by a zero-CPU task pinned to it."""
+    import uuid
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) < 2:
+        return
+    token = uuid.uuid4().hex
+    probe = root / f".shared-probe-{token}"
+    probe.write_text(token)
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def sees(path: str, expected: str) -> bool:
+        from pathlib import Path
+
+        try:
+            return Path(path).read_text() == expected
+        except OSError:
+            return False
+
+    try:
+        refs = [sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+            str(probe), token) for node in nodes]
+        seen = ray.get(refs, timeout=timeout_s)
+    finally:
+        probe.unlink(missing_ok=True)
+    blind = [node for node, ok in zip(nodes, seen) if not ok]
+    if blind:
+        raise ConfigError.single("--storage", str(root), f"not shared by every node: {len(blind)} of {len(nodes)} "
+                                 f"nodes (e.g. {blind[0][:12]}) cannot see it; give a folder every node mounts "
+                                 "(NFS, the compose volume /shared/fractune_runs)")
+
+
+def domain(param):
+    from ray import tune
+
+    kind = param.kind
+    if kind == "grid":
+        return tune.grid_search(list(param.grid))
+    if kind == "choice":
+        return tune.choice(list(param.choice))
+    if kind == "uniform":
+        return tune.uniform(*param.uniform)
+    if kind == "loguniform":
+        return tune.loguniform(*param.loguniform)
+    return tune.randint(param.int[0], param.int[1] + 1)  # inclusive bounds in the spec
+
+
+def param_space(loaded: LoadedSpec, sweep_id: str, init_runs: dict[str, str] | None = None) -> dict:
+    """The trial dict (``search_spaces.trial``) with Tune's domains: what Tune samples each trial from;
+    ``init_runs``: the checkpoint of every ``init.run_id`` the trials may start from (``results.lineage``)."""
+    from ray import tune
+
+    seeds = loaded.spec.seeds
+    points = getattr(loaded, "points", None)  # an ablation: its explicit list of points, one grid over them
+    params = (tune.grid_search([dict(p) for p in points]) if points is not None
+              else {path: domain(p) for path, p in loaded.spec.parameters.items()})
+    return trial.with_init_runs(trial.encode(sweep_id, loaded.base_tree, params,
+                                             tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0]),
+                                init_runs)
+
+
+def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
+    s = loaded.spec.search
+    if s.algorithm == "grid":
+        return None
+    if s.algorithm == "random":
+        from ray.tune.search import BasicVariantGenerator
+
+        return BasicVariantGenerator(random_state=s.seed)
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    journal = root / "optuna" / f"{sweep_id}.journal"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    sampler = (optuna.samplers.NSGAIISampler(seed=s.seed) if s.sampler == "nsga2"
+               else optuna.samplers.TPESampler(seed=s.seed))
+    # No metric/mode in TuneConfig with a list metric (it only takes strings): they go here.
+    objs = objectives(loaded)
+    return OptunaSearch(metric=[m for m, _ in objs], mode=[d for _, d in objs], study_name=sweep_id,
+                        storage=storage, sampler=sampler)
+
+
+def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
+    """What every sweep (plain or staged) does before its first Tuner: the tracking store checked, the storage
+    root, the sweep id (the latest one on ``--resume``), Ray started or attached with the resources and shared
+    storage checked, every ``init.run_id`` resolved to its checkpoint, and the trainable with its resources.
+    Returns ``(uri, root, sweep_id, trainable, init_runs)``."""
+    from ray import tune
+
+    from results import lineage, store
+    from trainables.tune_trainable import train_trial
+
+    spec = loaded.spec
+    uri = store.normalise_uri(opts.tracking_uri or store.default_tracking_uri())
+    store.preflight(uri)
+    init_runs = lineage.resolve_runs(uri, lineage.spec_run_ids(loaded))  # before Ray starts: a bad run id exits 2
+    root = storage_root(opts.storage)
+    if opts.resume:
+        sweep_id = latest_sweep_id(root, spec.name)
+        hold_sweep(root / sweep_id, sweep_id)  # a second resume of a running sweep is refused
+    init_ray(opts.address, opts.dashboard)
+    check_resources(spec.resources.cpu, spec.resources.gpu)
+    check_shared_storage(root)
+    if opts.resume:
+        reconcile(uri, spec.name, sweep_id, parent_status=None)  # runs a killed driver left RUNNING
+    else:  # claimed once every check passed: a refused sweep leaves nothing behind
+        sweep_id = claim_sweep_id(root, spec.name, sweep_taken(uri, spec.name))
+        hold_sweep(root / sweep_id, sweep_id)
+    trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    return uri, root, sweep_id, trainable, init_runs
+
+
+def spec_file_param(loaded: LoadedSpec) -> dict[str, str]:
+    """``spec_file``, the parent run's param naming the spec file the sweep ran (its results page names it)."""
+    from results import provenance
+
+    path = provenance.spec_file(loaded.source)
+    return {"spec_file": path} if path else {}
+
+
+def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, sweep_id: str, trainable,
+               init_runs) -> dict:
+    """A sweep without stages (``orchestrator.sweep.launch.run_sweep`` once the sweep id is claimed and Ray is up)."""
+    from ray import tune
+
+    from orchestrator.sweep.progress_lines import ProgressPrinter
+    from orchestrator.tracking.tracker import MLflowTracker
+    from results import objectives as registry
+    from results import store
+    from search_spaces import naming
+
+    spec = loaded.spec
+    exp_path = root / sweep_id
+
+    tracker = None
+    if opts.resume:
+        from orchestrator.sweep.tune_checkpoints import restore_state
+
+        if note := restore_state(exp_path):  # a state file cut by a full or read-only disk
+            print(f"fractune: {note}", file=sys.stderr)
+        if not tune.Tuner.can_restore(str(exp_path)):
+            raise ConfigError.single("--resume", spec.name, f"{exp_path} holds no restorable sweep")
+        print(f"resuming sweep {sweep_id} from {exp_path}", file=sys.stderr)
+        tuner = tune.Tuner.restore(str(exp_path), trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        info = {"sweep_id": sweep_id, "spec": spec.name, "algorithm": spec.search.algorithm,
+                "sampler": spec.search.sampler, "num_samples": spec.search.num_samples,
+                "planned_trials": loaded.num_trials(), "seeds": spec.seeds, "resources": spec.resources.model_dump(),
+                "storage": str(exp_path), "scheduler": spec.scheduler.kind, **spec_file_param(loaded)}
+        tracker = MLflowTracker(uri, spec.name, sweep_id, info, spec.model_dump(mode="json"), str(exp_path),
+                                variation=naming.variation(loaded))
+        callbacks: list = [tracker]
+        if opts.progress:
+            callbacks.append(ProgressPrinter(loaded.num_trials(), registry.of_spec(loaded), naming.variation(loaded)))
+        tuner = make_tuner(loaded, trainable, param_space(loaded, sweep_id, init_runs), sweep_id, sweep_id, root,
+                           callbacks)
+        print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {store.redact(uri)}", file=sys.stderr)
+    started = time.perf_counter()
+    try:
+        grid = fit(tuner, uri, spec.name, sweep_id)
+    except SweepInterrupted:
+        raise
+    except Exception as exc:  # Tune itself gave up (e.g. its state or error files could not be written)
+        cause = storage_problem(root) or (f"Ray Tune could not finish sweep {sweep_id}: {type(exc).__name__}: "
+                                          f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        started_any = bool(tracker is not None and tracker.state["runs"])
+        mark_failed(tracker, cause)
+        reconcile(uri, spec.name, sweep_id, parent_status="FAILED")  # the trials it stopped: KILLED, resumable
+        resume = "" if "--resume" in cause else "; rerun with --resume"
+        raise SweepError(cause + (resume if started_any or tracker is None else
+                                  "; no trial started (the parent run is marked FAILED)")) from None
+    # the tracker's own report when it ran in this process, else the one it wrote beside the experiment
+    report = getattr(tracker, "last_report", None) if not opts.resume else None
+    return finish(loaded, grid, uri, sweep_id, exp_path, time.perf_counter() - started, report)
+
+
+QUIET_LOGGERS = ("ray.tune", "ray.train", "ray.air", "mlflow", "alembic", "sqlalchemy")
+
+
+@contextlib.contextmanager
+def quiet_logs(exp_path: Path, verbose: bool):
+    """Ray Tune's and MLflow's log lines (a traceback per failed trial, one per failed write to a full tracking
+    database) go to ``fractune.log`` beside the sweep's state instead of stderr while the sweep runs; fractune's
+    own lines say what failed and name the file. Yields the file, or None with ``verbose`` (or where it cannot
+    be opened); the loggers are as they were afterwards."""
+    import logging
+
+    class QuietFileHandler(logging.FileHandler):
+        """Opens the file for each record and closes it again: no file held open for writing on the storage (a
+        file system with one cannot be remounted read-only), and a full or read-only disk loses the line
+        quietly."""
+
+        def emit(self, record) -> None:
+            super().emit(record)
+            with contextlib.suppress(OSError):
+                self.close()
+
+        def handleError(self, record) -> None:  # noqa: N802
+            pass
+
+    handler = None if verbose else QuietFileHandler(exp_path / "fractune.log", delay=True)
+    if handler is None:
+        yield None
+        return
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    saved = {}
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        saved[name] = (list(logger.handlers), logger.propagate)
+        for h in logger.handlers:
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                logger.removeHandler(h)
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        yield Path(handler.baseFilename)
+    finally:
+        for name, (handlers, propagate) in saved.items():
+            logger = logging.getLogger(name)
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
+        with contextlib.suppress(OSError):  # its last lines on a full disk: lost, the sweep's outcome is not
+            handler.close()
+
+
+def fit(tuner, uri: str, experiment: str, sweep_id: str):
+    """``tuner.fit()``, stopped gracefully on SIGINT or SIGTERM (``lifecycle.interruptible``): the sweep's runs
+    left RUNNING become KILLED and ``SweepInterrupted`` says how far it got."""
+    with interruptible() as got:
+        try:
+            grid = tuner.fit()
+        except KeyboardInterrupt:  # a second signal, or one before Tune's loop ran
+            grid = None
+    if "signal" not in got:
+        if grid is None:
+            raise KeyboardInterrupt
+        return grid
+    reconcile(uri, experiment, sweep_id)
+    finished = sum(1 for r in grid if r.error is None and (r.metrics or {}).get("done")) if grid is not None else 0
+    raise SweepInterrupted(got["signal"], sweep_id, finished, len(grid) if grid is not None else 0)
+
+
+def mark_failed(tracker, cause: str) -> None:
+    """A sweep that Tune refused or abandoned: its parent run FAILED with the cause, never left RUNNING."""
+    if tracker is None or not tracker.state.get("parent_run_id"):
+        return
+    from results.store import one_line_error
+
+    try:
+        tracker.c.set_tag(tracker.state["parent_run_id"], "fractune.error", one_line_error(cause)[:5000])
+        tracker.c.set_terminated(tracker.state["parent_run_id"], "FAILED")
+    except Exception:  # noqa: BLE001  the store is down as well: the error line still tells the user
+        pass
+
+
+def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: str, storage: Path, callbacks: list):
+    """The Tuner of a sweep (or of one stage of a staged sweep: ``name`` is the stage, under ``storage``)."""
+    from ray import tune
+
+    from orchestrator.sweep.tune_checkpoints import CheckpointPruner, StateKeeper, checkpoint_config
+
+    spec = loaded.spec
+    scheduler = None
+    if spec.scheduler.kind == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        from engine.data.datasets import run_length
+
+        max_t = run_length(trial.decode(loaded.base_trial())).epochs
+        (metric, mode), _ = objectives(loaded)  # accuracy max, or a language model's test perplexity min
+        scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
+                                  grace_period=spec.scheduler.grace_period,
+                                  reduction_factor=spec.scheduler.reduction_factor)
+    return tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(search_alg=search_algorithm(loaded, sweep_id, storage), scheduler=scheduler,
+                                    num_samples=spec.search.num_samples,
+                                    max_concurrent_trials=spec.budget.max_concurrent_trials,
+                                    time_budget_s=spec.budget.time_limit_s, reuse_actors=True),
+        run_config=tune.RunConfig(name=name, storage_path=str(storage),
+                                  callbacks=[*callbacks, CheckpointPruner(), StateKeeper(str(storage / name))],
+                                  verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
+                                  checkpoint_config=checkpoint_config()),
+    )
+
+
+def save_summary(exp_path: Path, summary: dict, track: dict) -> None:
+    """``pareto.json`` (front, errors, trial rows) beside the experiment: kept when MLflow is down; a storage
+    error is noted in ``track``, not raised."""
+    try:
+        from results.output import write_atomic
+
+        write_atomic(exp_path / "pareto.json", json.dumps(summary, indent=1, default=str))
+    except OSError as exc:
+        track["storage_error"] = f"{exp_path}: {exc.strerror}"
+
+
+def log_front(c, parent_id: str, summary: dict) -> None:
+    """The front's runs tagged ``pareto``, and ``pareto.json`` on the parent run."""
+    for r in summary["pareto"]:
+        if r["run_id"]:
+            c.set_tag(r["run_id"], "pareto", "true")
+    c.log_dict(parent_id, summary, "pareto.json")
+
+
+def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,
+           report: dict | None = None) -> dict:
+    """The sweep's outcome: its trial rows as MLflow holds them (``results.runs``, the loader every reader
+    uses), the front tagged and ``pareto.json`` written beside the experiment and on the parent run; the parent's
+    summary metrics, its note and the sweep's view in the MLflow UI (``dashboards.mlflow_view``)."""
+    from orchestrator.tracking.tracker import REPORT_FILE
+    from results import objectives as registry
+    from results import runs, store
+
+    report_file = exp_path / REPORT_FILE
+    track = dict(report) if report else (json.loads(report_file.read_text()) if report_file.is_file() else {})
+    run_ids, parent_id = track.get("runs", {}), track.get("parent_run_id")
+    errors = [{"trial_id": r.metrics.get("trial_id"), "run_id": run_ids.get(r.metrics.get("trial_id")),
+               "error": store.one_line_error(r.error)} for r in grid if r.error is not None]
+    c = parent = rows = None
+    factors: list[str] = []
+    try:
+        c = store.client(uri)
+        parent = c.get_run(parent_id) if parent_id else None
+        if parent is not None and not track.get("pending"):
+            rows, factors = runs.trial_rows(c, parent)
+    except Exception as exc:  # the store went away at the very end: the summary comes from Tune's results
+        track["final_error"] = store.one_line_error(exc)
+    if rows is None:  # the store is unreachable or behind (operations pending): the same rows from Tune
+        rows = [result_row(r, run_ids) for r in grid]
+    else:  # a FINISHED run is final: a stale state's rerun that failed is not the trial's error
+        final = {r["run_id"] for r in rows if r.get("status") == "FINISHED"}
+        errors = [e for e in errors if e["run_id"] not in final]
+        known = {e["run_id"] for e in errors}
+        # a trial MLflow holds as FAILED is an error even where Tune could not write (or read back) its error
+        errors += [{"trial_id": r["trial_id"], "run_id": r["run_id"], "error": "the run FAILED (see its "
+                    "fractune.error tag)"} for r in rows if r.get("status") == "FAILED" and r["run_id"] not in known]
+    objective, task = loaded.spec.objective, registry.of_spec(loaded)
+    front = runs.front(rows, task, objective)
+    quality = runs.front_quality(runs.finished(rows, task, objective), front, task, objective)
+    summary = {"objective": objective, "front_quality": quality, "pareto": front, "errors": errors, "trials": rows}
+    save_summary(exp_path, summary, track)
+    if parent is not None:
+        try:
+            log_front(c, parent_id, summary)
+            c.set_tag(parent_id, "fractune.errored", str(len(errors)))
+            c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)
+            if math.isfinite(quality["hypervolume"]):  # the front's quality, with its reference point
+                key = "hypervolume_" + objective.replace(":", "_")
+                c.log_metric(parent_id, key, quality["hypervolume"])
+                c.set_tag(parent_id, f"fractune.{key}.reference", quality["rule"][:5000])
+            c.set_tag(parent_id, "fractune.trials", str(len(grid)))
+            if factors or rows:  # the UI's view of the sweep, the summary metrics and the note (dashboards)
+                from dashboards.mlflow_view import publish
+
+                publish(c, parent.info.experiment_id, parent_id, sweep_id, rows, factors, task)
+            c.set_terminated(parent_id, "FINISHED")
+        except Exception as exc:  # the summary is on disk
+            track["pending"] = track.get("pending", 0) + 1
+            track["final_error"] = store.one_line_error(exc)
+    elif track.get("final_error"):  # the store could not be read at the end: the summary is on disk only
+        track["pending"] = track.get("pending", 0) + 1
+    return {
+        "sweep": loaded.name,
+        "sweep_id": sweep_id,
+        "experiment_id": parent.info.experiment_id if parent is not None else None,
+        "parent_run_id": parent_id,
+        "trials": len(grid),
+        "errored": len(errors),
+        "errors": errors,
+        "objective": objective,
+        "hypervolume": quality["hypervolume"],
+        "pareto": [runs.front_entry(r, task, objective) for r in front],
+        "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
+                                               "report_error", "storage_error") if track.get(k) is not None},
+        "storage": str(exp_path),
+        "storage_problem": storage_problem(exp_path.parent) if exp_path.parent.exists() else None,
+        "tracking_uri": store.redact(uri),
+        "wall_seconds": wall,
+        "ui": ui_command(store.redact(uri), loaded.name,
+                         (parent.info.experiment_id, sweep_id) if parent is not None and rows else None),
+    }
+
+
+def result_row(result, run_ids: dict) -> dict:
+    """A trial's row from its Tune result, for when the tracking store cannot give it (same fields and rule)."""
+    from engine.data.datasets import run_length
+    from results import runs
+
+    m, cfg = result.metrics, trial.decode(result.config)
+    return runs.make_row(run_id=run_ids.get(m.get("trial_id")), trial_id=m.get("trial_id"), name=None,
+                         status="FAILED" if result.error is not None else "FINISHED", schedule=cfg.schedule.kind,
+                         metrics=m, seed=cfg.seed, point=trial.swept_values(result.config),
+                         planned_epochs=run_length(cfg).epochs, node_id=m.get("node_id"))
+
+
+def ui_command(uri: str, sweep: str | None = None, view: tuple[str, str] | None = None) -> str:
+    """How to look at the sweep: `fractune ui` for a sqlite store; a tracking server's URL of the sweep's view
+    (``view``: experiment id, sweep id) or its home page."""
+    if uri.startswith("http"):
+        if view and "***@" not in uri:
+            from dashboards.mlflow_view import view_url
+
+            return f"open {view_url(uri, *view)}"
+        return f"open {uri}"
+    return f"fractune ui --tracking-uri {uri}" + (f" --sweep {sweep}" if sweep else "")

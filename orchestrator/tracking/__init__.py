@@ -1,0 +1,1 @@
+"""The MLflow write side: the driver-side Tune callback that records every trial."""

@@ -1,0 +1,140 @@
+"""Output helpers shared by every CLI command: tables for people, one JSON line for programs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return None if math.isnan(obj) or math.isinf(obj) else obj
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return _clean(obj.item())
+    return obj
+
+
+def emit_json(obj: dict) -> None:
+    """The last stdout line of a command with --json: one JSON object (NaN/inf become null)."""
+    sys.stdout.flush()
+    print(json.dumps(_clean(obj), sort_keys=False, allow_nan=False), flush=True)
+
+
+def fmt(v: Any, digits: int = 4) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if abs(v) >= 1e6 or (v != 0 and abs(v) < 1e-3):
+            return f"{v:.{digits - 1}e}"
+        return f"{v:.{digits}f}".rstrip("0").rstrip(".") if "." in f"{v:.{digits}f}" else f"{v}"
+    return str(v)
+
+
+def table(rows: Sequence[dict], columns: Sequence[str] | None = None, file=None) -> None:
+    file = file or sys.stdout
+    if not rows:
+        print("(no rows)", file=file)
+        return
+    columns = list(columns or rows[0].keys())
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)), file=file)
+    print("  ".join("-" * w for w in widths), file=file)
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)), file=file)
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``path`` through a temporary name beside it, synced to the disk before the rename: a full, read-only
+    or failing disk leaves the previous copy whole, never a cut one (the OSError propagates; the temporary file
+    is removed where it can be)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def info(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- output paths, checked before any work starts (nothing is created here) ---------------------------------
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
+
+
+def _writable_folder(folder, field: str, value: str) -> None:
+    """``folder`` exists, is a folder and a file can really be created in it (``os.access`` tells root yes on
+    read-only and virtual file systems)."""
+
+    from engine.errors import ConfigError
+
+    if not folder.is_dir():
+        what = "does not exist" if not folder.exists() else "is not a folder"
+        raise ConfigError.single(field, value, f"its folder {folder} {what}; allowed: a path in an existing, "
+                                 "writable folder")
+    from results.store import write_probe
+
+    try:
+        write_probe(folder)
+    except OSError as exc:
+        raise ConfigError.single(field, value, f"folder {folder} is not writable ({exc.strerror})") from None
+
+
+def check_output_file(field: str, value: str, suffixes: tuple[str, ...] | None = None):
+    """The resolved path of an output file: not a folder or special file, in an existing writable folder,
+    with one of ``suffixes`` when given. Nothing is created or changed."""
+    import stat
+    from pathlib import Path
+
+    from engine.errors import ConfigError
+
+    p = Path(value).expanduser()
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise ConfigError.single(field, value, f"allowed: a file name ending in {', '.join(suffixes)}")
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ConfigError.single(field, value, f"allowed: a writable file path ({exc.strerror})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a folder" if stat.S_ISDIR(st.st_mode) else "a special file"
+        raise ConfigError.single(field, value, f"is {what}; allowed: a file path")
+    _writable_folder(p.resolve().parent, field, value)
+    return p.resolve()
+
+
+def check_output_folder(field: str, value: str):
+    """The resolved path of an output folder: a writable folder, or a path whose nearest existing ancestor is
+    a writable folder (created later, once the work is known good). Nothing is created here."""
+    from pathlib import Path
+
+    from engine.errors import ConfigError
+
+    p = Path(value).expanduser().resolve()
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe != p and not probe.is_dir():
+        raise ConfigError.single(field, value, f"{probe} is a file (Not a directory); allowed: a folder path")
+    if probe == p and not p.is_dir():
+        raise ConfigError.single(field, value, "is a file; allowed: a folder path")
+    _writable_folder(probe, field, value)
+    return p

@@ -1,0 +1,277 @@
+"""A sweep's lifecycle under the faults a lab meets, each in a real process against a real Ray and MLflow store:
+two starts in the same second, SIGINT and SIGTERM mid-sweep followed by ``--resume``, a second resume of a
+running sweep (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+import yaml
+
+from results import store
+from tests.conftest import ROOT, needs_root, run_main
+from tests.orchestrator.procs import SLOW, histories, kill_session, start_cli, wait_for
+
+GRID = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static", "fw": 4, "bw": 8}]
+
+
+def _spec(tmp_path, name: str, epochs: int, grid: list[dict]):
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({"name": name, "base": {**SLOW, "optim": {"epochs": epochs}},
+                                    "parameters": {"schedule": {"grid": grid}},
+                                    "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}))
+    return spec
+
+
+def _args(spec, tmp_path, uri, ray_local):
+    return ("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--quiet",
+            "--no-report", "--address", ray_local.get_runtime_context().gcs_address)
+
+
+def _all_runs(uri: str, name: str) -> list:
+    c = store.client(uri)
+    exp = c.get_experiment_by_name(name)
+    return c.search_runs([exp.experiment_id], max_results=1000)
+
+
+@pytest.mark.slow
+def test_two_sweeps_started_in_the_same_second_keep_apart(ray_local, tmp_path, sqlite_uri):
+    """Each start gets its own id, parent run, storage state and summary, and its point runs once per sweep."""
+    spec = _spec(tmp_path, "twins", 1, GRID[:1])
+    procs = []
+    for i in range(2):
+        folder = tmp_path / f"p{i}"
+        folder.mkdir()
+        procs.append(start_cli(*_args(spec, tmp_path, sqlite_uri, ray_local), "--json", cwd=folder,
+                               env={"RAY_ADDRESS": ""}))
+    try:
+        assert [p.wait(timeout=300) for p in procs] == [0, 0], (tmp_path / "p0" / "stderr.log").read_text()[-2000:]
+    finally:
+        for p in procs:
+            kill_session(p.pid)
+    outs = [json.loads((tmp_path / f"p{i}" / "stdout.log").read_text().splitlines()[-1]) for i in range(2)]
+    assert outs[0]["sweep_id"] != outs[1]["sweep_id"] and outs[0]["parent_run_id"] != outs[1]["parent_run_id"]
+    assert outs[0]["storage"] != outs[1]["storage"]
+    runs = _all_runs(sqlite_uri, "twins")
+    parents = [r for r in runs if r.data.tags.get("fractune.kind") == "sweep"]
+    assert sorted(r.data.tags[store.SWEEP_TAG] for r in parents) == sorted(o["sweep_id"] for o in outs)
+    for out in outs:  # each sweep's own two trials, once each, all finished; its front only its own runs
+        children = [r for r in runs if r.data.tags.get(store.PARENT_TAG) == out["parent_run_id"]]
+        assert len(children) == 1 and all(r.info.status == "FINISHED" for r in children)
+        assert {e["run_id"] for e in out["pareto"]} <= {r.info.run_id for r in children}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_sweep_says_so_and_resumes_every_trial_once(ray_local, tmp_path, sqlite_uri, signum, code):
+    """SIGINT / SIGTERM: the trials stop, every run left open is KILLED (none RUNNING), one line names the
+    signal and the exact resume command, the exit code is 130 / 143; that command then finishes the sweep with
+    every trial once and every epoch once, and a trial finished before the signal is not run again (resumed after
+    SIGINT only: the state either signal leaves is the same)."""
+    name = f"stop_{signum.name.lower()}"
+    spec = _spec(tmp_path, name, 5, GRID)
+    args = _args(spec, tmp_path, sqlite_uri, ray_local)
+    proc = start_cli(*args, cwd=tmp_path, env={"RAY_ADDRESS": ""})
+    try:
+        def one_finished_one_running():
+            try:
+                h = histories(sqlite_uri, name)
+            except Exception:  # nothing logged yet
+                return None
+            done = [k for k, v in h.items() if v["status"] == "FINISHED"]
+            running = [k for k, v in h.items() if v["status"] == "RUNNING" and v["steps"]]
+            return (done, h) if done and running else None
+
+        done, before = wait_for(one_finished_one_running, timeout=240, what="a finished and a running trial")
+        # read while it runs: the front of what is done, and a line saying so
+        read, _, running = run_main("pareto", name, "--tracking-uri", sqlite_uri, "--json")
+        assert read == 0 and running["status"] == "RUNNING" and running["partial"] is True
+        assert running["planned"] == 3 and running["finished"] >= 1
+        signalled_at = time.time() * 1000
+        proc.send_signal(signum)
+        assert proc.wait(timeout=120) == code
+    finally:
+        kill_session(proc.pid)
+    err = (tmp_path / "stderr.log").read_text()
+    line = next(x for x in err.splitlines() if f"interrupted by {signum.name}" in x)
+    assert "Traceback" not in err
+    command = line.split("resume with: ", 1)[1]
+    assert command.split()[:4] == ["fractune", "sweep", str(spec), "--resume"]
+    stopped = histories(sqlite_uri, name)
+    assert {v["status"] for v in stopped.values()} <= {"FINISHED", "KILLED"} and "KILLED" in {
+        v["status"] for v in stopped.values()}
+    assert store.sweep_parent(store.client(sqlite_uri), name).info.status == "KILLED"
+    _, _, stopped_front = run_main("pareto", name, "--tracking-uri", sqlite_uri, "--json")
+    assert stopped_front["status"] == "KILLED" and stopped_front["partial"] is True
+    if signum == signal.SIGTERM:  # the resume is the same after either signal: run once, after SIGINT
+        return
+
+    resumed = start_cli(*command.split()[1:], "--quiet", "--no-report", "--json", "--address",
+                        ray_local.get_runtime_context().gcs_address, cwd=tmp_path, env={"RAY_ADDRESS": ""})
+    try:
+        assert resumed.wait(timeout=400) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
+    finally:
+        kill_session(resumed.pid)
+    after = histories(sqlite_uri, name)
+    assert len(after) == 3 and all(r["status"] == "FINISHED" and r["steps"] == [1, 2, 3, 4, 5]
+                                   for r in after.values())
+    for trial in done:  # finished before the signal: not run again
+        assert after[trial]["last_ts"] == before[trial]["last_ts"] < signalled_at
+    assert store.sweep_parent(store.client(sqlite_uri), name).info.status == "FINISHED"
+    out = json.loads((tmp_path / "stdout.log").read_text().strip().splitlines()[-1])
+    assert out["trials"] == 3 and out["errored"] == 0
+
+
+def test_a_second_resume_of_a_running_sweep_is_refused(tmp_path):
+    """The lock on the sweep's folder: while one process holds it, another resume exits 2 naming the pid."""
+    import subprocess
+    import sys
+
+    from orchestrator.sweep.lifecycle import LOCK_FILE, hold_sweep
+
+    exp = tmp_path / "runs" / "held-20260101-000000"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]);"
+                               "from orchestrator.sweep.lifecycle import hold_sweep; from pathlib import Path;"
+                               "hold_sweep(Path(sys.argv[2]), 'held'); print('held', flush=True); time.sleep(60)",
+                               str(ROOT), str(exp)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(Exception, match=f"running in another process \\(pid {holder.pid}\\)"):
+            hold_sweep(exp, "held")
+    finally:
+        holder.kill()
+        holder.wait()
+    hold_sweep(exp, "held")  # free again once the holder is gone
+    assert (exp / LOCK_FILE).read_text().strip().isdigit()
+
+
+@pytest.mark.slow
+def test_a_trial_whose_loss_explodes_is_flagged_diverged(ray_local, tmp_path, sqlite_uri, capsys):
+    """A loss far past chance's that never turns NaN: the run finishes, tagged diverged, and `pareto` names it."""
+    spec = tmp_path / "boom.yaml"
+    spec.write_text(yaml.safe_dump({"name": "boom", "base": {**SLOW, "optim": {"epochs": 1}, "debug": {}},
+                                    "parameters": {"optim.lr": {"grid": [0.1, 30.0]}},
+                                    "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}))
+    code, _, out = run_main("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", sqlite_uri,
+                            "--quiet", "--no-report", "--json")
+    assert code == 0 and out["errored"] == 0
+    runs = histories(sqlite_uri, "boom")
+    flagged = {k: v["tags"].get("fractune.diverged") for k, v in runs.items()}
+    assert sorted(flagged.values(), key=str) == [None, "epoch 1"]
+    capsys.readouterr()
+    code, _, front = run_main("pareto", "boom", "--tracking-uri", sqlite_uri, "--json")
+    assert len(front["diverged"]) == 1 and front["partial"] is False
+    assert "diverged (its training loss passed the engine's bound at epoch 1)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@needs_root
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_storage_that_fills_or_turns_read_only_mid_sweep_leaves_a_resumable_sweep(ray_local, tmp_path, sqlite_uri,
+                                                                                  tiny_mount, ext4, fault):
+    """The storage fills up (a filler file takes every free byte) or turns read-only (an ext4 file system's error
+    handling, ``errors=remount-ro``, triggered through sysfs: what a failing disk does) while trials run: the
+    sweep ends non-zero with one line naming the storage and the cause, no run stays RUNNING; once space or write
+    access is back, `--resume` finishes every trial, each once, every epoch once."""
+    import subprocess
+
+    name = f"storage_{fault.replace('-', '_')}"
+    spec = _spec(tmp_path, name, 3, GRID[:2])
+    storage = tiny_mount("32m") if fault == "full" else ext4.mount()
+    args = ("sweep", str(spec), "--storage", str(storage), "--tracking-uri", sqlite_uri, "--quiet", "--no-report",
+            "--address", ray_local.get_runtime_context().gcs_address)
+    proc = start_cli(*args, cwd=tmp_path, env={"RAY_ADDRESS": ""})
+    try:
+        wait_for(lambda: any(v["steps"] for v in _histories_or_empty(sqlite_uri, name).values()), timeout=240,
+                 what="a logged epoch")
+        if fault == "full":
+            subprocess.run(["dd", "if=/dev/zero", f"of={storage / 'filler'}", "bs=64k"], capture_output=True)
+        else:  # what the kernel does on a disk error (errors=remount-ro), whoever is writing
+            ext4.fail()
+        code = proc.wait(timeout=300)
+    finally:
+        kill_session(proc.pid)
+    err = (tmp_path / "stderr.log").read_text()
+    errors = [x for x in err.splitlines() if x.startswith("fractune sweep: error:")]
+    cause = "No space left on device" if fault == "full" else "Read-only file system"
+    assert code != 0 and len(errors) == 1 and str(storage) in errors[0] and cause in errors[0], err[-3000:]
+    assert "RUNNING" not in {v["status"] for v in histories(sqlite_uri, name).values()}
+
+    if fault == "full":
+        (storage / "filler").unlink()
+    else:
+        ext4.repair()
+    resumed = start_cli(*args, "--resume", "--json", cwd=tmp_path, env={"RAY_ADDRESS": ""})
+    try:
+        assert resumed.wait(timeout=400) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
+    finally:
+        kill_session(resumed.pid)
+    after = histories(sqlite_uri, name)
+    assert len(after) == 2 and all(r["status"] == "FINISHED" and r["steps"] == [1, 2, 3] for r in after.values())
+
+
+def _histories_or_empty(uri: str, name: str) -> dict:
+    try:
+        return histories(uri, name)
+    except Exception:  # nothing logged yet
+        return {}
+
+
+class Ext4:
+    """An ext4 file system in an image file, mounted with ``errors=remount-ro``: ``fail()`` makes the kernel turn it
+    read-only at once (sysfs ``trigger_fs_error``), open files or not; ``repair()`` checks it and mounts it
+    writable again at the same place."""
+
+    def __init__(self, folder):
+        self.image, self.path = folder / "disk.ext4", folder / "ext4"
+
+    def mount(self):
+        import subprocess
+
+        subprocess.run(["truncate", "-s", "64M", str(self.image)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(self.image)], check=True)
+        self.path.mkdir(exist_ok=True)
+        self._mount()
+        return self.path
+
+    def _mount(self):
+        import subprocess
+
+        r = subprocess.run(["mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.path)],
+                           capture_output=True, text=True)
+        if r.returncode and not self.path.is_mount():
+            pytest.skip(f"no loop device to mount an ext4 image ({r.stderr.strip()[:200]})")
+
+    def device(self) -> str:
+        for line in open("/proc/mounts"):
+            dev, where = line.split()[:2]
+            if where == str(self.path):
+                return dev.rsplit("/", 1)[-1]
+        raise AssertionError(f"{self.path} is not mounted")
+
+    def fail(self):
+        with open(f"/sys/fs/ext4/{self.device()}/trigger_fs_error", "w") as f:
+            f.write("1")
+
+    def repair(self):
+        import subprocess
+
+        subprocess.run(["umount", "-l", str(self.path)], check=True)
+        subprocess.run(["e2fsck", "-f", "-y", str(self.image)], capture_output=True)
+        self._mount()
+
+    def unmount(self):
+        import subprocess
+
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+
+@pytest.fixture
+def ext4(tmp_path):
+    disk = Ext4(tmp_path)
+    yield disk
+    disk.unmount()
