@@ -198,13 +198,13 @@ def test_savings_and_ranking_under_each_cost_model():
 def test_ranking_joins_equal_costs_and_a_sweep_without_references_shows_no_savings():
     """Equal costs are one tier (MACs do not see bits), and a method is bold only where the methods cheaper than it
     change; with no FP32 or FW8/BW8 row the savings table, empty in every cell, gives way to a sentence."""
-    from dashboards.results import cost_model_section
+    from dashboards.results_page import cost_model_section
 
     w4 = [{"schedule": {"kind": "static", "fw": fw, "bw": bw, "weight_bits": 4}} for fw, bw in ((4, 6), (4, 8))]
     dfq = {"schedule": {"kind": "dfq", "target_cp": 3.0, "execution": "routed"}}
     rows = [_row(w4[0], 0, 0.80, 60.0, macs=10.0), _row(w4[1], 0, 0.81, 75.0, macs=10.0),
             _row(dfq, 0, 0.80, 72.0, macs=10.5)]
-    text = "\n".join(cost_model_section(summarise(rows)))
+    text = "\n".join(cost_model_section(summarise(rows, ACC)))
     assert "| method |" not in text and "no FP32 and no FW8/BW8 row" in text
     assert "- bitops: FW4/BW6 W4, DFQ cp 3% routed (sampled), FW4/BW8 W4" in text
     # under MACs the two static rows tie; DFQ, dearer than both, is bold: FW4/BW8 is no longer cheaper than it
