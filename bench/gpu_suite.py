@@ -38,7 +38,7 @@ from bench._common import dfq_train_step, emit, host_syncs, inside, interleaved,
 from engine.models import LayerMap, build_model  # noqa: E402
 from engine.numerics import gpu_kernels, quant  # noqa: E402
 from engine.numerics.precision import FP32, Precision  # noqa: E402
-from engine.schedules.runner import compiled, make_step  # noqa: E402
+from engine.schedules.static_runner import compiled, make_step  # noqa: E402
 
 TARGETS = {"resnet_fw8bw8": 1.3, "resnet_cpt": 1.35, "transformer_fw8bw8": 1.2, "routed": 3.0,
            "routed_to_masked": 0.25, "static_host_syncs": 2}

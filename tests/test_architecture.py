@@ -133,7 +133,7 @@ def test_light_entry_points_import_no_service_libraries():
     # the engine, and `fractune train`/`cost` (in-process, engine only); and the read side (`pareto`, `report`,
     # `ui`, `results`) pays no Ray import
     stmt = ("import engine, engine.train, engine.config.experiment, engine.data.datasets, engine.cost.bitops, "
-            "engine.models, engine.schedules.progress, engine.dfq.runner, engine.preview, engine.checkpoint, "
+            "engine.models, engine.schedules.curves, engine.dfq.gated_runner, engine.preview, engine.checkpoint, "
             "search_spaces.spec, search_spaces.trial, orchestrator.cli, orchestrator.commands_engine")
     assert _loaded_after(stmt, ("ray", "mlflow", "optuna")) == []
     stmt = ("import orchestrator.store, orchestrator.runs, orchestrator.ablation_analysis, "
@@ -205,7 +205,7 @@ def test_the_cycle_check_finds_a_cycle():
 
 # engine/'s layers, lowest first: a module imports only from its own layer or below (docs/architecture.md)
 ENGINE_LAYERS = (
-    {"engine.errors", "engine.safe_yaml", "engine.metrics"},
+    {"engine.errors", "engine.safe_yaml", "engine.metrics", "engine.run_length"},
     {"engine.numerics"},
     {"engine.models"},
     {"engine.cost"},
@@ -244,7 +244,7 @@ def test_every_engine_module_has_a_layer():
     assert [m for m in IMPORTS if m.startswith("engine") and engine_layer(m) is None] == []
     # the package holds subpackages by concept, few modules loose at its top
     loose = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
-    assert loose == ["__init__.py", "checkpoint.py", "errors.py", "metrics.py", "preview.py", "safe_yaml.py",
+    assert loose == ["__init__.py", "checkpoint.py", "errors.py", "metrics.py", "preview.py", "run_length.py", "safe_yaml.py",
                      "train.py"]
 
 

@@ -222,7 +222,7 @@ def test_a_gated_training_iteration_reads_the_host_once_beside_its_group_sizes(s
     statistics work on that copy (their reads, on host tensors, are not counted)."""
     from engine.cost.bitops import CostTotals
     from engine.data.datasets import load_data
-    from engine.dfq.runner import GatedRunner
+    from engine.dfq.gated_runner import GatedRunner
     from engine.train import Trainer
 
     cfg = parse_config({"name": "reads", "device": "cpu", "model": {"name": "resnet8"}, "schedule": schedule,

@@ -14,7 +14,7 @@ from engine.config.experiment import parse_config
 from engine.cost.bitops import BitOpsCounter
 from engine.dfq.gate import gated_cp, normalised_cost, option_kappa
 from engine.dfq.gated import GatedModel
-from engine.dfq.runner import BlockCosts
+from engine.dfq.gated_runner import BlockCosts
 from engine.errors import ConfigError
 from engine.models import LayerMap, build_model
 from engine.numerics import autograd, quant

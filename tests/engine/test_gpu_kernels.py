@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from engine.numerics import gpu_kernels, passes, quant  # noqa: E402
 from engine.numerics.layers import QConv2d, QLinear  # noqa: E402
 from engine.numerics.precision import FP32, MixedPrecision, Precision  # noqa: E402
-from engine.schedules.runner import compiled, make_step  # noqa: E402
+from engine.schedules.static_runner import compiled, make_step  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gpu_kernels.interpreting() or gpu_kernels._triton_version() is None,

@@ -117,7 +117,7 @@ def test_bitops_of_attention_use_fw_for_both_operands():
 
 def test_cost_models_price_the_lm_per_token():
     """Every cost model prices the attention matmuls with both operands at FW and no weights (methods.md §11)."""
-    from engine.cost.hardware import build_models, energy_mac_pj, int_units_mac
+    from engine.cost.cost_models import build_models, energy_mac_pj, int_units_mac
 
     d, h, t, vocab = 32, 2, 16, 50
     model = build_model("transformer_tiny", 1, vocab)
