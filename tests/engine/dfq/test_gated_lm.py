@@ -21,7 +21,7 @@ from engine.numerics import autograd, quant
 from engine.numerics.layers import QMatmul
 from engine.numerics.precision import FP32, SKIP, MixedPrecision, Precision
 from engine.train import train_and_evaluate
-from tests.engine.test_transformer import lm_config, write_wikitext
+from tests.engine.models.test_transformer import lm_config, write_wikitext
 
 OPTS = [SKIP, Precision.fwbw(3, 6, 4), Precision.fwbw(4, 8, 4), Precision.fwbw(6, 12, 4)]
 V, T = 40, 9

@@ -17,7 +17,7 @@ from engine.numerics import fused, quant
 from engine.numerics.precision import Precision
 from engine.train import train_and_evaluate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
