@@ -38,7 +38,7 @@ from bench._common import dfq_train_step, emit, host_syncs, inside, interleaved,
 from engine.models import LayerMap, build_model  # noqa: E402
 from engine.numerics import gpu_kernels, quant  # noqa: E402
 from engine.numerics.precision import FP32, Precision  # noqa: E402
-from engine.schedules.runner import compiled, make_step  # noqa: E402
+from engine.schedules.static_runner import compiled, make_step  # noqa: E402
 
 TARGETS = {"resnet_fw8bw8": 1.3, "resnet_cpt": 1.35, "transformer_fw8bw8": 1.2, "routed": 3.0,
            "routed_to_masked": 0.25, "static_host_syncs": 2}
@@ -152,19 +152,19 @@ def bit_check(dev: torch.device) -> dict:
     and its own, per channel, per row group): the count of differing values, 0 where bit for bit."""
     if not gpu_kernels.usable(torch.zeros(1, device=dev)):
         return {"skipped": f"the kernels do not run on {dev} here"}
-    from engine.numerics import autograd
+    from engine.numerics import passes
 
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(64, 16, 32, 32, device=dev, generator=g) * 3
     lo, hi = torch.aminmax(x)
     groups = ((0, 20, Precision.fwbw(3, 8)), (20, 21, Precision.fwbw(32, 32)), (21, 64, Precision.fwbw(6, 4)))
-    sizes, gid = autograd._layout(groups, 64, dev)
+    sizes, gid = passes.layout(groups, 64, dev)
     out = {}
     for bits in (2, 4, 8):
         pairs = {"tensor_range": lambda b=bits: quant.quantize(x, b, lo, hi),
                  "tensor_own": lambda b=bits: quant.quantize_tensor(x, b),
                  "channel": lambda b=bits: quant.quantize_weight(x, b),
-                 "rows_groups": lambda b=bits: autograd._q_rows_device(
+                 "rows_groups": lambda b=bits: quant.backend_for(x).rows(
                      x, groups, sizes, gid, [min(p.act, b + 1) if p.act < 32 else 32 for *_, p in groups], None, None,
                      False, torch.empty_like(x))}
         for name, fn in pairs.items():

@@ -29,7 +29,7 @@ def _hover(row: dict, task: Objective, objective: str = "bitops") -> str:
 
 def cost_axis(objective: str) -> tuple[float, str]:
     """(scale, axis label) of a cost model's axis: GBitOPs for BitOPs, the model's own unit otherwise."""
-    from engine.cost.hardware import UNITS
+    from engine.cost.cost_models import UNITS
 
     if objective == "bitops":
         return 1e9, "training GBitOPs"

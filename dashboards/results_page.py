@@ -6,7 +6,7 @@ once when its rows are read and passed to every function here),
 training BitOPs, savings against the FP32 and FW8/BW8 rows of the same sweep, and the computation percentage; the
 papers' trends checked one by one with the rule stated (within the objective's ``tolerance``: accuracy 1 point,
 perplexity 2 percent); a plot of every method's mean (error bars: std over seeds) with the
-Pareto front of the means. Every cost model the runs logged (engine/cost/hardware.py) gets the
+Pareto front of the means. Every cost model the runs logged (engine/cost/cost_models.py) gets the
 same savings side by side, with the methods' cost ranking under each (where it differs from BitOPs' is where
 the BitOPs story does not hold on that hardware); ``--objective`` picks the model of the plot and the front.
 The page and its plot are logged under ``results/`` on the sweep's parent run. A notes file (the analysis a person writes: why a trend holds or not) is appended verbatim, so
@@ -324,7 +324,7 @@ def _pct(v) -> str:
 
 def results_png(groups: list[dict], front: list[dict], path: Path, task: Objective, objective: str = "bitops") -> Path:
     from dashboards.pngs import _save, log_x_if_wide, plt
-    from engine.cost.hardware import UNITS
+    from engine.cost.cost_models import UNITS
 
     bitops = objective == "bitops"
     scale, unit = (1e12, "TBitOPs") if bitops else (1.0, UNITS.get(objective, "cost"))

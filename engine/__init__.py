@@ -19,10 +19,6 @@ from __future__ import annotations
 
 import importlib
 
-from engine import _moved
-
-_moved.install()
-
 _API = {
     "ExperimentConfig": "engine.config.experiment", "load_config": "engine.config.experiment",
     "parse_config": "engine.config.experiment",

@@ -33,7 +33,7 @@ TERA = 1e12  # the scale of the readable cost companions (readable_key)
 
 def cost_key(model: str) -> str:
     """The key of a cost model's cumulative training cost: ``train_bitops`` for BitOPs, ``train_cost_<model>``
-    for the others (``table:x`` -> ``train_cost_table_x``; engine/cost/hardware.py)."""
+    for the others (``table:x`` -> ``train_cost_table_x``; engine/cost/cost_models.py)."""
     return TRAIN_BITOPS if model == "bitops" else COST_PREFIX + model.replace(":", "_")
 
 

@@ -5,7 +5,7 @@ The global cost ratio of docs/methods.md §2: every layer at the schedule's bits
 against FW8/BW8 (0.0625). CPT 3->8 / BW8 with ``rint`` gives 0.03958, 36.7% below FW8/BW8. Auto PFQ depends
 on the training loss: it is previewed with uniform stages (``deterministic: false``).
 
-``price_schedule`` prices the same series under every cost model (engine/cost/hardware.py) on the config's own
+``price_schedule`` prices the same series under every cost model (engine/cost/cost_models.py) on the config's own
 network, layer map and batch size: each model's total for the run, against the same run at FP32 and at
 FW8/BW8 (every iteration a full batch).
 """
@@ -21,7 +21,7 @@ from engine.cost.bitops import FW8BW8, BitOpsCounter
 from engine.data.datasets import INFO, run_length
 from engine.errors import ConfigError
 from engine.numerics.precision import FP32, Precision
-from engine.schedules.progress import build_schedule
+from engine.schedules.curves import build_schedule
 
 FW8BW8_RATIO = 192 / 3072
 

@@ -31,7 +31,7 @@ from engine.config.experiment import ExperimentConfig, target_problems
 from engine.cost.bitops import FW8BW8, BitOpsCounter, CostTotals
 from engine.data.datasets import DataSplits, load_data, run_length
 from engine.dfq.gated import GatedModel
-from engine.dfq.runner import GatedRunner
+from engine.dfq.gated_runner import GatedRunner
 from engine.errors import CheckpointError, ConfigError, TrainingDiverged
 from engine.metrics import (
     ACCURACY,
@@ -49,8 +49,8 @@ from engine.metrics import (
 )
 from engine.models import build_model, task_of
 from engine.numerics.precision import FP32
-from engine.schedules.progress import PrecisionTrace, build_schedule
-from engine.schedules.runner import StaticRunner, make_step
+from engine.schedules.curves import PrecisionTrace, build_schedule
+from engine.schedules.static_runner import StaticRunner, make_step
 
 Reporter = Callable[[dict, Callable[[str | Path], Path]], None]
 # an epoch's mean training loss above this many times chance's (ln of the classes, or of a vocabulary) is flagged

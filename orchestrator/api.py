@@ -368,7 +368,7 @@ def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None
     from results import objectives
 
     if objective:  # a bad name is refused before Ray starts
-        from engine.cost.hardware import check_model_name
+        from engine.cost.cost_models import check_model_name
 
         check_model_name(objective, "--objective")
     # before Ray starts and before anything is created: the spec, the tracking store, the storage folder,

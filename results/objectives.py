@@ -7,7 +7,7 @@ optimises, at sweep time), then carried: ``results.runs.SweepRuns.task`` for row
 argument of every front, table and view. Nothing downstream works it out again; adding a quality metric is one
 ``register`` call.
 
-The cost models (``COST_MODELS``, the engine's ``engine.cost.hardware.MODEL_NAMES`` plus a user table) are named
+The cost models (``COST_MODELS``, the engine's ``engine.cost.cost_models.MODEL_NAMES`` plus a user table) are named
 here for the CLI's help, the API and the views.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from engine.cost.hardware import MODEL_NAMES, UNITS
+from engine.cost.cost_models import MODEL_NAMES, UNITS
 from engine.metrics import ACCURACY, PERPLEXITY, Task
 
 

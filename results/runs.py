@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.cost.hardware import check_model_name
+from engine.cost.cost_models import check_model_name
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, COST_PREFIX, CUM_CP, TRAIN_BITOPS, TRAIN_TBITOPS, cost_key
 from results import objectives, store

@@ -5,7 +5,7 @@ config field by dotted path, each one of ``grid``, ``choice``, ``uniform``, ``lo
 (inclusive bounds). ``seeds`` repeat every point. Two objectives (``orchestrator.sweep.driver.objectives``): the task
 objective, final test ``accuracy`` (max), or test ``perplexity`` (min) for a language model, and the total
 training cost (min) under the cost model ``objective`` (``bitops`` by default; any model of
-engine/cost/hardware.py, e.g. ``energy`` or ``int_units``). ``load_spec`` reports every error at once, before any trial:
+engine/cost/cost_models.py, e.g. ``energy`` or ``int_units``). ``load_spec`` reports every error at once, before any trial:
 the spec's own fields, and the experiment config of every grid point and of both ends of every range.
 """
 
@@ -171,13 +171,13 @@ class SweepSpec(Strict):
     budget: Budget = Budget()
     resources: Resources = Resources()
     stages: list[Stage] = Field(default_factory=list)  # a staged sweep: run in order under one parent run
-    objective: str = "bitops"  # the cost axis: a cost model of engine/cost/hardware.py
+    objective: str = "bitops"  # the cost axis: a cost model of engine/cost/cost_models.py
     paired: Paired | None = None  # a claim decided by per-seed differences of twin runs (the results page)
 
     @field_validator("objective")
     @classmethod
     def _objective(cls, v: str) -> str:
-        from engine.cost.hardware import check_model_name
+        from engine.cost.cost_models import check_model_name
 
         try:
             return check_model_name(v)
@@ -224,7 +224,7 @@ class LoadedSpec:
 
     def with_objective(self, objective: str, field: str = "--objective") -> LoadedSpec:
         """The same spec with another cost axis (``fractune sweep --objective``), checked like the spec's own."""
-        from engine.cost.hardware import check_model_name
+        from engine.cost.cost_models import check_model_name
 
         check_model_name(objective, field)
         spec = self.spec.model_copy(update={"objective": objective})
@@ -356,7 +356,7 @@ def _check_objective(spec: SweepSpec, base_tree: dict) -> list[tuple[str, object
     """``objective: table:NAME`` needs the base experiment's ``cost.table`` to be the table named NAME."""
     if not spec.objective.startswith("table:"):
         return []
-    from engine.cost.hardware import load_cost_table
+    from engine.cost.cost_models import load_cost_table
 
     path = (base_tree.get("cost") or {}).get("table")
     try:

@@ -178,7 +178,7 @@ def test_light_entry_points_import_no_service_libraries():
     # the engine, and `fractune train`/`cost` (in-process, engine only); and the read side (`pareto`, `report`,
     # `ui`, `results`) pays no Ray import
     stmt = ("import engine, engine.train, engine.config.experiment, engine.data.datasets, engine.cost.bitops, "
-            "engine.models, engine.schedules.progress, engine.dfq.runner, engine.preview, engine.checkpoint, "
+            "engine.models, engine.schedules.curves, engine.dfq.gated_runner, engine.preview, engine.checkpoint, "
             "search_spaces.spec, search_spaces.trial, orchestrator.cli, orchestrator.cli.commands_engine")
     assert _loaded_after(stmt, ("ray", "mlflow", "optuna")) == []
     stmt = ("import results.store, results.runs, results.ablation_analysis, "
@@ -237,15 +237,10 @@ def import_cycles(imports: dict[str, list[tuple[str, bool]]]) -> list[list[str]]
 TYPE_ONLY = {_module(p): _type_only(p) for p in SOURCES}
 
 
-# The one cycle left, a type-only one inside engine/ (``RunLength`` in data/: issue 44, item 4, the engine's
-# side); remove this entry when engine/ no longer has it.
-ENGINE_CYCLE_PENDING = ["engine.config.experiment", "engine.data.datasets", "engine.schedules.progress"]
-
-
 def test_no_import_cycle_among_the_products_modules():
     """No two modules need each other, not even through a late import inside a function or one under
     ``if TYPE_CHECKING:``: each one can be read, tested and moved with what it imports below it."""
-    assert [c for c in import_cycles(IMPORTS) if c != ENGINE_CYCLE_PENDING] == []
+    assert import_cycles(IMPORTS) == []
 
 
 def test_the_service_packages_have_no_cycle_even_type_only():
@@ -260,7 +255,7 @@ def test_the_cycle_check_finds_a_cycle():
 
 # engine/'s layers, lowest first: a module imports only from its own layer or below (docs/architecture.md)
 ENGINE_LAYERS = (
-    {"engine.errors", "engine.safe_yaml", "engine._moved", "engine.metrics"},
+    {"engine.errors", "engine.safe_yaml", "engine.metrics", "engine.run_length"},
     {"engine.numerics"},
     {"engine.models"},
     {"engine.cost"},
@@ -299,7 +294,7 @@ def test_every_engine_module_has_a_layer():
     assert [m for m in IMPORTS if m.startswith("engine") and engine_layer(m) is None] == []
     # the package holds subpackages by concept, few modules loose at its top
     loose = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
-    assert loose == ["__init__.py", "_moved.py", "checkpoint.py", "errors.py", "metrics.py", "preview.py", "safe_yaml.py",
+    assert loose == ["__init__.py", "checkpoint.py", "errors.py", "metrics.py", "preview.py", "run_length.py", "safe_yaml.py",
                      "train.py"]
 
 

@@ -32,7 +32,7 @@ from engine.errors import ConfigError
 from engine.models import is_language_model, unknown_model
 from engine.models.base import LayerMap
 from engine.numerics.precision import Precision
-from engine.schedules.progress import cycles_problem
+from engine.schedules.curves import cycles_problem
 
 MAX_ITERATIONS = 10**9  # a run's iterations (ImageNet, 90 epochs at batch 256: 4.5e5)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
@@ -230,7 +230,7 @@ class InitConfig(Strict):
 
 
 class CostConfig(Strict):
-    """The hardware cost models every run reports (engine/cost/hardware.py; docs/methods.md §10)."""
+    """The hardware cost models every run reports (engine/cost/cost_models.py; docs/methods.md §10)."""
 
     int_widths: tuple[int, ...] = (4, 8, 16, 32)  # the int_units model's integer unit widths
     table: str | None = None  # a user's YAML table (width pair -> cost per MAC), reported as table:NAME
@@ -247,7 +247,7 @@ class CostConfig(Strict):
     def _table(cls, v: str | None) -> str | None:
         if v is None:
             return None
-        from engine.cost.hardware import load_cost_table
+        from engine.cost.cost_models import load_cost_table
 
         path = resolved_path(v)
         try:
@@ -258,18 +258,18 @@ class CostConfig(Strict):
         return path
 
     def models(self):
-        from engine.cost.hardware import build_models, load_cost_table
+        from engine.cost.cost_models import build_models, load_cost_table
 
         return build_models(self.int_widths, load_cost_table(self.table) if self.table else None)
 
 
-SCHEDULES = (FP32Schedule, StaticSchedule, PFQSchedule, CPTSchedule, DFQSchedule, FracTrainSchedule)
+SCHEDULE_CONFIGS = (FP32Schedule, StaticSchedule, PFQSchedule, CPTSchedule, DFQSchedule, FracTrainSchedule)
 Schedule = Annotated[
     FP32Schedule | StaticSchedule | PFQSchedule | CPTSchedule | DFQSchedule | FracTrainSchedule,
     Field(discriminator="kind"),
 ]
 # the kinds whose precision a gate picks, for code that holds a kind's name (a logged row) rather than a config
-GATED_KINDS = tuple(c.model_fields["kind"].default for c in SCHEDULES if c.gated)
+GATED_KINDS = tuple(c.model_fields["kind"].default for c in SCHEDULE_CONFIGS if c.gated)
 
 
 class ExperimentConfig(Strict):

@@ -13,7 +13,7 @@ are not GEMMs and are not counted. The FP32 and FW8/BW8 references of a run use 
 same layer map: FP32 puts every layer at 32/32/32, FW8/BW8 puts every layer the method quantizes at 8/8/8.
 Cost formula: FracTrain supplement / reviews (bit-weighted MACs); Fu et al., CPT (ICLR 2021), GBitOPs.
 
-The same counter prices an iteration under every hardware cost model of ``engine.cost.hardware`` (``costs``:
+The same counter prices an iteration under every hardware cost model of ``engine.cost.cost_models`` (``costs``:
 model name -> cost of a batch), with the same layer map and the same references; ``bitops`` there is this
 module's number, exactly.
 """
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from engine.cost.hardware import CostModel, build_models
+from engine.cost.cost_models import CostModel, build_models
 from engine.models.base import LayerInfo, LayerMap
 from engine.numerics.precision import FP32, Precision
 

@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import DataError
+from engine.run_length import RunLength
 
 if TYPE_CHECKING:  # the config's types name the arguments; engine.config.experiment reads this module's table
-    from engine.config.experiment import DataConfig, SplitConfig
+    from engine.config.experiment import DataConfig, ExperimentConfig, SplitConfig
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -91,20 +92,7 @@ def iterations_per_epoch(cfg: DataConfig, train_size: int | None = None) -> int:
     return math.ceil(n / cfg.batch_size)
 
 
-@dataclass(frozen=True)
-class RunLength:
-    """How long a run is, in optimizer steps: what a schedule may know about the run."""
-
-    total_iterations: int
-    iterations_per_epoch: int
-
-    @property
-    def epochs(self) -> int:
-        """Epochs started (the last one may be partial when ``optim.iterations`` does not divide)."""
-        return math.ceil(self.total_iterations / self.iterations_per_epoch)
-
-
-def run_length(cfg, train_size: int | None = None) -> RunLength:
+def run_length(cfg: ExperimentConfig, train_size: int | None = None) -> RunLength:
     """The one run-length formula: ``optim.iterations`` when set, else ``optim.epochs`` whole epochs. From the
     data set's known size (previews, validation, the orchestrator), or the loaded split's (``train_size``)."""
     ipe = iterations_per_epoch(cfg.data, train_size)

@@ -291,7 +291,7 @@ def tensor(x: torch.Tensor, out: torch.Tensor, noise: torch.Tensor | None, lo: f
 
 def rows(x: torch.Tensor, out: torch.Tensor, noise: torch.Tensor | None, gid: torch.Tensor,
          params: torch.Tensor) -> torch.Tensor:
-    """``autograd._q_rows``'s pass: row r of ``x`` (dim 0) at group ``gid[r]``'s (lo, step, qmax) from ``params``
+    """``quant.quantize_rows``'s host pass: row r of ``x`` (dim 0) at group ``gid[r]``'s (lo, step, qmax) from ``params``
     (groups x 3 float32; qmax 0: copy the row) into ``out``."""
     n = x.shape[0]
     _state["lib"].fq_rows(x.data_ptr(), out.data_ptr(), None if noise is None else noise.data_ptr(), n,

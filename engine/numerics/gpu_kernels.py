@@ -293,7 +293,7 @@ def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def quantize_rows(x: torch.Tensor, gid: torch.Tensor, qmax: torch.Tensor, lo, hi, stochastic: bool) -> torch.Tensor:
-    """``autograd._q_rows_device`` in one or two kernels (``qmax``: per-row levels, 0 for a 32-bit row)."""
+    """``quant.Triton.rows`` in one or two kernels (``qmax``: per-row levels, 0 for a 32-bit row)."""
     if lo is not None:
         lo, hi = lo.reshape(()), hi.reshape(())
     return _eager(quant_rows_op, _quant_rows_impl)(x.detach(), gid, qmax, lo, hi, _seed(x, stochastic)).view(x.shape)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ConfigError
-from engine.numerics import autograd, gpu_kernels, quant
+from engine.numerics import autograd, quant
 from engine.numerics.precision import FP32, FULL_BITS, MixedPrecision, Precision
 
 ROLES = ("stem", "body", "depthwise", "head", "fc", "attn")
@@ -82,14 +82,15 @@ class _Quantized:
     def _act_range(self, x: torch.Tensor, bits: int, suffix: str = "", observed: bool = True) -> tuple | None:
         """(lo, hi) for the input quantizer: the batch range in train mode (updating the running range),
         the running range in eval mode; Python floats, or 0-d tensors on an accelerator (``quant.tensor_range``).
-        ``suffix`` names another pair of buffers (QMatmul's second operand). In train mode with the GPU kernels
-        (``observed``): an ``autograd.Observed`` that the quantizer takes the range and updates the EMA with."""
+        ``suffix`` names another pair of buffers (QMatmul's second operand). In train mode where the quantizer's
+        backend ``observes`` (the GPU kernels; ``observed``): an ``autograd.Observed`` that the quantizer takes the
+        range and updates the EMA with."""
         if bits >= FULL_BITS:
             return None
         if self.training and _frozen_ranges.on:  # a forward-only probe: the batch range, the EMA untouched
             return quant.tensor_range(x)
         run_lo, run_range = getattr(self, "run_lo" + suffix), getattr(self, "run_range" + suffix)
-        if self.training and observed and gpu_kernels.usable(x):
+        if self.training and observed and quant.backend_for(x).observes:
             return autograd.Observed((run_lo, run_range, self.act_momentum))
         if self.training:
             lo, hi = quant.tensor_range(x)
@@ -103,10 +104,13 @@ class _Quantized:
         lo = float(run_lo)
         return lo, lo + float(run_range)
 
-    def _mixed_range(self, x: torch.Tensor, prec: MixedPrecision, suffix: str = "") -> tuple[float, float] | None:
-        """One activation range for every group of a mixed-precision batch (as every option of masked
-        execution sees the whole batch's range); the running range is updated once."""
-        return self._act_range(x, min(p.act for _, _, p in prec.groups), suffix, observed=False)
+    def _input_range(self, x: torch.Tensor, prec: Precision | MixedPrecision, suffix: str = "") -> tuple | None:
+        """The input quantizer's range at ``prec``: ``_act_range`` at its FW bits; at a ``MixedPrecision``, one
+        activation range for every group of the batch (as every option of masked execution sees the whole
+        batch's range), the running range updated once."""
+        if isinstance(prec, MixedPrecision):
+            return self._act_range(x, min(p.act for _, _, p in prec.groups), suffix, observed=False)
+        return self._act_range(x, prec.act, suffix)
 
     def _check(self, prec: Precision | MixedPrecision) -> None:
         if prec.skip:
@@ -125,11 +129,8 @@ class QConv2d(_Quantized, nn.Conv2d):
         self._check(prec)
         if prec.is_fp32:
             return self._conv_forward(x, self.weight, self.bias)
-        if isinstance(prec, MixedPrecision):
-            return autograd.qconv2d_mixed(x, self.weight, self.bias, prec.groups, self._mixed_range(x, prec),
-                                          prec.weight, self.stride, self.padding, self.dilation, self.groups)
-        return autograd.qconv2d(x, self.weight, self.bias, prec.act, self._act_range(x, prec.act), prec.weight,
-                                prec.grad, self.stride, self.padding, self.dilation, self.groups)
+        return autograd.qconv2d(x, self.weight, self.bias, prec, self._input_range(x, prec), self.stride,
+                                self.padding, self.dilation, self.groups)
 
 
 class QLinear(_Quantized, nn.Linear):
@@ -141,11 +142,7 @@ class QLinear(_Quantized, nn.Linear):
         self._check(prec)
         if prec.is_fp32:
             return F.linear(x, self.weight, self.bias)
-        if isinstance(prec, MixedPrecision):
-            return autograd.qlinear_mixed(x, self.weight, self.bias, prec.groups, self._mixed_range(x, prec),
-                                          prec.weight)
-        return autograd.qlinear(x, self.weight, self.bias, prec.act, self._act_range(x, prec.act), prec.weight,
-                                prec.grad)
+        return autograd.qlinear(x, self.weight, self.bias, prec, self._input_range(x, prec))
 
 
 class QMatmul(_Quantized, nn.Module):
@@ -165,11 +162,7 @@ class QMatmul(_Quantized, nn.Module):
         self._check(prec)
         if prec.is_fp32:
             return torch.matmul(a, b)
-        if isinstance(prec, MixedPrecision):  # DFQ's routed execution: rows (dim 0) grouped by option
-            return autograd.qmatmul_mixed(a, b, prec.groups, self._mixed_range(a, prec),
-                                          self._mixed_range(b, prec, "_b"))
-        return autograd.qmatmul(a, b, prec.act, self._act_range(a, prec.act), self._act_range(b, prec.act, "_b"),
-                                prec.grad)
+        return autograd.qmatmul(a, b, prec, self._input_range(a, prec), self._input_range(b, prec, "_b"))
 
 
 def quantized_layers(model: nn.Module) -> list[tuple[str, _Quantized]]:

@@ -1,82 +1,153 @@
-"""The quantization math (docs/methods.md §1): small pure functions on tensors.
+"""The quantizers (docs/methods.md §1): one per kind of tensor, and the one place a backend is picked for a tensor.
 
-Asymmetric min/max affine quantization, simulated ("fake quant": quantize then dequantize):
+The kinds: ``quantize_tensor`` (per tensor over its own min/max: activations in train mode, gradients with
+stochastic rounding), ``quantize`` (per tensor over a given range: an activation over its layer's range),
+``quantize_weight`` (per output channel, nearest) and ``quantize_rows`` (the row groups of a mixed-precision
+batch, each at its own bits: DFQ's routed execution). Each asks ``backend_for`` which backend runs it:
 
-    qmax = 2^b - 1,  s = max((hi - lo) / qmax, 1e-8),  u = (x - lo) / s
-    u <- u + n,  n ~ U(-0.5, 0.5)    (stochastic rounding only)
-    u <- round(clamp(u, 0, qmax))    (clamp first, then round half-to-even, as the reference)
-    x_q = u * s + lo
+* ``TRITON``: ``gpu_kernels.py``'s Triton kernels, for a CUDA float32 tensor (methods.md §1, "GPU kernels");
+* ``FUSED``: ``fused.py``'s C kernels, for a contiguous float32 CPU tensor over a range on the host (methods.md
+  §1, "Fused kernels");
+* ``TORCH``: the torch passes of ``passes.py`` (the reference arithmetic), everywhere else.
 
-``lo`` acts as the zero point, so 0 is generally not exactly representable (reference behaviour).
-Ranges: weights per output channel, activations and gradients per tensor (methods.md §1).
-Per-tensor ranges are Python floats on the CPU and every op after the first works in place on one buffer
-(fresh, or scratch where the result is consumed at once): the overhead of quantized training is a handful of
-memory passes per layer, not a graph of small ops; where ``engine/numerics/fused.py``'s kernels are loaded, each chain is
-one C pass with the same float operations (and the noise the same draw of torch's generator), so the results do
-not depend on whether they are (methods.md §1, "Fused kernels"). On an accelerator the per-tensor ranges stay 0-d
+All three give the same bits (nearest rounding everywhere; stochastic rounding the same draw of torch's
+generator on the CPU, a Philox key drawn from it on a GPU). On an accelerator the per-tensor ranges stay 0-d
 tensors on the device (``ranges_on_device``): a Python float would make the host wait for the device at every
-quantized tensor, and a GPU step of a small network is bound by how fast the host issues its kernels (methods.md §1, "Devices").
-On a CUDA device each quantizer is ``engine/numerics/gpu_kernels.py``'s Triton kernel, the device form's arithmetic in one
-kernel (two where the range is the tensor's own; methods.md §1, "GPU kernels").
+quantized tensor, and a GPU step of a small network is bound by how fast the host issues its kernels
+(methods.md §1, "Devices").
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.numerics import fused, gpu_kernels, scratch
+from engine.numerics import fused, gpu_kernels, passes
 from engine.numerics.affine import NOISE_LEVELS, STEP_FLOOR, levels, tensor_step  # noqa: F401  (quant's public names)
+from engine.numerics.passes import channel_range, noise_words, uniform_noise  # noqa: F401  (quant's public names)
+from engine.numerics.precision import FULL_BITS
+
+
+class TorchPasses:
+    """The torch passes (``passes.py``): any device, dtype and layout, and inside a step being compiled."""
+
+    name = "torch"
+    observes = False  # whether ``observe`` takes a layer's batch range and updates its running range in one op
+
+    def ranges_on_device(self, x: torch.Tensor) -> bool:
+        return x.device.type != "cpu" or torch.compiler.is_compiling()
+
+    def range(self, x: torch.Tensor):
+        return passes.tensor_range(x, self.ranges_on_device(x))
+
+    def tensor(self, x, bits: int, lo, hi, stochastic: bool, out: torch.Tensor | None) -> torch.Tensor:
+        return passes.quantize(x, bits, lo, hi, stochastic=stochastic, out=out)
+
+    def own(self, x: torch.Tensor, bits: int, stochastic: bool, out: torch.Tensor | None) -> torch.Tensor:
+        lo, hi = self.range(x)
+        return self.tensor(x, bits, lo, hi, stochastic, out)
+
+    def channel(self, w: torch.Tensor, bits: int) -> torch.Tensor:
+        lo, hi = passes.channel_range(w)
+        return passes.quantize(w, bits, lo, hi)
+
+    def row_range(self, rows: torch.Tensor) -> tuple[list[float], list[float]]:
+        return rows.amin(1).tolist(), rows.amax(1).tolist()  # two passes: aminmax(dim=1) is far slower
+
+    def row_pass(self, rows, gid, table, x, groups, bits, stochastic, out) -> torch.Tensor:
+        return passes.rows_host(rows, gid, table, x, groups, bits, stochastic, out)
+
+    def rows(self, x, groups, sizes, gid, bits, lo, hi, stochastic: bool, out: torch.Tensor) -> torch.Tensor:
+        if self.ranges_on_device(x):
+            return passes.rows_device(x, groups, sizes, gid, bits, lo, hi, stochastic, out)
+        rows = x.reshape(x.shape[0], -1)
+        if lo is None:  # each group's own (lo, hi): per-row min/max, reduced per group on the host (one read)
+            row_lo, row_hi = self.row_range(rows)
+            ranges = [(min(row_lo[s:e]), max(row_hi[s:e])) for s, e, _ in groups]
+        else:
+            ranges = [(lo, hi)] * len(groups)
+        return self.row_pass(rows, gid, passes.group_table(bits, ranges, x.dtype), x, groups, bits, stochastic, out)
+
+
+class FusedC(TorchPasses):
+    """``fused.py``'s C kernels: each chain one pass over a contiguous float32 CPU tensor, a range on the host."""
+
+    name = "fused"
+
+    def ranges_on_device(self, x: torch.Tensor) -> bool:
+        return False
+
+    def range(self, x: torch.Tensor):
+        return fused.minmax(x.detach()) if x.numel() else super().range(x)
+
+    def tensor(self, x, bits: int, lo, hi, stochastic: bool, out: torch.Tensor | None) -> torch.Tensor:
+        step = tensor_step(bits, lo, hi)
+        words = passes.noise_words(x, reuse=True) if stochastic else None
+        return fused.tensor(x.detach(), torch.empty_like(x) if out is None else out, words, lo, step, float(levels(bits)))
+
+    def row_range(self, rows: torch.Tensor) -> tuple[list[float], list[float]]:
+        return fused.row_range(rows)
+
+    def row_pass(self, rows, gid, table, x, groups, bits, stochastic, out) -> torch.Tensor:
+        return fused.rows(rows, out, passes.noise_words(out, reuse=True) if stochastic else None, gid, table)
+
+
+class Triton(TorchPasses):
+    """``gpu_kernels.py``'s Triton kernels: a CUDA float32 tensor (a CPU one inside ``gpu_kernels.on_cpu()``), its
+    ranges 0-d tensors on the device."""
+
+    name = "triton"
+    observes = True
+
+    def ranges_on_device(self, x: torch.Tensor) -> bool:
+        return True
+
+    def tensor(self, x, bits: int, lo, hi, stochastic: bool, out: torch.Tensor | None) -> torch.Tensor:
+        return gpu_kernels.quantize(x, bits, lo, hi, stochastic)  # the whole chain in one kernel, same bits
+
+    def own(self, x: torch.Tensor, bits: int, stochastic: bool, out: torch.Tensor | None) -> torch.Tensor:
+        return gpu_kernels.quantize_tensor(x, bits, stochastic)
+
+    def channel(self, w: torch.Tensor, bits: int) -> torch.Tensor:
+        return gpu_kernels.quantize_weight(w, bits)
+
+    def observe(self, x: torch.Tensor, bits: int, run_lo: torch.Tensor, run_range: torch.Tensor, momentum: float
+                ) -> torch.Tensor:
+        return gpu_kernels.quantize_observed(x, bits, run_lo, run_range, momentum)
+
+    def rows(self, x, groups, sizes, gid, bits, lo, hi, stochastic: bool, out: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > gpu_kernels.MAX_ROWS:  # more rows than a program reads: the torch passes on the device
+            return super().rows(x, groups, sizes, gid, bits, lo, hi, stochastic, out)
+        levels_r = passes.row_levels(groups, sizes, bits, x, full=0)  # a 32-bit row: 0 levels, copied by the kernel
+        return gpu_kernels.quantize_rows(x, gid, levels_r, lo, hi, stochastic)  # in place of ``out``
+
+
+TORCH, FUSED, TRITON = TorchPasses(), FusedC(), Triton()
+
+
+def backend_for(x: torch.Tensor, out: torch.Tensor | None = None, lo=None) -> TorchPasses:
+    """The one place a quantizer's backend is picked: for ``x`` (its result into ``out``), over ``lo``'s kind of
+    range (None: the tensor's own; a Python float: a range on the host; a 0-d tensor: one on the device; a
+    larger tensor: per channel)."""
+    if isinstance(lo, torch.Tensor) and lo.numel() != 1:
+        return TORCH  # per-channel ranges: only the torch passes take them
+    on_host = lo is not None and not isinstance(lo, torch.Tensor)
+    if not on_host and gpu_kernels.usable(x):
+        return TRITON
+    if not isinstance(lo, torch.Tensor) and fused.usable(x, out):
+        return FUSED
+    return TORCH
 
 
 def ranges_on_device(x: torch.Tensor) -> bool:
     """Whether ``x``'s per-tensor ranges stay 0-d tensors on its device (an accelerator) instead of Python
     floats (the CPU): reading a float from a GPU waits for every kernel queued before it, and a step being
     compiled (``torch.compile``, methods.md §1 "Captured steps") keeps every value in its graph."""
-    return x.device.type != "cpu" or gpu_kernels.usable(x) or torch.compiler.is_compiling()
+    return backend_for(x).ranges_on_device(x)
 
 
 def tensor_range(x: torch.Tensor) -> tuple[float, float] | tuple[torch.Tensor, torch.Tensor]:
     """Global (lo, hi) of a tensor (one pass): Python floats, or 0-d tensors where ``ranges_on_device``."""
-    if not ranges_on_device(x) and x.numel() and fused.usable(x):
-        return fused.minmax(x.detach())
-    lo, hi = torch.aminmax(x.detach())
-    if ranges_on_device(x):
-        return lo, hi
-    return float(lo), float(hi)
-
-
-def channel_range(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-channel (lo, hi) of a weight of shape (C_out, ...), shaped (C_out, 1, ..., 1)."""
-    lo, hi = torch.aminmax(w.detach().reshape(w.shape[0], -1), dim=1)
-    shape = (w.shape[0],) + (1,) * (w.dim() - 1)
-    return lo.reshape(shape), hi.reshape(shape)
-
-
-def noise_words(like: torch.Tensor, reuse: bool = False) -> torch.Tensor:
-    """Integers v uniform on [-2^15, 2^15), shaped like ``like``: n = (v + 0.5) / 2^16 ~ U(-0.5, 0.5).
-
-    On CPU torch's only generator (mt19937) costs ~4.5 ns per float32 and dominated the overhead of
-    quantized training; one 64-bit draw here feeds four 16-bit values. The noise is symmetric with 65536
-    levels, so rounding stays unbiased to within 2^-17 of a quantization step.
-    ``reuse``: draw into a per-thread scratch buffer (CPU only), for callers that consume the words at once.
-    The full 64-bit range (``to=None``) is a plain mt19937 draw; an explicit ``to`` costs a 64-bit modulo.
-    """
-    n = like.numel()
-    if torch.compiler.is_compiling():  # in a graph: an out-of-place draw (the compiler has its own generator)
-        return torch.randint(-(2**15), 2**15, like.shape, dtype=torch.int16, device=like.device)
-    words = scratch.buffer("noise", ((n + 3) // 4,), torch.int64, like.device) if reuse else None
-    if words is None:
-        words = torch.empty((n + 3) // 4, dtype=torch.int64, device=like.device)
-    if like.device.type == "cpu" and fused.usable():
-        fused.random_words(words)  # the same draw, stepped in C (methods.md §1, "Fused kernels")
-    else:
-        words.random_(-(2**63), None)
-    return words.view(torch.int16)[:n].view(like.shape)
-
-
-def uniform_noise(like: torch.Tensor) -> torch.Tensor:
-    """Float noise ~ U(-0.5, 0.5) at the resolution ``quantize`` uses (for tests and analysis)."""
-    return noise_words(like).to(torch.float32).add_(0.5).div_(NOISE_LEVELS)
+    return backend_for(x).range(x)
 
 
 def quantize(
@@ -95,41 +166,44 @@ def quantize(
     reproducible; otherwise 16-bit noise is drawn from torch's global generator (``noise_words``).
     ``out``: a contiguous float buffer shaped like x to write the result into (e.g. a scratch buffer).
     """
-    qmax = levels(bits)
-    drawn = stochastic and noise is None
-    if noise is None and isinstance(lo, torch.Tensor) and lo.numel() == 1 and gpu_kernels.usable(x):
-        return gpu_kernels.quantize(x, bits, lo, hi, stochastic)  # the whole chain in one kernel, same bits
-    if isinstance(lo, torch.Tensor):  # per-channel ranges (weights: small tensors), or a range on the device
-        step = ((hi - lo) / qmax).clamp_min(STEP_FLOOR)
-    else:  # per-tensor range on the host: the device form's step and passes, with Python floats (same bits)
-        step = tensor_step(bits, lo, hi, double=x.dtype == torch.float64)
-        if (noise is None or not stochastic) and fused.usable(x, out):  # the whole chain in one pass, same bits
-            words = noise_words(x, reuse=True) if drawn else None
-            return fused.tensor(x.detach(), torch.empty_like(x) if out is None else out, words, lo, step,
-                                float(qmax))
-    # u = (x - lo) / s, a subtraction then an IEEE division, as the reference and the GPU kernels compute it:
-    # x * (1/s) - lo/s rounds differently and can put a value next to a half-level on the other side of it
-    u = torch.sub(x.detach(), lo, out=out).div_(step)
-    if noise is not None and stochastic:
-        u.add_(noise)
-    elif drawn:  # n = (v + 0.5) / 2^16, added without materialising a float noise tensor
-        u.add_(0.5 / NOISE_LEVELS).add_(noise_words(u, reuse=True), alpha=1.0 / NOISE_LEVELS)
-    u.clamp_(0, qmax).round_()
-    return u.mul_(step).add_(lo)  # u * s + lo: a multiply, then an add (no fused multiply-add), as on a GPU
+    if noise is not None and stochastic:  # a caller's noise: only the torch passes take it
+        return passes.quantize(x, bits, lo, hi, stochastic, noise, out)
+    return backend_for(x, out, lo).tensor(x, bits, lo, hi, stochastic, out)
 
 
 def quantize_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
     """Weights: per output channel, nearest rounding, range taken fresh at every call (1.2)."""
-    if gpu_kernels.usable(w):
-        return gpu_kernels.quantize_weight(w, bits)
-    lo, hi = channel_range(w)
-    return quantize(w, bits, lo, hi)
+    return backend_for(w).channel(w, bits)
 
 
 def quantize_tensor(x: torch.Tensor, bits: int, stochastic: bool = False, out: torch.Tensor | None = None
                     ) -> torch.Tensor:
     """Per-tensor min/max quantization (activations in train mode, gradients in backward)."""
-    if gpu_kernels.usable(x):
-        return gpu_kernels.quantize_tensor(x, bits, stochastic)
-    lo, hi = tensor_range(x)
-    return quantize(x, bits, lo, hi, stochastic=stochastic, out=out)
+    return backend_for(x, out).own(x, bits, stochastic, out)
+
+
+def quantize_observed(x: torch.Tensor, bits: int, run_lo: torch.Tensor, run_range: torch.Tensor, momentum: float
+                      ) -> torch.Tensor:
+    """A layer's activation quantizer in training where the backend ``observes``: x over its own range, the
+    layer's running range updated in the same op."""
+    return TRITON.observe(x, bits, run_lo, run_range, momentum)
+
+
+def quantize_rows(x: torch.Tensor, groups, bits_of, lo, hi, stochastic: bool, out: torch.Tensor) -> torch.Tensor:
+    """Quantize the row groups of ``x`` (samples along dim 0) at each group's bits (``bits_of(precision)``) into
+    ``out``: over the given range (activations: one range for the whole batch), or each group's own (errors).
+
+    Each group gets ``quantize``'s per-tensor arithmetic at its bits over its range (methods.md §1), the same
+    bits, but all groups share one set of whole-tensor passes with per-row lo, step and level count: the number
+    of passes does not grow with the number of groups (a routed batch has up to one group per option)."""
+    sizes, gid = passes.layout(groups, len(x), x.device)  # checks that the groups tile the batch
+    bits = [bits_of(prec) for _, _, prec in groups]
+    if len(groups) == 1:  # one group: the plain per-tensor quantizer
+        if bits[0] >= FULL_BITS:
+            return out.copy_(x)
+        if lo is None:
+            return quantize_tensor(x, bits[0], stochastic=stochastic, out=out)
+        return quantize(x, bits[0], lo, hi, stochastic=stochastic, out=out)
+    if all(b >= FULL_BITS for b in bits):
+        return out.copy_(x)
+    return backend_for(x, out).rows(x, groups, sizes, gid, bits, lo, hi, stochastic, out)

@@ -1,6 +1,2 @@
 """Precision schedules as functions of training progress: static, PFQ and its loss indicator, CPT and its
 precision range test, the runner of one iteration, and the preview (docs/methods.md §4, §5)."""
-
-from engine._moved import package_getattr
-
-__getattr__ = package_getattr(__name__)  # the old module engine.schedules's names, with a DeprecationWarning

@@ -1,4 +1,4 @@
-"""The engine's public API (``from engine import ...``) and its old module paths, which still import."""
+"""The engine's public API (``from engine import ...``) and its subpackages' plain re-exports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import warnings
 import pytest
 
 import engine
-from engine import _moved
 from tests.conftest import ROOT
 
 
@@ -24,33 +23,20 @@ def test_every_public_name_resolves_to_its_module():
 def test_importing_engine_loads_no_module_of_the_api():
     code = "import sys, engine; print(sorted(m for m in sys.modules if m.startswith(('engine.', 'torch'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert out.stdout.strip() == "['engine._moved']"
+    assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("old", sorted(_moved.MOVED))
-def test_an_old_module_path_is_the_new_module_with_a_warning(old):
-    code = (f"import warnings, importlib; warnings.simplefilter('error', DeprecationWarning)\n"
-            f"try:\n    importlib.import_module({old!r})\nexcept DeprecationWarning as w:\n    print(w)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert out.stdout.strip() == f"{old} moved to {_moved.MOVED[old]}; import it from there"
+def test_the_config_package_exports_its_entry_points_without_a_warning():
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        module = __import__(old, fromlist=["_"])
-    new = sys.modules[_moved.MOVED[old]]
-    assert module is new and module.__spec__.name == new.__name__
+        warnings.simplefilter("error")
+        from engine.config import ExperimentConfig, load_config, parse_config
+    from engine.config import experiment
+
+    assert (ExperimentConfig, load_config, parse_config) == (
+        experiment.ExperimentConfig, experiment.load_config, experiment.parse_config)
 
 
-@pytest.mark.parametrize("package", sorted(_moved.BECAME_PACKAGE))
-def test_an_old_modules_names_are_found_in_its_package(package):
-    target = __import__(_moved.BECAME_PACKAGE[package], fromlist=["_"])
-    name = next(n for n, v in vars(target).items() if not n.startswith("_") and getattr(v, "__module__", "") ==
-                target.__name__)
-    code = (f"import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-            f"try:\n    from {package} import {name}\nexcept DeprecationWarning as w:\n    print(w)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert out.stdout.strip() == (f"{package}.{name} moved to {target.__name__}.{name}; import it from there")
-    with pytest.raises(AttributeError, match="has no attribute 'nonesuch'"):
-        sys.modules[package].nonesuch  # noqa: B018
-    # what the new module imports is not the old module's: torch.compile probes packages for ``torch``
-    with pytest.raises(AttributeError, match="has no attribute 'torch'"):
-        sys.modules[package].torch  # noqa: B018
+def test_no_old_module_path_imports():
+    for old in ("engine.quant", "engine.layers", "engine.runners", "engine.cost_models"):
+        with pytest.raises(ModuleNotFoundError):
+            __import__(old)

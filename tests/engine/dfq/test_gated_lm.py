@@ -14,14 +14,14 @@ from engine.config.experiment import parse_config
 from engine.cost.bitops import BitOpsCounter
 from engine.dfq.gate import gated_cp, normalised_cost, option_kappa
 from engine.dfq.gated import GatedModel
-from engine.dfq.runner import BlockCosts
+from engine.dfq.gated_runner import BlockCosts
 from engine.errors import ConfigError
 from engine.models import LayerMap, build_model
 from engine.numerics import autograd, quant
 from engine.numerics.layers import QMatmul
 from engine.numerics.precision import FP32, SKIP, MixedPrecision, Precision
 from engine.train import train_and_evaluate
-from tests.engine.test_transformer import lm_config, write_wikitext
+from tests.engine.models.test_transformer import lm_config, write_wikitext
 
 OPTS = [SKIP, Precision.fwbw(3, 6, 4), Precision.fwbw(4, 8, 4), Precision.fwbw(6, 12, 4)]
 V, T = 40, 9
@@ -137,13 +137,13 @@ def test_qmatmul_at_mixed_precision_quantizes_each_sequence_at_its_bits():
     ra, rb = quant.tensor_range(a0), quant.tensor_range(b0)
     g = torch.randn(5, 2, 6, 6)
     a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
-    y = autograd.qmatmul_mixed(a, b, groups, ra, rb)
+    y = autograd.qmatmul(a, b, MixedPrecision(groups, weight=32), ra, rb)
     torch.manual_seed(9)
     y.backward(g)
     torch.manual_seed(9)
     for s, e, p in groups:  # the reference, group by group in the same order (the same noise draws)
         a1, b1 = a0[s:e].clone().requires_grad_(), b0[s:e].clone().requires_grad_()
-        y1 = autograd.qmatmul(a1, b1, p.act, ra, rb, p.grad)
+        y1 = autograd.qmatmul(a1, b1, p, ra, rb)
         assert torch.allclose(y[s:e], y1, atol=1e-6)
         assert torch.allclose(y1, quant.quantize(a0[s:e], p.act, *ra) @ quant.quantize(b0[s:e], p.act, *rb),
                               atol=1e-6)

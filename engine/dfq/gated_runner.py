@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from engine.cost.bitops import BitOpsCounter, layer_cost
-from engine.data.datasets import RunLength
 from engine.dfq.basis import build_bases
 from engine.dfq.controller import PRICE_LIMIT, build_controller
 from engine.dfq.gate import cost_per_sample
 from engine.dfq.gated import GatedModel
 from engine.numerics.precision import FP32, Precision
+from engine.run_length import RunLength
 from engine.schedules.indicator import Staging
-from engine.schedules.runner import sgd_step
+from engine.schedules.static_runner import sgd_step
 
 
 class BlockCosts:

@@ -2,7 +2,7 @@
 
 A runtime schedule answers ``precision(iteration)`` before every optimizer step and ``observe``s the loss
 after it. Static, manual PFQ and CPT are pure functions of the iteration; auto PFQ asks the one stateful
-piece, ``LossIndicator``, whose state travels in every checkpoint. ``SCHEDULES[kind]`` builds the runtime
+piece, ``LossIndicator``, whose state travels in every checkpoint. ``SCHEDULE_BUILDERS[kind]`` builds the runtime
 schedule from its config section (the keys are the config union's ``kind`` values). ``events`` records
 every stage switch (turning points, manual switches, forced final stages).
 """
@@ -12,11 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from engine.data.datasets import RunLength
 from engine.errors import ConfigError
 from engine.numerics.precision import FP32, Precision
+from engine.run_length import RunLength
 from engine.schedules.indicator import Staging
+
+if TYPE_CHECKING:  # the config's schedule sections name the arguments; engine.config imports this module
+    from engine.config.schedule import CPTSchedule, FP32Schedule, PFQSchedule, StaticSchedule
 
 
 class RunSchedule:
@@ -46,7 +50,7 @@ class RunSchedule:
 class ManualPFQ(RunSchedule):
     """PFQ with stages switched at fixed fractions of the run (the supplement's manual PFQ)."""
 
-    def __init__(self, cfg, run: RunLength):
+    def __init__(self, cfg: PFQSchedule, run: RunLength):
         super().__init__(cfg.stage_precision(0))
         self.cfg = cfg
         n = len(cfg.fw)
@@ -72,7 +76,7 @@ class AutoPFQ(RunSchedule):
     """PFQ driven by the loss indicator's staging (methods.md §4.2-4.3); ``force_final_at`` optionally
     guarantees the last stage."""
 
-    def __init__(self, cfg, run: RunLength):  # noqa: D107  (no super().__init__: events live in the staging)
+    def __init__(self, cfg: PFQSchedule, run: RunLength):  # noqa: D107  (no super().__init__: events live in the staging)
         self._prec, self.cfg = cfg.stage_precision(0), cfg
         self.staging = Staging(cfg, cfg.turning_points, run, lambda st: _bits(cfg.stage_precision(st)))
 
@@ -124,7 +128,7 @@ def cycles_problem(num_cycles: int, total_iterations: int) -> tuple[str, object,
 
 
 class CPT(RunSchedule):
-    def __init__(self, cfg, run: RunLength, fw_min: int | None = None):
+    def __init__(self, cfg: CPTSchedule, run: RunLength, fw_min: int | None = None):
         fw_min = cfg.fw_min if fw_min is None else fw_min
         if fw_min == "auto":
             raise ConfigError.single("schedule.fw_min", "auto", "resolved by the precision range test before "
@@ -157,39 +161,39 @@ def _event(iteration: int, stage: int, prec: Precision, reason: str) -> dict:
     return {"iteration": iteration, "stage": stage, **_bits(prec), "reason": reason}
 
 
-SCHEDULES: dict[str, Callable[..., RunSchedule]] = {}
+SCHEDULE_BUILDERS: dict[str, Callable[..., RunSchedule]] = {}
 
 
 def register_schedule(kind: str):
     def deco(fn):
-        SCHEDULES[kind] = fn
+        SCHEDULE_BUILDERS[kind] = fn
         return fn
 
     return deco
 
 
 @register_schedule("fp32")
-def _fp32(cfg, run: RunLength, **_) -> RunSchedule:
+def _fp32(cfg: FP32Schedule, run: RunLength, **_) -> RunSchedule:
     return RunSchedule(FP32)
 
 
 @register_schedule("static")
-def _static(cfg, run: RunLength, **_) -> RunSchedule:
+def _static(cfg: StaticSchedule, run: RunLength, **_) -> RunSchedule:
     return RunSchedule(cfg.precision())
 
 
 @register_schedule("pfq")
-def _pfq(cfg, run: RunLength, **_) -> RunSchedule:
+def _pfq(cfg: PFQSchedule, run: RunLength, **_) -> RunSchedule:
     return ManualPFQ(cfg, run) if cfg.mode == "manual" else AutoPFQ(cfg, run)
 
 
 @register_schedule("cpt")
-def _cpt(cfg, run: RunLength, fw_min: int | None = None, **_) -> RunSchedule:
+def _cpt(cfg: CPTSchedule, run: RunLength, fw_min: int | None = None, **_) -> RunSchedule:
     return CPT(cfg, run, fw_min)
 
 
-def build_schedule(cfg, run: RunLength, **resolved) -> RunSchedule:
-    return SCHEDULES[cfg.kind](cfg, run, **resolved)
+def build_schedule(cfg: FP32Schedule | StaticSchedule | PFQSchedule | CPTSchedule, run: RunLength, **resolved) -> RunSchedule:
+    return SCHEDULE_BUILDERS[cfg.kind](cfg, run, **resolved)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Hardware cost models by hand (engine/cost/hardware.py; docs/methods.md §10)."""
+"""Hardware cost models by hand (engine/cost/cost_models.py; docs/methods.md §10)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from engine.config.experiment import parse_config
 from engine.cost.bitops import BitOpsCounter, CostTotals
-from engine.cost.hardware import (
+from engine.cost.cost_models import (
     FP32_MAC_PJ,
     build_models,
     energy_mac_pj,
@@ -22,7 +22,7 @@ from engine.errors import ConfigError
 from engine.models import LayerMap, build_model
 from engine.models.base import LayerInfo
 from engine.numerics.precision import FP32, SKIP, Precision
-from engine.schedules.progress import cyclic_bits
+from engine.schedules.curves import cyclic_bits
 
 # the CIFAR stem: 3x3 conv 3->16 on 32x32, stride 1, pad 1
 CONV = LayerInfo("conv", "body", 0, 442_368, weights=432, inputs=3072, outputs=16_384)

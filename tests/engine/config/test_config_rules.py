@@ -18,7 +18,7 @@ from engine.dfq import gated
 from engine.errors import ConfigError
 from engine.models import build_model
 from engine.numerics.precision import SKIP, Precision
-from engine.schedules.progress import CPT
+from engine.schedules.curves import CPT
 from search_spaces.spec import parse_spec
 from tests.conftest import ROOT, run_main
 
@@ -85,7 +85,7 @@ def test_bit_widths_model_names_and_seeds_are_one_rule_each():
 
 
 def test_a_spec_objective_and_an_objective_flag_share_one_rule():
-    from engine.cost.hardware import check_model_name
+    from engine.cost.cost_models import check_model_name
 
     for bad in ("nosuch", "table:"):
         with pytest.raises(ConfigError) as info:
@@ -106,11 +106,11 @@ def test_fractune_cost_flags_are_checked_by_the_config_rules(capsys):
 ONE_PLACE = [
     (r"MIN_BITS\s*<=", "engine/numerics/precision.py"),
     (r"\bin MODELS\b", "engine/models/__init__.py"),
-    (r"num_cycles\s*>", "engine/schedules/progress.py"),
+    (r"num_cycles\s*>", "engine/schedules/curves.py"),
     (r"2\s*\*\*\s*31\s*-\s*1", "engine/config/types.py"),
     (r"execution\s*!=\s*\"masked\"", "engine/config/schedule.py"),
     (r"\bis_text\b\s*[!=]=|[!=]=\s*\w*is_text\b", "engine/config/experiment.py"),
-    (r"MODEL_NAMES\s+and|not in MODEL_NAMES|not in allowed and", "engine/cost/hardware.py"),
+    (r"MODEL_NAMES\s+and|not in MODEL_NAMES|not in allowed and", "engine/cost/cost_models.py"),
 ]
 CHECKED = ("engine", "search_spaces", "orchestrator")
 

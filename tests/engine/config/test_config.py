@@ -99,10 +99,10 @@ def test_engine_compile_takes_its_modes_and_refuses_gated_kinds():
 
 
 def test_each_schedule_kind_names_itself_and_says_whether_it_is_gated():
-    from engine.config.experiment import GATED_KINDS, SCHEDULES
+    from engine.config.experiment import GATED_KINDS, SCHEDULE_CONFIGS
 
     labels = {}
-    for cls in SCHEDULES:
+    for cls in SCHEDULE_CONFIGS:
         kind = cls.model_fields["kind"].default
         cfg = parse_config({"schedule": {"kind": kind}})
         assert cfg.schedule.gated == (kind in ("dfq", "fractrain")) == cfg.gated

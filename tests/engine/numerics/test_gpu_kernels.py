@@ -15,10 +15,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are firs
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from engine.numerics import autograd, gpu_kernels, quant  # noqa: E402
+from engine.numerics import gpu_kernels, passes, quant  # noqa: E402
 from engine.numerics.layers import QConv2d, QLinear  # noqa: E402
 from engine.numerics.precision import FP32, MixedPrecision, Precision  # noqa: E402
-from engine.schedules.runner import compiled, make_step  # noqa: E402
+from engine.schedules.static_runner import compiled, make_step  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gpu_kernels.interpreting() or gpu_kernels._triton_version() is None,
@@ -86,12 +86,13 @@ GROUPS = ((0, 3, Precision.fwbw(4, 8)), (3, 4, Precision.fwbw(32, 32)), (4, 9, P
 def test_the_row_quantizer_gives_the_torch_passes_bits(ranged):
     """Groups of rows at different bits (32 bits: copied), over one range for all or each group's own."""
     x = _sample((13, 3, 5, 5), 3)
-    sizes, gid = autograd._layout(GROUPS, 13, x.device)
+    sizes, gid = passes.layout(GROUPS, 13, x.device)
     bits = [p.act for _, _, p in GROUPS]
     lo, hi = torch.aminmax(x) if ranged else (None, None)
-    want = autograd._q_rows_device(x, GROUPS, sizes, gid, bits, lo, hi, False, torch.empty_like(x))
+    want = passes.rows_device(x, GROUPS, sizes, gid, bits, lo, hi, False, torch.empty_like(x))
     with gpu_kernels.on_cpu():
-        got = autograd._q_rows_device(x, GROUPS, sizes, gid, bits, lo, hi, False, torch.empty_like(x))
+        assert quant.backend_for(x) is quant.TRITON
+        got = quant.TRITON.rows(x, GROUPS, sizes, gid, bits, lo, hi, False, torch.empty_like(x))
     assert _equal(got, want)
     assert torch.equal(got[3], x[3])
 
@@ -115,7 +116,7 @@ def test_stochastic_rounding_is_unbiased_with_the_variance_of_a_fair_coin(rows):
     with gpu_kernels.on_cpu():
         if rows:  # two rows of a group each
             g = ((0, 1, Precision.fwbw(4, 4)), (1, 2, Precision.fwbw(4, 4)))
-            q = autograd._q_rows(x.view(2, -1), g, lambda p: p.grad, lo, hi, True, torch.empty(2, n // 2)).view(n)
+            q = quant.quantize_rows(x.view(2, -1), g, lambda p: p.grad, lo, hi, True, torch.empty(2, n // 2)).view(n)
         else:
             q = quant.quantize(x, 4, lo, hi, stochastic=True)
     assert torch.equal(q, q.round())  # every value on a level
@@ -155,7 +156,7 @@ def test_the_custom_ops_pass_torchs_op_checks():
     """Schemas, fake (meta) implementations and the aot dispatch that torch.compile relies on."""
     x = _sample((4, 3, 5, 5), 6)
     lo, hi = torch.aminmax(x)
-    _, gid = autograd._layout(GROUPS[:1] + ((3, 4, Precision.fwbw(2, 2)),), 4, x.device)
+    _, gid = passes.layout(GROUPS[:1] + ((3, 4, Precision.fwbw(2, 2)),), 4, x.device)
     levels = torch.tensor([15.0, 15.0, 15.0, 0.0])
     with gpu_kernels.on_cpu():
         torch.library.opcheck(gpu_kernels.quant_tensor_op, (x, 4, lo, hi, None))

@@ -8,10 +8,10 @@ import torch
 
 from engine.config.experiment import parse_config
 from engine.cost.bitops import BitOpsCounter
-from engine.dfq import runner as runner_module
+from engine.dfq import gated_runner as runner_module
 from engine.dfq.basis import build_bases
 from engine.dfq.gate import gated_cp, option_kappa
-from engine.dfq.runner import GatedRunner
+from engine.dfq.gated_runner import GatedRunner
 from engine.errors import ConfigError
 from engine.models import build_model
 from engine.numerics.precision import FP32

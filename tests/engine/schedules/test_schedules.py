@@ -9,7 +9,7 @@ import pytest
 from engine.config.experiment import parse_config
 from engine.data.datasets import RunLength
 from engine.preview import preview
-from engine.schedules.progress import CPT, AutoPFQ, ManualPFQ, cyclic_bits
+from engine.schedules.curves import CPT, AutoPFQ, ManualPFQ, cyclic_bits
 from engine.schedules.prt import choose_fw_min
 from engine.train import train_and_evaluate
 from tests.conftest import ROOT

@@ -22,7 +22,7 @@ from engine.dfq.gate import (
     straight_through,
 )
 from engine.dfq.gated import GatedModel
-from engine.dfq.runner import BlockCosts
+from engine.dfq.gated_runner import BlockCosts
 from engine.models import LayerMap, build_model
 from engine.numerics.precision import FP32, SKIP, Precision
 from engine.train import train_and_evaluate

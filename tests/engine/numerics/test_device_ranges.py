@@ -21,7 +21,23 @@ from engine.train import train_and_evaluate
 
 @pytest.fixture
 def device_ranges(monkeypatch):
-    monkeypatch.setattr(quant, "ranges_on_device", lambda t: True)
+    """The device form on CPU tensors: every quantizer not given a host range takes the torch passes with its
+    ranges kept as 0-d tensors (``quant.backend_for`` is the one place a backend is picked)."""
+    real = quant.backend_for
+
+    def forced(x, out=None, lo=None):
+        on_host = lo is not None and not isinstance(lo, torch.Tensor)
+        return real(x, out, lo) if on_host else _DEVICE_FORM
+
+    monkeypatch.setattr(quant, "backend_for", forced)
+
+
+class _DeviceForm(quant.TorchPasses):
+    def ranges_on_device(self, x: torch.Tensor) -> bool:
+        return True
+
+
+_DEVICE_FORM = _DeviceForm()
 
 
 def test_ranges_stay_tensors_and_quantize_as_floats_do(device_ranges):
@@ -222,7 +238,7 @@ def test_a_gated_training_iteration_reads_the_host_once_beside_its_group_sizes(s
     statistics work on that copy (their reads, on host tensors, are not counted)."""
     from engine.cost.bitops import CostTotals
     from engine.data.datasets import load_data
-    from engine.dfq.runner import GatedRunner
+    from engine.dfq.gated_runner import GatedRunner
     from engine.train import Trainer
 
     cfg = parse_config({"name": "reads", "device": "cpu", "model": {"name": "resnet8"}, "schedule": schedule,

@@ -1,7 +1,7 @@
 """How one training iteration runs for each method family, behind one interface the training loop uses.
 
 ``StaticRunner`` (fp32, static, PFQ, CPT): the schedule gives the precision before the iteration and observes
-the CE loss after it; the whole batch runs at that precision. ``engine.dfq.runner.GatedRunner`` (DFQ, FracTrain):
+the CE loss after it; the whole batch runs at that precision. ``engine.dfq.gated_runner.GatedRunner`` (DFQ, FracTrain):
 the gate picks per input and block. Both expose ``step(x, y, iteration) -> (CE loss, correct)``, the exact
 BitOPs of the last step (``last_bitops``) and its cost under every cost model (``last_costs``), the mean FW/BW bits it used, ``eval_logits``, ``end_epoch()``
 metrics, ``events``, ``summary()`` and ``state_dict()``.

@@ -235,7 +235,7 @@ def test_mixed_precision_with_every_group_at_32_bit_fw_quantizes_only_the_weight
 
 @pytest.mark.parametrize("on_device", [False, True], ids=["host_ranges", "device_ranges"])
 def test_mixed_rows_quantize_each_group_as_the_per_tensor_quantizer_does(on_device, monkeypatch):
-    """``_q_rows`` quantizes all groups in whole-tensor passes with per-row parameters; each group's rows must
+    """``quant.quantize_rows`` quantizes all groups in whole-tensor passes with per-row parameters; each group's rows must
     come out as ``quant.quantize`` gives them at that group's bits, bit for bit (activations: the batch's one
     range; errors: the group's own range, stochastic rounding unbiased), and a 32-bit group unchanged. Both with
     the ranges as Python floats (CPU) and kept as tensors (an accelerator's path, run here on the CPU)."""
@@ -246,18 +246,18 @@ def test_mixed_rows_quantize_each_group_as_the_per_tensor_quantizer_does(on_devi
     groups = ((0, 10, Precision.fwbw(2, 6)), (10, 20, Precision.fwbw(4, 12)), (20, 25, FP32),
               (25, 40, Precision.fwbw(6, 8)))
     lo, hi = (torch.tensor(-1.5), torch.tensor(2.0)) if on_device else (-1.5, 2.0)  # as _act_range gives them
-    y = autograd._q_rows(x, groups, lambda p: p.act, lo, hi, False, torch.empty_like(x))
+    y = quant.quantize_rows(x, groups, lambda p: p.act, lo, hi, False, torch.empty_like(x))
     for start, end, p in groups:
         want = x[start:end] if p.act >= 32 else quant.quantize(x[start:end], p.act, -1.5, 2.0)
         assert torch.equal(y[start:end], want), (start, p.act)
-    g = autograd._q_rows(x, groups, lambda p: p.grad, None, None, False, torch.empty_like(x))
+    g = quant.quantize_rows(x, groups, lambda p: p.grad, None, None, False, torch.empty_like(x))
     for start, end, p in groups:
         want = x[start:end] if p.grad >= 32 else quant.quantize_tensor(x[start:end], p.grad)
         assert torch.equal(g[start:end], want), (start, p.grad)
         if p.grad < 32:  # on the group's own grid: at most 2^b levels, spanning its own min and max
             assert len(torch.unique(g[start:end])) <= 2 ** p.grad
             assert torch.isclose(g[start:end].max(), x[start:end].max(), atol=1e-5)
-    mean = sum(autograd._q_rows(x, groups, lambda p: p.grad, None, None, True, torch.empty_like(x))
+    mean = sum(quant.quantize_rows(x, groups, lambda p: p.grad, None, None, True, torch.empty_like(x))
                for _ in range(300)) / 300
     for start, end, p in groups:
         step = (x[start:end].max() - x[start:end].min()) / (2 ** p.grad - 1) if p.grad < 32 else 1.0
@@ -269,8 +269,8 @@ def test_mixed_rows_refuse_groups_that_do_not_tile_the_batch():
     x, p = torch.randn(6, 3), Precision.fwbw(4, 8)
     for groups in [((0, 2, p), (3, 6, p)), ((2, 6, p), (0, 2, p)), ((0, 2, p), (2, 5, p))]:
         with pytest.raises(ValueError, match="contiguous"):
-            autograd._q_rows(x, groups, lambda q: q.act, -1.0, 1.0, False, torch.empty_like(x))
-    assert autograd._q_rows(x[:0], (), lambda q: q.act, None, None, False, torch.empty_like(x[:0])).shape == (0, 3)
+            quant.quantize_rows(x, groups, lambda q: q.act, -1.0, 1.0, False, torch.empty_like(x))
+    assert quant.quantize_rows(x[:0], (), lambda q: q.act, None, None, False, torch.empty_like(x[:0])).shape == (0, 3)
 
 
 def test_weights_fixed_quantizes_each_weight_once_per_bit_width(monkeypatch):
@@ -313,11 +313,11 @@ def test_mixed_rows_give_the_same_values_for_a_repeated_layout():
     x, z = torch.randn(8, 5), torch.randn(8, 5) * 3
     outs = []
     for t in (x, z, x):
-        outs.append(autograd._q_rows(t, groups, lambda p: p.grad, None, None, False, torch.empty_like(t)))
+        outs.append(quant.quantize_rows(t, groups, lambda p: p.grad, None, None, False, torch.empty_like(t)))
         for start, end, p in groups:
             assert torch.allclose(outs[-1][start:end], quant.quantize_tensor(t[start:end], p.grad), atol=1e-5)
     assert torch.equal(outs[0], outs[2])
     short = ((0, 3, Precision.fwbw(2, 6)), (3, 7, Precision.fwbw(4, 12)))  # same spans, one row fewer
-    assert autograd._q_rows(x[:7], short, lambda p: p.grad, None, None, False, torch.empty_like(x[:7])).shape == (7, 5)
+    assert quant.quantize_rows(x[:7], short, lambda p: p.grad, None, None, False, torch.empty_like(x[:7])).shape == (7, 5)
     with pytest.raises(ValueError, match="contiguous"):  # a layout made for 7 rows is no layout for 8
-        autograd._q_rows(x, short, lambda p: p.grad, None, None, False, torch.empty_like(x))
+        quant.quantize_rows(x, short, lambda p: p.grad, None, None, False, torch.empty_like(x))

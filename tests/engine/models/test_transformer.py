@@ -58,7 +58,7 @@ def test_qmatmul_gradients_match_the_three_node_reference():
     g = torch.randn(2, 4, 3)
     a1, b1 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
     torch.manual_seed(7)
-    autograd.qmatmul(a1, b1, 4, None, (-1.0, 1.5), 6).backward(g)
+    autograd.qmatmul(a1, b1, Precision(act=4, grad=6), None, (-1.0, 1.5)).backward(g)
     a2, b2 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
     aq = a2 + (quant.quantize_tensor(a2.detach(), 4) - a2).detach()
     bq = b2 + (quant.quantize(b2.detach(), 4, -1.0, 1.5) - b2).detach()
@@ -68,7 +68,7 @@ def test_qmatmul_gradients_match_the_three_node_reference():
     assert torch.allclose(a1.grad, a2.grad, atol=1e-6) and torch.allclose(b1.grad, b2.grad, atol=1e-6)
     # and the formula itself, with the error left at 32 bits: dA = G B_q^T, dB = A_q^T G
     a3, b3 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
-    autograd.qmatmul(a3, b3, 4, None, None, 32).backward(g)
+    autograd.qmatmul(a3, b3, Precision(act=4, grad=32), None, None).backward(g)
     aq, bq = quant.quantize_tensor(a0, 4), quant.quantize_tensor(b0, 4)
     assert torch.allclose(a3.grad, g @ bq.transpose(1, 2), atol=1e-6)
     assert torch.allclose(b3.grad, aq.transpose(1, 2) @ g, atol=1e-6)
@@ -117,7 +117,7 @@ def test_bitops_of_attention_use_fw_for_both_operands():
 
 def test_cost_models_price_the_lm_per_token():
     """Every cost model prices the attention matmuls with both operands at FW and no weights (methods.md §11)."""
-    from engine.cost.hardware import build_models, energy_mac_pj, int_units_mac
+    from engine.cost.cost_models import build_models, energy_mac_pj, int_units_mac
 
     d, h, t, vocab = 32, 2, 16, 50
     model = build_model("transformer_tiny", 1, vocab)
