@@ -26,8 +26,8 @@ import yaml
 
 from engine.errors import ConfigError
 
-PACKAGES = ("engine", "trainables", "search_spaces", "orchestrator", "dashboards")
-ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("engine", "trainables", "search_spaces", "results", "orchestrator", "dashboards")
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: orchestrator/cluster/jobs.py
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 AGENT_WAIT_S = 60.0  # how long a submission waits for a just-started head's job agent
