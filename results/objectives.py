@@ -95,7 +95,7 @@ def unregister(key: str) -> None:
     OBJECTIVES.pop(key, None)
 
 
-ACCURACY_OBJECTIVE = register(Objective(ACCURACY, Direction.MAX, "test accuracy", "accuracy", "accuracy %", "acc.",
+ACCURACY_OBJECTIVE = register(Objective(ACCURACY, Direction.MAX, "test accuracy", ACCURACY, "accuracy %", "acc.",
                                         scale=100.0, unit="%", fmt=".4f", tolerance=1.0, task=Task.CLASSIFIER))
 PERPLEXITY_OBJECTIVE = register(Objective(PERPLEXITY, Direction.MIN, "test perplexity", "test perplexity",
                                           "test perplexity", "ppl.", fmt=".2f", relative=True, tolerance=2.0,
