@@ -576,18 +576,17 @@ def cost_model_section(groups: list[dict]) -> list[str]:
     models = list(dict.fromkeys(m for g in groups for m in g.get("savings_by_model", {})))
     if len(models) < 2:
         return []
-    lines = ["", "## Savings under each cost model", "",
-             "Each cell: saving against this sweep's FP32 row / against its FW8/BW8 row, under that model "
-             "(docs/methods.md, Cost models: bitops = a*w+g*w+a*g per MAC; macs ignores bits; int_units rounds "
-             "widths up to 4/8/16/32-bit units; energy in pJ from Horowitz, ISSCC 2014, 45 nm; memory = bytes "
-             "moved).", ""]
     rows = [[g["method"]] + [f"{_pct(g['savings_by_model'][m]['fp32'])} / {_pct(g['savings_by_model'][m]['fw8bw8'])}"
                              for m in models] for g in groups]
+    lines = ["", "## Savings under each cost model", ""]
     if any(cell != "n/a / n/a" for r in rows for cell in r[1:]):
-        lines += table(["method"] + models, rows)
+        lines += ["Each cell: saving against this sweep's FP32 row / against its FW8/BW8 row, under that model "
+                  "(docs/methods.md, Cost models: bitops = a*w+g*w+a*g per MAC; macs ignores bits; int_units rounds "
+                  "widths up to 4/8/16/32-bit units; energy in pJ from Horowitz, ISSCC 2014, 45 nm; memory = bytes "
+                  "moved).", ""] + table(["method"] + models, rows)
     else:
-        lines[-2:] = ["This sweep has no FP32 and no FW8/BW8 row, so there is no saving to show; the ranking below "
-                      "is by each model's mean cost."]
+        lines += ["This sweep has no FP32 and no FW8/BW8 row, so there is no saving to show; the ranking below is by "
+                  "each model's mean cost."]
     by_method = {g["method"]: g for g in groups}
     cheaper = {m: _cheaper(groups, m) for m in models}
     lines += ["", "Cheapest first under each model (= joins equal costs; in bold a method whose cheaper methods are "
