@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from engine.config.experiment import ExperimentConfig
 from engine.cost.bitops import FW8BW8, BitOpsCounter
-from engine.data.datasets import INFO, run_length
+from engine.data.catalog import INFO
 from engine.errors import ConfigError
 from engine.numerics.precision import FP32, Precision
 from engine.schedules.curves import build_schedule
@@ -36,7 +36,7 @@ def schedule_of(cfg: ExperimentConfig):
         raise ConfigError.single("schedule.kind", sched.kind, "DFQ's and FracTrain's precision is chosen per input "
                                  "by the gate while training, so it has no schedule to preview (their cost is "
                                  "steered to schedule.target_cp); allowed: fp32, static, pfq, cpt")
-    run = run_length(cfg)
+    run = cfg.run_length()
     deterministic = True
     if sched.kind == "pfq" and sched.mode == "auto":
         sched = sched.model_copy(update={"mode": "manual", "switch_at": None})
@@ -108,7 +108,7 @@ def config_counter(cfg: ExperimentConfig) -> BitOpsCounter:
     with torch.device("meta" if is_language_model(cfg.model.name) else "cpu"):
         model = build_model(cfg.model.name, info.channels, classes)
     model.set_layer_map(cfg.layer_map(stem_default=model.stem_quantized_by_default))
-    return BitOpsCounter(model.layer_table(info.input_shape(cfg.data)), model.layer_map, cfg.cost.models())
+    return BitOpsCounter(model.layer_table(info.input_shape(cfg.data.seq_len)), model.layer_map, cfg.cost.models())
 
 
 def price_schedule(cfg: ExperimentConfig, counts: Counter, n: int, m: int) -> dict:

@@ -1,5 +1,5 @@
 """How long a run is (``RunLength``): what the data's size and the config make of ``optim.epochs`` or
-``optim.iterations`` (``engine.data.datasets.run_length``), and all a schedule may know about the run. Pure Python,
+``optim.iterations`` (``ExperimentConfig.run_length``), and all a schedule may know about the run. Pure Python,
 below the data and the schedules, which both use it."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from engine import checkpoint
 from engine.config.experiment import ExperimentConfig, target_problems
 from engine.cost.bitops import FW8BW8, BitOpsCounter, CostTotals
-from engine.data.datasets import DataSplits, load_data, run_length
+from engine.data.datasets import DataSplits, load_data
 from engine.dfq.gated import GatedModel
 from engine.dfq.gated_runner import GatedRunner
 from engine.errors import CheckpointError, ConfigError, TrainingDiverged
@@ -89,7 +89,7 @@ def prepare(cfg: ExperimentConfig, data_info, device: torch.device):
     """The model (gated for DFQ/FracTrain) with its layer map, and the BitOPs counter over the same map."""
     backbone = build_model(cfg.model.name, data_info.channels, data_info.classes, cfg.act_momentum)
     backbone.set_layer_map(cfg.layer_map(stem_default=backbone.stem_quantized_by_default))
-    table = backbone.layer_table(data_info.input_shape(cfg.data))
+    table = backbone.layer_table(data_info.input_shape(cfg.data.seq_len))
     counter = BitOpsCounter(table, backbone.layer_map, cfg.cost.models())
     model = backbone
     if cfg.gated:
@@ -262,7 +262,7 @@ class Trainer:
         seed_everything(cfg.seed)
         self.model, self.counter = prepare(cfg, data.info, device)
         self.role = task_role(cfg, data)
-        self.run = run_length(cfg, len(data.train))
+        self.run = cfg.run_length(len(data.train))
         self.opt = make_optimizer(cfg, self.model)
         if cfg.gated:
             self.runner = GatedRunner(cfg.schedule, self.model, self.counter, self.opt, self.run, cfg.model.name,

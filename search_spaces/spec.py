@@ -338,12 +338,11 @@ def _size_problems(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
 
 def _run_problems(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
     """What Tune and the trials would refuse at run time, checked on the base point."""
-    from engine.data.datasets import run_length
 
     spec, out = loaded.spec, []
     cfg = parse_config(loaded.point_tree({}, spec.seeds[0]))
     if spec.scheduler.kind == "asha":
-        epochs = run_length(cfg).epochs
+        epochs = cfg.run_length().epochs
         if spec.scheduler.grace_period > epochs:
             out.append(("scheduler.grace_period", spec.scheduler.grace_period,
                         f"allowed: <= the trials' {epochs} epochs (ASHA stops trials at rungs within the run)"))

@@ -237,15 +237,10 @@ def import_cycles(imports: dict[str, list[tuple[str, bool]]]) -> list[list[str]]
 TYPE_ONLY = {_module(p): _type_only(p) for p in SOURCES}
 
 
-# The one cycle left, type-only: engine/data/datasets.py names the config's types under TYPE_CHECKING while
-# engine/config/experiment.py reads the data set table (issue 44); remove this entry when data no longer does.
-ENGINE_CYCLE_PENDING = ["engine.config.experiment", "engine.data.datasets"]
-
-
 def test_no_import_cycle_among_the_products_modules():
     """No two modules need each other, not even through a late import inside a function or one under
     ``if TYPE_CHECKING:``: each one can be read, tested and moved with what it imports below it."""
-    assert [c for c in import_cycles(IMPORTS) if c != ENGINE_CYCLE_PENDING] == []
+    assert import_cycles(IMPORTS) == []
 
 
 def test_the_service_packages_have_no_cycle_even_type_only():

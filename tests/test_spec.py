@@ -211,7 +211,7 @@ def test_the_fair_study_gives_each_dfq_arm_its_static_twins_whole_model_cost():
     import torch
 
     from engine.config.experiment import parse_config
-    from engine.data.datasets import INFO
+    from engine.data.catalog import INFO
     from engine.train import prepare
     from search_spaces.spec import picks
 

@@ -130,7 +130,6 @@ def resume_point(given: Path) -> tuple[Path, dict, int] | None:
 
 def finished(cfg, state: dict) -> bool:
     """Whether a checkpoint's run had trained all its iterations."""
-    from engine.data.datasets import run_length
 
-    run = run_length(cfg)
+    run = cfg.run_length()
     return state.get("iteration", 0) >= run.total_iterations or state.get("epoch", 0) >= run.epochs

@@ -9,6 +9,7 @@ the field, the value and what is allowed.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,11 +28,12 @@ from engine.config.schedule import (
     StaticSchedule,
 )
 from engine.config.types import Bits, Seed, Strict
-from engine.data.datasets import INFO, run_length
+from engine.data.catalog import INFO
 from engine.errors import ConfigError
 from engine.models import is_language_model, unknown_model
 from engine.models.base import LayerMap
 from engine.numerics.precision import Precision
+from engine.run_length import RunLength
 from engine.schedules.curves import cycles_problem
 
 MAX_ITERATIONS = 10**9  # a run's iterations (ImageNet, 90 epochs at batch 256: 4.5e5)
@@ -86,6 +88,14 @@ class SplitConfig(Strict):
             raise PydanticCustomError("split_part", f"allowed: part 0..{self.parts - 1} (parts: {self.parts})")
         return self
 
+    def classes(self, num_classes: int) -> list[int]:
+        """The classes of this part (sorted): contiguous groups of the class order, natural or shuffled."""
+        import torch
+
+        order = (torch.randperm(num_classes, generator=torch.Generator().manual_seed(self.seed))
+                 if self.shuffle_classes else torch.arange(num_classes))
+        return sorted(torch.tensor_split(order, self.parts)[self.part].tolist())
+
 
 NAME_MAX, PATH_MAX = 255, 4096  # bytes, Linux: a longer file name or path is refused by every system call
 
@@ -117,7 +127,7 @@ def check_path(field: str, v: str) -> str:
         raise ConfigError.single(field, v, err.message()) from None
 
 
-DatasetName = Literal[tuple(INFO)]  # the data sets engine.data.datasets knows, in its order
+DatasetName = Literal[tuple(INFO)]  # the data sets engine.data.catalog knows, in its order
 
 
 class DataConfig(Strict):
@@ -142,6 +152,29 @@ class DataConfig(Strict):
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
         return None if v is None else resolved_path(v)
+
+    def split_sizes(self) -> tuple[int, int]:
+        """(train, val) sample counts, known without reading the data (used by schedule previews); text: training
+        sequences (validation is its own split: 0 here)."""
+        info = INFO[self.dataset]
+        if info.is_text:
+            n = (info.tokens - 1) // self.seq_len
+            return (n if self.train_subset is None else min(n, self.train_subset)), 0
+        total = info.train_size
+        if self.split is not None:  # a part of the training set: its expected size (balanced classes)
+            share = (len(self.split.classes(info.classes)) / info.classes if self.split.by == "classes"
+                     else 1 / self.split.parts)
+            total = int(round(total * share))
+        n_val = int(round(total * self.val_fraction))
+        n_train = total - n_val
+        if self.train_subset is not None:
+            n_train = min(n_train, self.train_subset)
+        return n_train, n_val
+
+    def iterations_per_epoch(self, train_size: int | None = None) -> int:
+        """Batches per epoch (no drop_last, as the reference); ``train_size``: the loaded split's real size."""
+        n = self.split_sizes()[0] if train_size is None else train_size
+        return math.ceil(n / self.batch_size)
 
 
 class OptimConfig(Strict):
@@ -310,6 +343,12 @@ class ExperimentConfig(Strict):
             return self.quant.act_momentum
         return 0.1 if self.schedule.kind == "fractrain" else 0.9
 
+    def run_length(self, train_size: int | None = None) -> RunLength:
+        """The one run-length formula: ``optim.iterations`` when set, else ``optim.epochs`` whole epochs. From the
+        data set's known size (previews, validation, the orchestrator), or the loaded split's (``train_size``)."""
+        ipe = self.data.iterations_per_epoch(train_size)
+        return RunLength(self.optim.iterations or self.optim.epochs * ipe, ipe)
+
     def layer_map(self, stem_default: bool) -> LayerMap:
         """The explicit layer-precision map of this run (methods.md §3). Gated methods keep the stem,
         the MobileNetV2 head conv and the FC in fp32, as the reference's DFQ models do; so does any run of
@@ -403,7 +442,7 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
     if is_lm and cfg.quant.quantize_stem:
         problems.append(("quant.quantize_stem", True, "allowed: null/false with a language model (no stem; "
                          "see quant.quantize_embedding)"))
-    total = run_length(cfg).total_iterations
+    total = cfg.run_length().total_iterations
     if total > MAX_ITERATIONS:
         field = "optim.iterations" if cfg.optim.iterations else "optim.epochs"
         problems.append((field, getattr(cfg.optim, field.split(".")[1]),

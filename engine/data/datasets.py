@@ -21,82 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.data.catalog import INFO, DatasetInfo
 from engine.errors import DataError
-from engine.run_length import RunLength
 
 if TYPE_CHECKING:  # the config's types name the arguments; engine.config.experiment reads this module's table
-    from engine.config.experiment import DataConfig, ExperimentConfig, SplitConfig
+    from engine.config.experiment import DataConfig, SplitConfig
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    name: str
-    channels: int
-    size: int
-    classes: int
-    train_size: int  # before the validation split
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    crop_pad: int  # augmentation: random crop padding (0: none)
-    flip: bool
-    kind: str = "image"  # "text": a word-level corpus (engine/data/text.py); classes = the vocabulary
-    tokens: int = 0  # text: training tokens (nominal, for previews; the loaded split's count wins)
-
-    @property
-    def is_text(self) -> bool:
-        return self.kind == "text"
-
-    def input_shape(self, cfg: DataConfig) -> tuple[int, ...]:
-        """What one sample looks like to ``layer_table``: (C, H, W), or (seq_len,) for text."""
-        return (cfg.seq_len,) if self.is_text else (self.channels, self.size, self.size)
-
-
-INFO = {
-    "fashion-mnist": DatasetInfo("fashion-mnist", 1, 28, 10, 60000, (0.2860,), (0.3530,), 2, True),
-    "digits": DatasetInfo("digits", 1, 8, 10, 1437, (0.3047,), (0.3825,), 0, False),
-    "cifar10": DatasetInfo("cifar10", 3, 32, 10, 50000, (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 4, True),
-    "cifar100": DatasetInfo("cifar100", 3, 32, 100, 50000, (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), 4, True),
-    "imagenet": DatasetInfo("imagenet", 3, 224, 1000, 1281167, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 0, True),
-    # text (methods.md §11): classes = the full training vocabulary, tokens = training tokens with <eos>
-    "wikitext103": DatasetInfo("wikitext103", 1, 0, 267735, 0, (), (), 0, False, "text", 103227021),
-    "wikitext2": DatasetInfo("wikitext2", 1, 0, 33278, 0, (), (), 0, False, "text", 2088628),
-    "fortunes": DatasetInfo("fortunes", 1, 0, 30038, 0, (), (), 0, False, "text", 530734),
-}
-TEXT_DATASETS = tuple(k for k, v in INFO.items() if v.is_text)
-
-
-def split_sizes(cfg: DataConfig) -> tuple[int, int]:
-    """(train, val) sample counts, known without reading the data (used by schedule previews); text: training
-    sequences (validation is its own split: 0 here)."""
-    info = INFO[cfg.dataset]
-    if info.is_text:
-        n = (info.tokens - 1) // cfg.seq_len
-        return (n if cfg.train_subset is None else min(n, cfg.train_subset)), 0
-    total = info.train_size
-    if cfg.split is not None:  # a part of the training set: its expected size (balanced classes)
-        share = (len(class_part(cfg.split, info.classes)) / info.classes if cfg.split.by == "classes"
-                 else 1 / cfg.split.parts)
-        total = int(round(total * share))
-    n_val = int(round(total * cfg.val_fraction))
-    n_train = total - n_val
-    if cfg.train_subset is not None:
-        n_train = min(n_train, cfg.train_subset)
-    return n_train, n_val
-
-
-def iterations_per_epoch(cfg: DataConfig, train_size: int | None = None) -> int:
-    """Batches per epoch (no drop_last, as the reference); ``train_size``: the loaded split's real size."""
-    n = split_sizes(cfg)[0] if train_size is None else train_size
-    return math.ceil(n / cfg.batch_size)
-
-
-def run_length(cfg: ExperimentConfig, train_size: int | None = None) -> RunLength:
-    """The one run-length formula: ``optim.iterations`` when set, else ``optim.epochs`` whole epochs. From the
-    data set's known size (previews, validation, the orchestrator), or the loaded split's (``train_size``)."""
-    ipe = iterations_per_epoch(cfg.data, train_size)
-    return RunLength(cfg.optim.iterations or cfg.optim.epochs * ipe, ipe)
 
 
 class TensorSplit:
@@ -324,18 +255,11 @@ def _cifar(cfg: DataConfig):
     return as_x(tr.data), torch.tensor(tr.targets), as_x(te.data), torch.tensor(te.targets)
 
 
-def class_part(split: SplitConfig, num_classes: int) -> list[int]:
-    """The classes of ``split.part`` (sorted): contiguous groups of the class order, natural or shuffled."""
-    order = (torch.randperm(num_classes, generator=torch.Generator().manual_seed(split.seed))
-             if split.shuffle_classes else torch.arange(num_classes))
-    return sorted(torch.tensor_split(order, split.parts)[split.part].tolist())
-
-
 def part_indices(labels: torch.Tensor, split: SplitConfig, num_classes: int) -> torch.Tensor:
     """Indices (increasing) of the training samples in ``split.part``: the part's classes, or each class's
     samples shuffled by ``split.seed`` and cut into ``split.parts`` (so every part holds every class)."""
     if split.by == "classes":
-        return torch.isin(labels, torch.tensor(class_part(split, num_classes))).nonzero().flatten()
+        return torch.isin(labels, torch.tensor(split.classes(num_classes))).nonzero().flatten()
     g = torch.Generator().manual_seed(split.seed)
     chosen = []
     for c in range(num_classes):
@@ -351,7 +275,7 @@ def apply_split(xtr, ytr, xte, yte, split: SplitConfig | None, num_classes: int)
         return xtr, ytr, xte, yte
     tr = part_indices(ytr, split, num_classes)
     if split.by == "classes":
-        te = torch.isin(yte, torch.tensor(class_part(split, num_classes))).nonzero().flatten()
+        te = torch.isin(yte, torch.tensor(split.classes(num_classes))).nonzero().flatten()
         xte, yte = xte[te], yte[te]
     return xtr[tr], ytr[tr], xte, yte
 

@@ -112,7 +112,7 @@ def parse_precision(text: str, weight_bits: int | None):
 def cmd_cost(args) -> int:
     from engine.config.experiment import task_problem
     from engine.cost.bitops import FW8BW8, BitOpsCounter
-    from engine.data.datasets import INFO
+    from engine.data.catalog import INFO
     from engine.models import LayerMap, build_model, is_language_model
     from engine.numerics.precision import FP32
 
@@ -131,7 +131,7 @@ def cmd_cost(args) -> int:
     layer_map = LayerMap(stem=args.stem == "quantized", fc=args.fc == "quantized", head=True, depthwise=None)
     model.set_layer_map(layer_map)
     models = cost_config(args).models()
-    counter = BitOpsCounter(model.layer_table(info_.input_shape(data_cfg)), layer_map, models)
+    counter = BitOpsCounter(model.layer_table(info_.input_shape(data_cfg.seq_len)), layer_map, models)
     bitops, fp32 = counter.per_sample(prec), counter.fp32_per_sample()
     b = args.batch_size * (args.seq_len if is_lm else 1)  # a language model's samples are its predicted tokens
     run, ref32, ref8 = counter.costs(prec, b), counter.costs(FP32, b), counter.costs(FW8BW8, b)

@@ -480,9 +480,7 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
     if spec.scheduler.kind == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
-        from engine.data.datasets import run_length
-
-        max_t = run_length(trial.decode(loaded.base_trial())).epochs
+        max_t = trial.decode(loaded.base_trial()).run_length().epochs
         (metric, mode), _ = objectives(loaded)  # accuracy max, or a language model's test perplexity min
         scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
                                   grace_period=spec.scheduler.grace_period,
@@ -602,14 +600,13 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
 
 def result_row(result, run_ids: dict) -> dict:
     """A trial's row from its Tune result, for when the tracking store cannot give it (same fields and rule)."""
-    from engine.data.datasets import run_length
     from results import runs
 
     m, cfg = result.metrics, trial.decode(result.config)
     return runs.make_row(run_id=run_ids.get(m.get("trial_id")), trial_id=m.get("trial_id"), name=None,
                          status="FAILED" if result.error is not None else "FINISHED", schedule=cfg.schedule.kind,
                          metrics=m, seed=cfg.seed, point=trial.swept_values(result.config),
-                         planned_epochs=run_length(cfg).epochs, node_id=m.get("node_id"))
+                         planned_epochs=cfg.run_length().epochs, node_id=m.get("node_id"))
 
 
 def ui_command(uri: str, sweep: str | None = None, view: tuple[str, str] | None = None) -> str:

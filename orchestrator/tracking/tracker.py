@@ -228,12 +228,11 @@ class MLflowTracker(tune.Callback):
             self.state["last_epoch"][trial.trial_id] = 0  # re-reported epochs are filtered when written
             self._submit({"op": "resume", "trial_id": trial.trial_id})
             return
-        from engine.data.datasets import run_length
 
         cfg = trial_dict.decode(trial.config)
         point = trial_dict.swept_values(trial.config)
         self._submit({"op": "trial", "trial_id": trial.trial_id, "config": cfg.to_dict(), "swept": sorted(point),
-                      "point": point, "planned": run_length(cfg).epochs,
+                      "point": point, "planned": cfg.run_length().epochs,
                       "tags": {**lineage_tags(trial.config), METHOD_TAG: cfg.schedule.label()}})
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from engine import checkpoint
 from engine.config.experiment import DataConfig, SplitConfig, parse_config
-from engine.data.datasets import class_part, load_data, part_indices, split_sizes
+from engine.data.datasets import load_data, part_indices
 from engine.errors import CheckpointError, ConfigError
 from engine.train import train_and_evaluate
 
@@ -32,9 +32,9 @@ def test_class_halves_are_disjoint_cover_every_class_and_the_test_set_follows():
     assert set(tr1.tolist()) == set(te1.tolist()) == {5, 6, 7, 8, 9}
     full_tr, full_te = _labels(None, 0)
     assert len(tr0) + len(tr1) == len(full_tr) and len(te0) + len(te1) == len(full_te)
-    shuffled = [class_part(SplitConfig(by="classes", part=p, shuffle_classes=True, seed=3), 10) for p in (0, 1)]
+    shuffled = [SplitConfig(by="classes", part=p, shuffle_classes=True, seed=3).classes(10) for p in (0, 1)]
     assert sorted(shuffled[0] + shuffled[1]) == list(range(10)) and shuffled[0] != [0, 1, 2, 3, 4]
-    assert shuffled[0] == class_part(SplitConfig(by="classes", shuffle_classes=True, seed=3), 10)
+    assert shuffled[0] == SplitConfig(by="classes", shuffle_classes=True, seed=3).classes(10)
 
 
 def test_sample_halves_are_disjoint_cover_the_training_set_and_hold_every_class():
@@ -55,8 +55,8 @@ def test_sample_halves_are_disjoint_cover_the_training_set_and_hold_every_class(
 
 
 def test_split_sizes_follow_the_part():
-    n_full = split_sizes(DataConfig(dataset="cifar100", val_fraction=0.1))[0]
-    n_half = split_sizes(DataConfig(dataset="cifar100", val_fraction=0.1, split={"by": "classes"}))[0]
+    n_full = DataConfig(dataset="cifar100", val_fraction=0.1).split_sizes()[0]
+    n_half = DataConfig(dataset="cifar100", val_fraction=0.1, split={"by": "classes"}).split_sizes()[0]
     assert n_full == 45000 and n_half == 22500
 
 

@@ -13,11 +13,11 @@ import pytest
 
 from engine.config.experiment import parse_config
 from engine.config.schedule import GatedSettings
-from engine.data.datasets import RunLength
 from engine.dfq import gated
 from engine.errors import ConfigError
 from engine.models import build_model
 from engine.numerics.precision import SKIP, Precision
+from engine.run_length import RunLength
 from engine.schedules.curves import CPT
 from search_spaces.spec import parse_spec
 from tests.conftest import ROOT, run_main

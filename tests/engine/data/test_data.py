@@ -9,14 +9,8 @@ import pytest
 import torch
 
 from engine.config.experiment import DataConfig
-from engine.data.datasets import (
-    FASHION_MNIST_DIR,
-    INFO,
-    _augment,
-    iterations_per_epoch,
-    load_data,
-    split_sizes,
-)
+from engine.data.catalog import INFO
+from engine.data.datasets import FASHION_MNIST_DIR, _augment, load_data
 from engine.errors import DataError
 
 
@@ -26,8 +20,8 @@ def test_fashion_mnist_from_the_debian_package():
     assert (len(d.train), len(d.val), len(d.test)) == (54000, 6000, 10000)
     x, y = next(d.train.batches(16, shuffle=True, augment=True, generator=torch.Generator().manual_seed(0)))
     assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32 and y.max() <= 9
-    assert split_sizes(DataConfig()) == (54000, 6000)
-    assert iterations_per_epoch(DataConfig(batch_size=128)) == 422
+    assert DataConfig().split_sizes() == (54000, 6000)
+    assert DataConfig(batch_size=128).iterations_per_epoch() == 422
 
 
 def test_fashion_mnist_from_a_data_dir(tmp_path):

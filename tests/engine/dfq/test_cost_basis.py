@@ -21,12 +21,12 @@ DIGITS = {"model": {"name": "resnet8"}, "data": {"dataset": "digits", "batch_siz
 
 
 def runner_of(schedule: dict, model: str = "resnet8") -> GatedRunner:
-    from engine.data.datasets import INFO, run_length
+    from engine.data.catalog import INFO
 
     cfg = parse_config({**DIGITS, "model": {"name": model}, "schedule": schedule})
     net, counter = prepare(cfg, INFO["digits"], torch.device("cpu"))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    return GatedRunner(cfg.schedule, net, counter, opt, run_length(cfg, 1437), cfg.model.name)
+    return GatedRunner(cfg.schedule, net, counter, opt, cfg.run_length(1437), cfg.model.name)
 
 
 def test_the_whole_model_basis_is_the_batch_bitops_with_the_gate_over_fp32():

@@ -484,7 +484,7 @@ def test_routed_knobs_are_refused_where_they_mean_nothing(schedule, field):
     ({"execution": "masked"}, 1.0, "computed"),  # masked runs every option over the whole batch
 ])
 def test_routed_defaults_follow_the_execution_and_reach_the_model(schedule, fraction, statistics):
-    from engine.data.datasets import INFO
+    from engine.data.catalog import INFO
     from engine.train import prepare
 
     cfg = parse_config({**DIGITS, "schedule": {"kind": "dfq", "target_cp": 3.0, **schedule}})

@@ -283,12 +283,12 @@ def test_cyclic_and_progressive_schedules_train_the_lm(tmp_path, schedule):
 
 
 def test_schedule_preview_prices_an_lm_per_token(tmp_path):
-    from engine.data.datasets import INFO, run_length
+    from engine.data.catalog import INFO
     from engine.preview import preview
 
     cfg = lm_config(write_wikitext(tmp_path / "wt"), {"kind": "static", "fw": 8, "bw": 8})
     out = preview(cfg)
-    tokens = run_length(cfg).total_iterations * cfg.data.batch_size * cfg.data.seq_len
+    tokens = cfg.run_length().total_iterations * cfg.data.batch_size * cfg.data.seq_len
     vocab = INFO["wikitext2"].classes  # a preview reads no corpus: the released vocabulary (data.vocab_size caps it)
     macs = sum(x.macs for x in build_model("transformer_tiny", 1, vocab).layer_table((cfg.data.seq_len,)))
     assert out["costs"]["macs"]["fp32"] == 3 * macs * tokens  # per token, a batch of sequences an iteration

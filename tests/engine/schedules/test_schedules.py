@@ -7,8 +7,8 @@ import json
 import pytest
 
 from engine.config.experiment import parse_config
-from engine.data.datasets import RunLength
 from engine.preview import preview
+from engine.run_length import RunLength
 from engine.schedules.curves import CPT, AutoPFQ, ManualPFQ, cyclic_bits
 from engine.schedules.prt import choose_fw_min
 from engine.train import train_and_evaluate
