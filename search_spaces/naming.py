@@ -20,9 +20,11 @@ from typing import Any
 
 KIND = "schedule.kind"
 # The short labels of the settings that tell trials apart ("": the value alone; a text value reads
-# label:value); any other setting is named by its own key
+# label:value); any other setting is named by its own key. "cp" is DFQ's target alone: FracTrain's first-stage
+# target and its total read "cp0=" and "cp_total=", so a FracTrain row never reads as a DFQ target.
 LABELS = {"epsilon": "eps", "alpha": "a", "target_cp": "cp", "weight_bits": "w", "num_cycles": "cyc",
-          "eval_every": "ev", "eval_windows": "ew", "block_floor": "bf", "force_final_at": "ff", "cp0": "cp",
+          "eval_every": "ev", "eval_windows": "ew", "block_floor": "bf", "force_final_at": "ff", "cp0": "cp0=",
+          "cp_total": "cp_total=",
           "cp_step": "+", "learning_rate": "lr", "batch_size": "bs", "weight_decay": "wd", "momentum": "mom",
           "epochs": "ep", "model.name": "", "options": "", "execution": "", "mode": "", "controller": "",
           "beta": "beta", "rounding": "", "routed_sample_fraction": "frac", "routed_statistics": "stats",
@@ -137,7 +139,7 @@ def run_name(point: dict[str, Any], seed: Any, varied: dict, kind: str | None = 
         if any(key == b and _join(head, a) in flat for a, b in PAIRS):
             continue  # the second of a pair: written with its first
         label = LABELS.get(path, LABELS.get(key, key))
-        if label == "+":  # FracTrain's cp step joins its start: cp1.5+0.5
+        if label == "+":  # FracTrain's cp step joins its start: cp0=1.5+0.5
             if words and words[-1].startswith("cp"):
                 words[-1] += f"+{short_value(flat[path])}"
             else:

@@ -145,7 +145,7 @@ def test_run_names_say_what_the_trial_is_and_stay_unique():
     assert name({"schedule.epsilon": 0.1, "schedule.alpha": 0.5}, kind="pfq") == "pfq eps0.1 a0.5 s0"
     assert name({"schedule": {"kind": "dfq", "options": "paper", "target_cp": 3.0, "execution": "routed"}}) == \
         "dfq paper cp3 routed s0"
-    assert name({"schedule": {"kind": "fractrain", "cp0": 1.5, "cp_step": 0.5}}) == "fractrain cp1.5+0.5 s0"
+    assert name({"schedule": {"kind": "fractrain", "cp0": 1.5, "cp_step": 0.5}}) == "fractrain cp0=1.5+0.5 s0"
     assert name({"schedule.fw_min": 3, "schedule.fw_max": 8, "optim.lr": 0.012345}, kind="cpt") == \
         "cpt fw3-8 lr0.0123 s0"
     assert name({"schedule": {"kind": "fp32"}}, 2) == "fp32 s2"

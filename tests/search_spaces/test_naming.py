@@ -63,13 +63,14 @@ def _of(name: str) -> list[str]:
 
 def test_names_carry_the_swept_values_and_the_method_where_methods_differ():
     assert _of("study_fmnist_fractrain_targets") == [
-        "cp2+0.5 ff0.8 stats:computed s3", "cp2.5+0.5 ff0.8 stats:computed s3", "cp1.5+1 ff0.8 stats:computed s3",
-        "cp2+0.5 ff0.65 stats:computed s3", "cp2+0.5 ff0.5 stats:computed s3", "cp1.5+0.5 ff0.8 stats:batch s3",
-        "cp2.5+0.25 ff0.8 stats:computed s3", "cp2.75+0.25 ff0.8 stats:computed s3"]
+        "cp0=2+0.5 ff0.8 stats:computed s3", "cp0=2.5+0.5 ff0.8 stats:computed s3",
+        "cp0=1.5+1 ff0.8 stats:computed s3", "cp0=2+0.5 ff0.65 stats:computed s3", "cp0=2+0.5 ff0.5 stats:computed s3",
+        "cp0=1.5+0.5 ff0.8 stats:batch s3", "cp0=2.5+0.25 ff0.8 stats:computed s3",
+        "cp0=2.75+0.25 ff0.8 stats:computed s3"]
     assert _of("study_fmnist") == [
         "fp32 s0", "static fw8/bw8 s0", "static fw6/bw8 s0", "pfq manual s0", "pfq auto s0", "cpt s0",
         "dfq cp1.5 masked s0", "dfq cp3 masked s0", "dfq cp1.5 routed s0", "dfq cp3 routed s0", "fractrain s0"]
-    # a staged sweep: the stage leads; its retrain row once read "retrain-fractrain paper w4 cp1.5+0.5 eps0.1 a0.5
+    # a staged sweep: the stage leads; its retrain row once read "retrain-fractrain paper w4 cp0=1.5+0.5 eps0.1 a0.5
     # ev10 ff0.8 routed option_stateshared routed_sample_fraction1 routed_statisticscomputed s0"
     assert _of("fmnist_finetune") == ["pretrain-fp32 s0", "retrain-fp32 s0", "retrain-static s0", "retrain-pfq s0",
                                       "retrain-cpt s0", "retrain-dfq s0", "retrain-fractrain s0"]
