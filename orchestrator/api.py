@@ -345,8 +345,7 @@ def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None
             ``./fractune_runs``).
         address: a running Ray cluster to attach to (``auto`` or ``HOST:PORT``); default: a local Ray.
         resume: continue the latest unfinished sweep of this name in ``storage``.
-        objective: the cost axis of the front instead of the spec's (bitops, macs, int_units, energy, memory or
-            table:NAME).
+        objective: the cost axis of the front instead of the spec's (one of ``results.objectives.COST_MODELS``).
         report: write the HTML report at the end (into ``report_dir``, default ``./fractune_reports/SWEEP_ID``)
             and log it on the sweep's parent run; a report that fails is noted in ``report_error``, not raised.
         dashboard: start the Ray dashboard with a local Ray.
@@ -492,8 +491,8 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
 
     Args:
         sweep, sweep_id, tracking_uri: as for ``results``.
-        objective: the cost model of the cost axis (bitops, macs, int_units, energy, memory or table:NAME;
-            default: the sweep's own).
+        objective: the cost model of the cost axis (one of ``results.objectives.COST_MODELS``; default: the
+            sweep's own).
 
     Returns:
         A ``ParetoFront``: the front's members (``pareto``, cheapest first; ``frame()`` as a DataFrame) with the

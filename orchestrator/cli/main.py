@@ -8,6 +8,9 @@ import argparse
 import sys
 
 from engine.errors import FractuneError
+from results.objectives import cost_models_text
+
+MODELS = cost_models_text()  # the registered cost models, as the help names them
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,7 +67,7 @@ def _add_train(sub) -> None:
 def _add_cost(sub) -> None:
     p = sub.add_parser("cost", help="training cost of one iteration under every cost model",
                        description="Per-sample training cost of one iteration (FW + EB + GC passes) at a precision, "
-                       "in BitOPs and under every cost model (macs, int_units, energy, memory, a user table). "
+                       f"in BitOPs and under every cost model ({cost_models_text('and')}). "
                        "By default every conv and linear layer runs at FW/BW; --stem/--fc fp32 reproduce a "
                        "method's layer map (the reference keeps the FC, and in DFQ the stem, in fp32).")
     p.add_argument("--model", required=True, help="model name, e.g. resnet38")
@@ -102,8 +105,7 @@ def _add_sweep(sub) -> None:
     p.add_argument("--report-dir", metavar="DIR", help="where the HTML report goes (default: "
                    "./fractune_reports/SWEEP_ID); it is also logged on the sweep's parent run")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report at the end")
-    p.add_argument("--objective", metavar="MODEL", help="the cost axis instead of the spec's objective: bitops, "
-                   "macs, int_units, energy, memory or table:NAME")
+    p.add_argument("--objective", metavar="MODEL", help=f"the cost axis instead of the spec's objective: {MODELS}")
     _shared(p, "json")
     p.set_defaults(func="orchestrator.cli.commands_sweep:cmd_sweep")
 
@@ -138,8 +140,8 @@ def _add_report(sub) -> None:
     _shared(p, "sweep_id", "tracking_uri")
     p.add_argument("--run", dest="runs", action="append", metavar="RUN",
                    help="a run (id, trial id or name) for the precision plot (repeatable; default: the Pareto front)")
-    p.add_argument("--objective", metavar="MODEL", help="the cost axis of the front: bitops, macs, int_units, "
-                   "energy, memory or table:NAME (default: the sweep's own)")
+    p.add_argument("--objective", metavar="MODEL", help=f"the cost axis of the front: {MODELS} (default: the sweep's "
+                   "own)")
     p.add_argument("--no-log", action="store_true", help="write the files only, do not log them to MLflow")
     _shared(p, "json")
     p.set_defaults(func="dashboards.report:cmd_report")
@@ -170,8 +172,8 @@ def _add_pareto(sub) -> None:
                        "training cost min) of the latest "
                        "sweep of this name (or --sweep-id) from its MLflow runs, the cost under any cost model.")
     p.add_argument("sweep", help="sweep name (the MLflow experiment)")
-    p.add_argument("--objective", metavar="MODEL", help="the cost axis: bitops, macs, int_units, energy, memory "
-                   "or table:NAME (default: the sweep's own, its spec's objective)")
+    p.add_argument("--objective", metavar="MODEL", help=f"the cost axis: {MODELS} (default: the sweep's own, its "
+                   "spec's objective)")
     _shared(p, "sweep_id", "tracking_uri", "json")
     p.set_defaults(func="orchestrator.cli.commands_sweep:cmd_pareto")
 
@@ -224,9 +226,8 @@ def _add_results(sub) -> None:
                    "written beside it: results.md -> results_pareto.png")
     p.add_argument("--notes", metavar="FILE", help="a markdown file appended verbatim (the analysis)")
     p.add_argument("--no-log", action="store_true", help="do not log the page on the parent run")
-    p.add_argument("--objective", metavar="MODEL", help="the cost model of the plot and the front: bitops, "
-                   "macs, int_units, energy, memory or table:NAME (default: the sweep's own); the savings table "
-                   "shows every model either way")
+    p.add_argument("--objective", metavar="MODEL", help=f"the cost model of the plot and the front: {MODELS} "
+                   "(default: the sweep's own); the savings table shows every model either way")
     _shared(p, "json")
     p.set_defaults(func="dashboards.results_page:cmd_results")
 
