@@ -14,19 +14,25 @@ Importing this module loads neither Ray, MLflow nor torch: each function imports
 
 from __future__ import annotations
 
-import copy
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr
-
 from engine.errors import CheckpointError, ConfigError, DataError, FractuneError, TrainingDiverged
 from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS, VAL_ACCURACY, VAL_PERPLEXITY
+from orchestrator._inputs import PathLike, check_resume, experiment_config, load_any, short, where
 from orchestrator._preflight import load_for_cluster
 from orchestrator._reports import write_report
+from orchestrator._result_types import (
+    AblationResult,
+    ParetoFront,
+    ReportResult,
+    SweepResult,
+    TrainResult,
+    ValidationResult,
+    sweep_result,
+)
 from orchestrator.sweep.lifecycle import SweepInterrupted
 
 if TYPE_CHECKING:
@@ -41,11 +47,6 @@ __all__ = [
     "SweepError",  # noqa: F822  loaded on first use (module __getattr__): it lives with the Tune code
 ]
 
-PathLike = str | os.PathLike
-# the columns of a front's rows, as `fractune pareto --json` gives each entry (a language model adds perplexity)
-FRONT_COLUMNS = ("run_id", "trial_id", "name", "method", ACCURACY, TRAIN_BITOPS, "objective", "cost", "cp", "params")
-# the keys a sweep's report adds to its outcome (written, or why not)
-REPORT_KEYS = ("report", "report_pngs", "report_artifact", "report_error")
 # what a training's per-epoch line shows
 EPOCH_KEYS = ("epoch", "loss", "train_accuracy", VAL_ACCURACY, ACCURACY, VAL_PERPLEXITY, PERPLEXITY,
               "cum_gbitops", "cp", "fw_bits", "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
@@ -57,152 +58,6 @@ def __getattr__(name: str):  # SweepError lives with the Tune code, which import
 
         return SweepError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# -- results ---------------------------------------------------------------------------------------------------
-class _Result(BaseModel):
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-
-class TrainResult(_Result):
-    """One training's outcome (``train``): its summary metrics and per-epoch history, as ``fractune train --json``
-    gives them."""
-
-    name: str
-    accuracy: float | None = None  # test accuracy (a language model: next-token accuracy)
-    perplexity: float | None = None  # a language model's test perplexity
-    train_bitops: float | None = None
-    savings_vs_fp32: float | None = None
-    savings_vs_fw8bw8: float | None = None
-    wall_seconds: float | None = None
-    metrics: dict[str, Any]  # every summary metric (costs under each cost model, events, bit allocation, ...)
-    history: list[dict[str, Any]]  # one dict of metrics per epoch
-
-    def history_frame(self) -> pd.DataFrame:
-        """The per-epoch metrics as a DataFrame, one row per epoch."""
-        import pandas as pd
-
-        return pd.DataFrame(self.history)
-
-
-class SweepResult(_Result):
-    """A sweep's outcome (``sweep``): the fields of ``fractune sweep --json``; ``raw`` is that object whole.
-    Pass it to ``results``, ``pareto``, ``pareto_front`` or ``report`` to read the sweep back from MLflow."""
-
-    sweep: str
-    sweep_id: str
-    experiment_id: str | None = None
-    parent_run_id: str | None = None
-    trials: int
-    errored: int
-    errors: list[dict[str, Any]] = []  # {trial_id, run_id, error} per errored trial
-    objective: str  # the cost model of the front's cost axis
-    task: str = "accuracy max"  # the task objective and its direction: "accuracy max", "perplexity min"
-    hypervolume: float | None = None
-    pareto: list[dict[str, Any]] = []  # the front, cheapest first, as `fractune pareto --json` gives it
-    stages: dict[str, Any] | None = None  # a staged sweep: per stage its trials, errors and runs
-    storage: str | None = None  # the sweep's Tune folder
-    storage_problem: str | None = None
-    tracking_uri: str  # credentials replaced by ***
-    wall_seconds: float | None = None
-    ui: str | None = None  # how to look at it in the MLflow UI
-    log: str | None = None  # Ray Tune's and MLflow's log lines
-    report: str | None = None  # the HTML report's path (None with report=False or when it failed)
-    report_pngs: list[str] = []
-    report_artifact: str | None = None
-    report_error: str | None = None
-    raw: dict[str, Any]
-    _uri: str = PrivateAttr(default="")  # the tracking URI with its credentials, to read the sweep back
-
-    @property
-    def ok(self) -> bool:
-        """No trial errored and nothing is pending (the CLI's exit code 0)."""
-        return not (self.errored or self.raw.get("tracking", {}).get("pending") or self.storage_problem)
-
-
-class AblationResult(SweepResult):
-    """An ablation's outcome (``ablate``): the sweep's fields, and per factor and level the mean and std over
-    seeds, Optuna's importance per objective and a sensitivity verdict per factor (``analysis``: all of it as
-    ``results.ablation_analysis.analyse`` gives it)."""
-
-    mode: str  # ofat or grid
-    factors: dict[str, list[str]]  # factor (dotted path) -> its levels' labels
-    baseline: dict[str, str]  # factor -> the baseline level's label
-    points: int
-    seeds: list[int]
-    finished: int  # trials finished with results
-    task_objective: str  # accuracy, or a language model's perplexity
-    direction: str
-    levels: dict[str, dict[str, dict[str, Any]]]
-    verdicts: dict[str, dict[str, Any]]
-    verdict_rule: str
-    importance: dict[str, Any]
-    analysis: dict[str, Any]
-
-    def levels_frame(self) -> pd.DataFrame:
-        """One row per factor and level: ``n`` and every mean/std the analysis holds."""
-        import pandas as pd
-
-        return pd.DataFrame([{"factor": f, "level": lv, **s} for f, levels in self.levels.items()
-                             for lv, s in levels.items()])
-
-
-class ParetoFront(_Result):
-    """A sweep's Pareto front read back from MLflow (``pareto_front``), with the sweep's state: the fields of
-    ``fractune pareto --json``."""
-
-    sweep: str
-    sweep_id: str
-    experiment_id: str
-    parent_run_id: str
-    trials: int
-    finished: int  # trials that ran their planned epochs with both objectives
-    status: str  # the parent run's: FINISHED, RUNNING, KILLED, ...
-    planned: int | None = None
-    partial: bool  # the sweep is running or was interrupted: the front of the trials done so far
-    progress: str | None = None  # that, in a line
-    diverged: list[str] = []  # run ids of trials whose loss passed the engine's bound
-    diverged_trials: list[dict[str, Any]] = []  # {run_id, name, epoch} of each
-    objective: str
-    task: str  # "accuracy max", or "perplexity min" for language models
-    pareto: list[dict[str, Any]]
-
-    def frame(self) -> pd.DataFrame:
-        """The front as a DataFrame: one row per member, the columns of ``fractune pareto --json``'s entries."""
-        return _front_frame(self.pareto)
-
-
-class ReportResult(_Result):
-    """A sweep's report (``report``): the HTML page, the PNGs of its key figures and the data behind them."""
-
-    sweep: str
-    sweep_id: str
-    experiment_id: str
-    parent_run_id: str
-    trials: int
-    finished: int
-    objective: str
-    html: Path  # the self-contained report.html
-    folder: Path
-    pngs: list[Path]
-    figures: dict[str, Path]  # figure name (pareto, importance, precision, sensitivity, bit_allocation) -> PNG
-    artifact: str | None = None  # the report's MLflow artifact (None with log=False)
-    pareto: list[dict[str, Any]]  # the front's rows as the report's table shows them
-    front_quality: dict[str, Any]  # hypervolume, its reference point and rule
-    importance: dict[str, Any]  # Optuna's parameter importance per objective
-    analysis: dict[str, Any] | None = None  # an ablation's per-level statistics and verdicts
-    raw: dict[str, Any]
-
-
-class ValidationResult(_Result):
-    """What ``validate`` found valid: the kind of file, its name and, for a sweep or ablation, its trials."""
-
-    file: str
-    kind: str  # experiment, sweep or ablation
-    name: str
-    valid: bool = True
-    trials: int | None = None
-    stages: list[dict[str, Any]] | None = None  # a staged sweep: name, trials, init_from, head per stage
 
 
 # -- train -----------------------------------------------------------------------------------------------------
@@ -239,7 +94,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     from results import lineage
     from results.output import check_output_file, check_output_folder, info
 
-    cfg = lineage.resolve_config(_config(config, overrides, data_dir), tracking_uri)
+    cfg = lineage.resolve_config(experiment_config(config, overrides, data_dir), tracking_uri)
     check_available(cfg.data)
     # every output path and the checkpoint to resume from are checked before any work; files are opened only
     # once the first epoch is done (a refused resume leaves the history file as it was); history is appended to
@@ -254,7 +109,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
 
     def report(metrics: dict, save) -> None:
         if progress:
-            info("epoch " + "  ".join(f"{k}={_short(metrics[k])}" for k in EPOCH_KEYS if k in metrics))
+            info("epoch " + "  ".join(f"{k}={short(metrics[k])}" for k in EPOCH_KEYS if k in metrics))
             for ev in metrics.get("events", []):
                 what = f"target cp {ev['target_cp']}" if "target_cp" in ev else f"FW{ev['fw_bits']}/BW{ev['bw_bits']}"
                 info(f"  {ev['reason']} at iteration {ev['iteration']}: stage {ev['stage']} -> {what}")
@@ -284,49 +139,6 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
                        metrics=m, history=result.history)
 
 
-def _config(config, overrides: Sequence[str], data_dir: str | None) -> ExperimentConfig:
-    """The validated experiment config of a file, a mapping or a config, with the overrides applied."""
-    from engine.config.experiment import (
-        ExperimentConfig,
-        apply_overrides,
-        check_path,
-        load_config,
-        parse_config,
-    )
-
-    overrides = list(overrides)
-    if data_dir is not None:  # checked naming the flag, then an override of data.data_dir
-        check_path("--data-dir", data_dir)
-        overrides.append(f"data.data_dir={data_dir}")
-    if isinstance(config, ExperimentConfig):
-        return parse_config(apply_overrides(config.model_dump(mode="json"), overrides)) if overrides else config
-    if isinstance(config, Mapping):
-        return parse_config(apply_overrides(copy.deepcopy(dict(config)), overrides))
-    return load_config(config, overrides)
-
-
-def check_resume(path: str) -> None:
-    """``--resume``: a checkpoint folder written by ``--checkpoint-dir`` (or its state.pt)."""
-    import stat
-
-    from engine.checkpoint import FILENAME
-
-    p = Path(path)
-    state = p / FILENAME if p.is_dir() else p
-    try:
-        ok = stat.S_ISREG(state.stat().st_mode)
-    except OSError:
-        ok = False
-    if not ok:
-        raise ConfigError.single("--resume", path, f"allowed: a checkpoint folder written by --checkpoint-dir "
-                                 f"(holding {FILENAME})")
-
-
-def _short(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-# -- sweeps and ablations --------------------------------------------------------------------------------------
 def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None, storage: str | None = None,
           address: str | None = None, resume: bool = False, objective: str | None = None, report: bool = True,
           report_dir: str | None = None, dashboard: bool = False, progress: bool = True,
@@ -385,7 +197,7 @@ def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None
         raise
     if report:
         out.update(write_report(out, report_dir, uri=uri))
-    return _sweep_result(SweepResult, out, uri, task=str(objectives.of_spec(loaded)))
+    return sweep_result(SweepResult, out, uri, task=str(objectives.of_spec(loaded)))
 
 
 def ablate(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None, storage: str | None = None,
@@ -428,29 +240,11 @@ def ablate(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = Non
     a = analyse(data.finished(), data.meta or meta, data.task)
     if report:
         outcome.update(write_report(outcome, out, data=data, uri=uri))
-    return _sweep_result(AblationResult, outcome, uri, mode=meta["mode"], factors=meta["labels"],
+    return sweep_result(AblationResult, outcome, uri, mode=meta["mode"], factors=meta["labels"],
                          baseline=meta["baseline"], points=len(loaded.points), seeds=list(meta["seeds"]),
                          finished=a["trials"], task_objective=a["objective"], direction=a["direction"],
                          levels=a["levels"], verdicts=a["verdicts"], verdict_rule=a["verdict_rule"],
                          importance=a["importance"], analysis=a)
-
-
-def _sweep_result(cls, out: dict, uri: str, **extra):
-    fields = {k: out[k] for k in cls.model_fields if k in out and k != "raw" and k not in extra}
-    res = cls(**fields, **extra, raw=out)
-    res._uri = uri
-    return res
-
-
-def _where(sweep: str | SweepResult, sweep_id: str | None, tracking_uri: str | None) -> tuple[str, str | None, str]:
-    """(name, sweep id, normalised tracking URI) of a sweep given by name or by its ``SweepResult``."""
-    from results import store
-
-    if isinstance(sweep, SweepResult):
-        return sweep.sweep, sweep_id or sweep.sweep_id, store.normalise_uri(tracking_uri or sweep._uri
-                                                                            or sweep.tracking_uri)
-    uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
-    return sweep, sweep_id, uri
 
 
 def results(sweep: str | SweepResult, *, sweep_id: str | None = None,
@@ -478,7 +272,7 @@ def results(sweep: str | SweepResult, *, sweep_id: str | None = None,
 
     from results import runs
 
-    name, sweep_id, uri = _where(sweep, sweep_id, tracking_uri)
+    name, sweep_id, uri = where(sweep, sweep_id, tracking_uri)
     data = runs.load(uri, name, sweep_id)
     return pd.DataFrame(data.rows)
 
@@ -503,7 +297,7 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
     """
     from results import runs, store
 
-    name, sweep_id, uri = _where(sweep, sweep_id, tracking_uri)
+    name, sweep_id, uri = where(sweep, sweep_id, tracking_uri)
     store.check_uri(uri)
     data = runs.load(uri, name, sweep_id)
     objective = runs.check_objective(objective or data.objective, data.rows)
@@ -539,12 +333,6 @@ def pareto(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_ur
     return pareto_front(sweep, sweep_id=sweep_id, tracking_uri=tracking_uri, objective=objective).frame()
 
 
-def _front_frame(entries: list[dict]) -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.DataFrame(entries) if entries else pd.DataFrame(columns=list(FRONT_COLUMNS))
-
-
 def report(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_uri: str | None = None,
            out: str | None = None, runs: Sequence[str] | None = None, objective: str | None = None,
            log: bool = True) -> ReportResult:
@@ -571,7 +359,7 @@ def report(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_ur
     from results import store
     from results.output import check_output_folder
 
-    name, sweep_id, uri = _where(sweep, sweep_id, tracking_uri)
+    name, sweep_id, uri = where(sweep, sweep_id, tracking_uri)
     ConfigError.check_all(lambda: store.check_names(name, sweep_id), lambda: store.check_uri(uri),
                           lambda: check_output_folder("--out", out) if out else None)
     rep = build_report(uri, name, sweep_id, out, list(runs) if runs else None, log=log, objective=objective)
@@ -602,7 +390,7 @@ def validate(file: PathLike, *, tracking_uri: str | None = None) -> ValidationRe
     """
     from results import lineage
 
-    kind, obj = _load_any(file)
+    kind, obj = load_any(file)
     if kind in ("spec", "ablation"):
         lineage.resolve_runs(tracking_uri, lineage.spec_run_ids(obj))  # each init.run_id: a readable checkpoint
         stages = None
@@ -622,18 +410,3 @@ def validate(file: PathLike, *, tracking_uri: str | None = None) -> ValidationRe
 
         load_init(lineage.resolve_config(obj, tracking_uri).init, obj.model.name)
     return ValidationResult(file=str(file), kind="experiment", name=obj.name)
-
-
-def _load_any(path: PathLike):
-    """An ablation spec (has ``ablation``), a sweep spec (``parameters``/``base``/``search``...) or an
-    experiment config."""
-    from engine.config.experiment import load_config, read_yaml
-    from search_spaces.ablation import load_ablation
-    from search_spaces.spec import load_spec
-
-    tree = read_yaml(path)
-    if "ablation" in tree:
-        return "ablation", load_ablation(path)
-    if any(k in tree for k in ("parameters", "base", "search", "seeds", "budget", "resources", "stages")):
-        return "spec", load_spec(path)
-    return "config", load_config(path)

@@ -34,7 +34,8 @@ MAY_USE_SERVICES = {  # package -> the service libraries it may import
 ORCHESTRATOR_LAYERS = (
     {"orchestrator.tracking", "orchestrator.cluster"},
     {"orchestrator.sweep"},
-    {"orchestrator.api", "orchestrator._preflight", "orchestrator._reports"},
+    {"orchestrator.api", "orchestrator._preflight", "orchestrator._reports", "orchestrator._inputs",
+     "orchestrator._result_types"},
     {"orchestrator.cli"},
 )
 # orchestrator modules that import Ray at module level: the Tune callbacks, imported lazily by the sweep driver
@@ -126,7 +127,7 @@ def orchestrator_layer(module: str) -> int | None:
 def test_every_orchestrator_module_has_a_layer():
     assert [m for m in IMPORTS if m.startswith("orchestrator.") and orchestrator_layer(m) is None] == []
     loose = sorted(p.name for p in (ROOT / "orchestrator").glob("*.py"))
-    assert loose == ["__init__.py", "_preflight.py", "_reports.py", "api.py"]
+    assert loose == ["__init__.py", "_inputs.py", "_preflight.py", "_reports.py", "_result_types.py", "api.py"]
 
 
 def orchestrator_upward_imports(imports) -> list[str]:

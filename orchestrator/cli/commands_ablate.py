@@ -10,7 +10,8 @@ from results.output import emit_json, fmt, info, table
 
 
 def cmd_ablate(args) -> int:
-    from orchestrator.api import REPORT_KEYS, ablate
+    from orchestrator._result_types import REPORT_KEYS
+    from orchestrator.api import ablate
     from orchestrator.cli.commands_sweep import print_report
 
     res = ablate(args.spec, tracking_uri=args.tracking_uri, storage=args.storage, address=args.address,

@@ -17,6 +17,7 @@ import yaml
 
 from engine.errors import ConfigError
 from orchestrator import api
+from orchestrator._result_types import FRONT_COLUMNS
 from tests.conftest import ROOT, run_main
 
 DOC = ROOT / "docs" / "api.md"
@@ -59,7 +60,7 @@ def test_the_docs_example_runs_and_its_front_is_the_clis(ray_local, tmp_path, st
                             "--json")
     assert code == 0 and cli["sweep_id"] == sweep.sweep_id
     assert cli["pareto"] and all(list(front.columns) == list(e) for e in cli["pareto"])
-    assert list(front.columns) == list(api.FRONT_COLUMNS)
+    assert list(front.columns) == list(FRONT_COLUMNS)
     assert front.to_dict("records") == [{k: (None if isinstance(v, float) and math.isnan(v) else v)
                                          for k, v in r.items()} for r in cli["pareto"]]
     typed = api.pareto_front("digits_api", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
