@@ -56,13 +56,6 @@ def check_resume(path: str) -> None:
                                  f"(holding {FILENAME})")
 
 
-def short(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-# -- sweeps and ablations --------------------------------------------------------------------------------------
-
-
 def where(sweep: str | SweepResult, sweep_id: str | None, tracking_uri: str | None) -> tuple[str, str | None, str]:
     """(name, sweep id, normalised tracking URI) of a sweep given by name or by its ``SweepResult``."""
     from results import store

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from engine.metrics import ACCURACY, TRAIN_BITOPS
+from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,6 +36,14 @@ class TrainResult(_Result):
     wall_seconds: float | None = None
     metrics: dict[str, Any]  # every summary metric (costs under each cost model, events, bit allocation, ...)
     history: list[dict[str, Any]]  # one dict of metrics per epoch
+
+    @classmethod
+    def of(cls, name: str, metrics: dict[str, Any], history: list[dict[str, Any]]) -> TrainResult:
+        m = metrics
+        return cls(name=name, accuracy=m.get(ACCURACY), perplexity=m.get(PERPLEXITY),
+                   train_bitops=m.get(TRAIN_BITOPS), savings_vs_fp32=m.get("savings_vs_fp32"),
+                   savings_vs_fw8bw8=m.get("savings_vs_fw8bw8"), wall_seconds=m.get("wall_seconds"), metrics=m,
+                   history=history)
 
     def history_frame(self) -> pd.DataFrame:
         """The per-epoch metrics as a DataFrame, one row per epoch."""
@@ -151,6 +159,17 @@ class ReportResult(_Result):
     importance: dict[str, Any]  # Optuna's parameter importance per objective
     analysis: dict[str, Any] | None = None  # an ablation's per-level statistics and verdicts
     raw: dict[str, Any]
+
+    @classmethod
+    def of(cls, rep: dict[str, Any]) -> ReportResult:
+        """From the dict ``dashboards.report.build_report`` returns."""
+        pngs = [Path(p) for p in rep["pngs"]]
+        return cls(sweep=rep["sweep"], sweep_id=rep["sweep_id"], experiment_id=rep["experiment_id"],
+                   parent_run_id=rep["parent_run_id"], trials=rep["trials"], finished=rep["finished"],
+                   objective=rep["objective"], html=Path(rep["report"]), folder=Path(rep["folder"]), pngs=pngs,
+                   figures={p.stem: p for p in pngs}, artifact=rep["artifact"], pareto=rep["pareto"],
+                   front_quality=rep["front_quality"], importance=rep["importance"], analysis=rep["analysis"],
+                   raw=rep)
 
 
 class ValidationResult(_Result):

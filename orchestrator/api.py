@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import CheckpointError, ConfigError, DataError, FractuneError, TrainingDiverged
-from engine.metrics import ACCURACY, PERPLEXITY, TRAIN_BITOPS, VAL_ACCURACY, VAL_PERPLEXITY
-from orchestrator._inputs import PathLike, check_resume, experiment_config, load_any, short, where
+from orchestrator._inputs import PathLike, check_resume, experiment_config, load_any, where
 from orchestrator._preflight import load_for_cluster
 from orchestrator._reports import write_report
 from orchestrator._result_types import (
@@ -47,9 +45,6 @@ __all__ = [
     "SweepError",  # noqa: F822  loaded on first use (module __getattr__): it lives with the Tune code
 ]
 
-# what a training's per-epoch line shows
-EPOCH_KEYS = ("epoch", "loss", "train_accuracy", VAL_ACCURACY, ACCURACY, VAL_PERPLEXITY, PERPLEXITY,
-              "cum_gbitops", "cp", "fw_bits", "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
 
 
 def __getattr__(name: str):  # SweepError lives with the Tune code, which imports torch: loaded when asked for
@@ -92,7 +87,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     from engine.data.datasets import check_available
     from engine.train import train_and_evaluate
     from results import lineage
-    from results.output import check_output_file, check_output_folder, info
+    from results.output import check_output_file, check_output_folder, epoch_lines, info
 
     cfg = lineage.resolve_config(experiment_config(config, overrides, data_dir), tracking_uri)
     check_available(cfg.data)
@@ -108,11 +103,8 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     opened: list = []
 
     def report(metrics: dict, save) -> None:
-        if progress:
-            info("epoch " + "  ".join(f"{k}={short(metrics[k])}" for k in EPOCH_KEYS if k in metrics))
-            for ev in metrics.get("events", []):
-                what = f"target cp {ev['target_cp']}" if "target_cp" in ev else f"FW{ev['fw_bits']}/BW{ev['bw_bits']}"
-                info(f"  {ev['reason']} at iteration {ev['iteration']}: stage {ev['stage']} -> {what}")
+        for line in epoch_lines(metrics) if progress else ():
+            info(line)
         if history_file is not None:
             if not opened:
                 opened.append(open(history_file, "a"))  # noqa: SIM115  closed after training
@@ -132,11 +124,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     finally:
         for fh in opened:
             fh.close()
-    m = result.metrics
-    return TrainResult(name=cfg.name, accuracy=m.get(ACCURACY), perplexity=m.get(PERPLEXITY),
-                       train_bitops=m.get(TRAIN_BITOPS), savings_vs_fp32=m.get("savings_vs_fp32"),
-                       savings_vs_fw8bw8=m.get("savings_vs_fw8bw8"), wall_seconds=m.get("wall_seconds"),
-                       metrics=m, history=result.history)
+    return TrainResult.of(cfg.name, result.metrics, result.history)
 
 
 def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None, storage: str | None = None,
@@ -363,13 +351,7 @@ def report(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_ur
     ConfigError.check_all(lambda: store.check_names(name, sweep_id), lambda: store.check_uri(uri),
                           lambda: check_output_folder("--out", out) if out else None)
     rep = build_report(uri, name, sweep_id, out, list(runs) if runs else None, log=log, objective=objective)
-    pngs = [Path(p) for p in rep["pngs"]]
-    return ReportResult(sweep=rep["sweep"], sweep_id=rep["sweep_id"], experiment_id=rep["experiment_id"],
-                        parent_run_id=rep["parent_run_id"], trials=rep["trials"], finished=rep["finished"],
-                        objective=rep["objective"], html=Path(rep["report"]), folder=Path(rep["folder"]),
-                        pngs=pngs, figures={p.stem: p for p in pngs}, artifact=rep["artifact"],
-                        pareto=rep["pareto"], front_quality=rep["front_quality"], importance=rep["importance"],
-                        analysis=rep["analysis"], raw=rep)
+    return ReportResult.of(rep)
 
 
 # -- validate --------------------------------------------------------------------------------------------------

@@ -10,6 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.metrics import ACCURACY, PERPLEXITY, VAL_ACCURACY, VAL_PERPLEXITY
+
+# what a training's per-epoch line shows
+EPOCH_KEYS = ("epoch", "loss", "train_accuracy", VAL_ACCURACY, ACCURACY, VAL_PERPLEXITY, PERPLEXITY,
+              "cum_gbitops", "cp", "fw_bits", "bw_bits", "stage", "target_cp", "cp_gated", "wall_seconds")
+
 
 def _clean(obj: Any) -> Any:
     if isinstance(obj, float):
@@ -37,6 +43,16 @@ def fmt(v: Any, digits: int = 4) -> str:
             return f"{v:.{digits - 1}e}"
         return f"{v:.{digits}f}".rstrip("0").rstrip(".") if "." in f"{v:.{digits}f}" else f"{v}"
     return str(v)
+
+
+def epoch_lines(metrics: dict) -> list[str]:
+    """A training's line for one epoch, and one per schedule event in it (a stage change, a new cp target)."""
+    short = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["epoch " + "  ".join(f"{k}={short(metrics[k])}" for k in EPOCH_KEYS if k in metrics)]
+    for ev in metrics.get("events", []):
+        what = f"target cp {ev['target_cp']}" if "target_cp" in ev else f"FW{ev['fw_bits']}/BW{ev['bw_bits']}"
+        lines.append(f"  {ev['reason']} at iteration {ev['iteration']}: stage {ev['stage']} -> {what}")
+    return lines
 
 
 def table(rows: Sequence[dict], columns: Sequence[str] | None = None, file=None) -> None:
