@@ -205,6 +205,7 @@ def test_a_stage_may_run_on_its_own_seeds_unless_stages_chain():
         parse_spec(chained)
 
 
+@pytest.mark.slow
 def test_the_fair_study_gives_each_dfq_arm_its_static_twins_whole_model_cost():
     """study_fmnist_fair's DFQ targets are its static twins' whole-model cp (to 1e-4 pp), from the BitOPs counter
     on the same layer map, and its pairs join each DFQ arm with that twin."""

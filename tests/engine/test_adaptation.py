@@ -82,6 +82,7 @@ def pretrained(tmp_path_factory):
     return folder, result
 
 
+@pytest.mark.slow
 def test_init_keeps_the_pretrained_model_and_starts_above_chance(pretrained):
     folder, pre = pretrained
     cfg = parse_config({**BASE, "data": {**BASE["data"], "split": {"by": "samples", "part": 1}},
@@ -111,6 +112,7 @@ def test_head_reset_reinitialises_only_the_classifier(pretrained, tmp_path):
     assert result.history[0]["init_accuracy"] < 0.25  # a fresh classifier: near chance (0.1) before training
 
 
+@pytest.mark.slow
 def test_a_gated_retrain_loads_the_fp32_backbone(pretrained):
     folder, pre = pretrained
     cfg = parse_config({**BASE, "init": {"checkpoint": str(folder)},

@@ -39,6 +39,7 @@ def test_fp32_run_costs_the_fp32_reference():
     assert m["savings_vs_fw8bw8"] < 0  # fp32 costs 16x FW8/BW8
 
 
+@pytest.mark.slow
 def test_same_seed_same_run_and_other_seed_differs():
     a = train_and_evaluate(cfg_with(kind="static", fw=4, bw=8)).history
     b = train_and_evaluate(cfg_with(kind="static", fw=4, bw=8)).history
@@ -47,6 +48,7 @@ def test_same_seed_same_run_and_other_seed_differs():
     assert [h["loss"] for h in a] != [h["loss"] for h in c]
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tmp_path):
     cfg = cfg_with(kind="static", fw=4, bw=6)
     saved = {}

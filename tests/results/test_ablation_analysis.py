@@ -121,6 +121,7 @@ def test_verdict_thresholds():
     assert verdict([0.9, 0.95], float("nan"), THRESHOLDS)["verdict"] == "undetermined"  # one seed
 
 
+@pytest.mark.slow
 def test_importance_separates_objectives_and_minds_direction():
     """accuracy's best trials are decided by `a` (a > 0.9), its worst by `b`; BitOPs only by `c`.
     With the target's sign wrong, PED-ANOVA (which studies the lowest targets) would name `b`."""
@@ -160,6 +161,7 @@ def test_analyse_reports_levels_verdicts_and_importance():
     assert "insensitive: ratio < 2" in a["verdict_rule"]
 
 
+@pytest.mark.slow
 def test_importance_per_cost_model():
     """Each cost model is its own objective: `c` decides BitOPs, `d` decides energy; MACs are constant."""
     from results.ablation_analysis import importances_by_objective
@@ -177,6 +179,7 @@ def test_importance_per_cost_model():
     assert max(imp["accuracy"], key=imp["accuracy"].get) == "c"
 
 
+@pytest.mark.slow
 def test_language_model_importance_follows_perplexity_minimized():
     """LM rows (they report test perplexity): the task objective is perplexity, minimized. The lowest perplexity
     is decided by `a` (a > 0.85), the highest by `b`; next-token accuracy only by `d`, BitOPs only by `c`. Studied as

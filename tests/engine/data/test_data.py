@@ -60,6 +60,7 @@ def test_digits_split_is_fixed_and_disjoint():
     assert len(sub.train) == 100 and len(sub.test) == 50
 
 
+@pytest.mark.slow
 def test_digits_read_from_the_shipped_csv_equal_load_digits(monkeypatch):
     """The digits come from scikit-learn's CSV without importing scikit-learn; they are exactly what
     ``load_digits`` returns, and where the file is not found ``load_digits`` itself is used."""

@@ -69,6 +69,7 @@ def test_the_whole_model_basis_refuses_a_target_below_what_the_fixed_layers_cost
         train_and_evaluate(cfg)
 
 
+@pytest.mark.slow
 def test_a_whole_model_target_holds_the_whole_model_cp_within_a_tenth_of_a_point():
     """The controller steers the whole model's cp (every layer and the gate) to the target over an epoch: the
     logged cp on the model basis (the mean of the batches') and the epoch's BitOPs with the gate's over FP32's;
@@ -84,6 +85,7 @@ def test_a_whole_model_target_holds_the_whole_model_cp_within_a_tenth_of_a_point
     assert r.metrics["target_cp"] == 5.0
 
 
+@pytest.mark.slow
 def test_a_controller_cannot_meet_its_target_by_skipping_into_a_dearer_path(monkeypatch):
     """Options skip, 4/8 and 8/8 (4-bit weights) on ResNet-8: a downsampling block's skip runs its fp32
     projection, dearer than computing the block at 4/8, and the gate likes that fp32 path. Priced, the run's

@@ -398,6 +398,7 @@ def test_sign_rules():
 DIGITS = {"model": {"name": "resnet8"}, "data": {"dataset": "digits", "batch_size": 64}}
 
 
+@pytest.mark.slow
 def test_dfq_run_reports_cp_and_bit_allocation():
     cfg = parse_config({**DIGITS, "optim": {"epochs": 3},
                         "schedule": {"kind": "dfq", "target_cp": 2.0, "execution": "routed"}})
@@ -412,6 +413,7 @@ def test_dfq_run_reports_cp_and_bit_allocation():
     assert r.metrics["cp"] < 100 and r.metrics["train_bitops"] < r.metrics["fp32_bitops"]
 
 
+@pytest.mark.slow
 def test_fractrain_target_steps_up_at_turning_points(tmp_path):
     cfg = parse_config({**DIGITS, "optim": {"epochs": 4},
                         "schedule": {"kind": "fractrain", "cp0": 1.5, "cp_step": 0.5, "num_turning_points": 3,
@@ -547,6 +549,7 @@ def test_per_option_state_evaluates_each_sample_with_its_options_statistics():
 
 @pytest.mark.parametrize("schedule", [{"option_state": "per_option"},
                                       {"option_state": "skip_apart", "execution": "routed"}])
+@pytest.mark.slow
 def test_option_state_run_resumes_exactly(tmp_path, schedule):
     cfg = parse_config({**DIGITS, "optim": {"epochs": 2}, "schedule": {
         "kind": "dfq", "target_cp": 3.0, **schedule}})
@@ -669,6 +672,7 @@ def test_routed_batch_statistics_keep_the_estimate_draw_for_draw(estimator):
     assert torch.allclose(grads["batch"], grads["computed"], atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_block_floor_keeps_every_gated_block_computing_where_a_low_target_collapses_them():
     """At a gated cp target the options reach only by skipping (just above the cheapest the network can run,
     which skips every block it can for free), the controller drives blocks to skip for every input (a collapse);

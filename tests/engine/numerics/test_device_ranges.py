@@ -145,6 +145,7 @@ def _gated_step_on_both_paths(execution, statistics, dtype, monkeypatch):
 @pytest.mark.parametrize("schedule", [{"kind": "static", "fw": 8, "bw": 8},
                                       {"kind": "dfq", "target_cp": 3.0, "execution": "routed"}],
                          ids=["fw8bw8", "dfq_routed"])
+@pytest.mark.slow
 def test_a_run_on_the_device_path_learns_as_on_the_host_path(schedule, monkeypatch):
     """A short training run end to end (train, running ranges, evaluation) on both paths."""
     figures = []

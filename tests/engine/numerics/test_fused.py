@@ -94,6 +94,7 @@ def test_the_generator_is_stepped_as_torch_steps_it():
                                        "routed_statistics": "computed"},
                                       {"kind": "fractrain", "execution": "routed"}],
                          ids=["fw6bw8", "dfq_routed", "dfq_routed_computed", "fractrain_routed"])
+@pytest.mark.slow
 def test_a_run_is_the_same_bit_for_bit_with_and_without_the_kernels(schedule):
     figures = []
     for on in (True, False):
@@ -135,6 +136,7 @@ def test_a_failed_self_check_turns_the_kernels_off(fresh, tmp_path):
 
 
 @pytest.mark.parametrize("cache", ["unwritable", "shared", "a_file"])
+@pytest.mark.slow
 def test_an_unusable_cache_builds_in_a_private_folder(cache, fresh, tmp_path):
     """A cache folder that cannot be written, that others can write, or that is a file: the library is built
     in a private folder for this process, and nothing is loaded from or left in the bad one."""
@@ -151,6 +153,7 @@ def test_an_unusable_cache_builds_in_a_private_folder(cache, fresh, tmp_path):
         assert not list(target.iterdir())
 
 
+@pytest.mark.slow
 def test_processes_compiling_into_one_cache_at_once_all_load_it(tmp_path):
     """Three processes start on an empty cache together: each builds under a private name and renames it into
     place, so all of them load a whole library and one file is left."""
@@ -163,6 +166,7 @@ def test_processes_compiling_into_one_cache_at_once_all_load_it(tmp_path):
     assert len(list(tmp_path.glob("fused-*.so"))) == 1 and not list(tmp_path.glob(".fused-*"))
 
 
+@pytest.mark.slow
 def test_a_bad_switch_value_is_refused_before_the_command_starts(run_cli):
     r = run_cli("validate", str(ROOT / "examples" / "fmnist_dfq.yaml"), env={"FRACTUNE_FUSED": "maybe"},
                 timeout=120)

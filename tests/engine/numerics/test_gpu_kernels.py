@@ -45,6 +45,7 @@ def test_the_kernels_take_cuda_tensors_and_cpu_ones_only_when_asked():
 
 
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 5, 7, 9), (3, 300, 300)])  # the last: two blocks per program
+@pytest.mark.slow
 def test_the_per_tensor_quantizer_gives_the_torch_passes_bits(shape):
     x = _sample(shape, len(shape))
     lo, hi = torch.aminmax(x)
@@ -105,6 +106,7 @@ def _rounding_moments(q: torch.Tensor, x: torch.Tensor, step: float) -> tuple[fl
 
 
 @pytest.mark.parametrize("rows", [False, True])
+@pytest.mark.slow
 def test_stochastic_rounding_is_unbiased_with_the_variance_of_a_fair_coin(rows):
     """For x at fraction f of a step, unbiased stochastic rounding errs by 1 - f with probability f and by -f
     otherwise: mean 0 and mean square f (1 - f). Checked to within five standard errors on 200,000 values."""
@@ -152,6 +154,7 @@ def test_the_observing_quantizer_updates_the_running_range_as_the_torch_ops_do()
     assert _equal(got, quant.quantize(x, 5, lo, hi))
 
 
+@pytest.mark.slow
 def test_the_custom_ops_pass_torchs_op_checks():
     """Schemas, fake (meta) implementations and the aot dispatch that torch.compile relies on."""
     x = _sample((4, 3, 5, 5), 6)
@@ -192,6 +195,7 @@ def _train(model, prec_at, steps: int, compile: str = "off") -> list[float]:
     return losses
 
 
+@pytest.mark.slow
 def test_a_model_trains_through_the_kernels_as_through_the_torch_passes():
     """Forward at FW8 and backward at 32 bits: every rounding is nearest, so both paths give the same steps
     up to the order of float operations inside the convolutions, and the running ranges move alike."""
@@ -210,6 +214,7 @@ def test_a_model_trains_through_the_kernels_as_through_the_torch_passes():
     assert all(math.isfinite(v) for v in sr)
 
 
+@pytest.mark.slow
 def test_a_compiled_step_runs_the_kernels_as_custom_ops_without_graph_breaks():
     from torch._dynamo.utils import counters
 
@@ -228,6 +233,7 @@ def test_a_compiled_step_runs_the_kernels_as_custom_ops_without_graph_breaks():
 
 
 @pytest.mark.parametrize("kernels", [False, True])
+@pytest.mark.slow
 def test_a_compiled_step_compiles_two_graphs_for_a_whole_cpt_cycle(kernels):
     """Bit-widths that change at every step (CPT) do not recompile the step at every change: the first precision
     compiles a graph, the first change one more with symbolic bit-widths, and the rest reuse it; each step
@@ -259,6 +265,7 @@ def test_mixed_precision_layers_take_the_row_kernel():
     assert y.shape == (5, 3, 4, 4) and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_the_switch_keeps_the_torch_passes_and_a_bad_value_is_refused_before_the_command_starts(run_cli,
                                                                                                   monkeypatch):
     monkeypatch.setenv("FRACTUNE_GPU_KERNELS", "off")

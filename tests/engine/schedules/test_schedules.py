@@ -57,6 +57,7 @@ def test_cpt_needs_at_least_one_iteration_per_cycle():
         CPT(sched(kind="cpt"), RunLength(20, 10))
 
 
+@pytest.mark.slow
 def test_preview_cpt_3to8_matches_the_spec(run_cli):
     r = run_cli("schedule", str(ROOT / "examples" / "cpt_3to8.yaml"), "--json")
     assert r.returncode == 0, r.stderr
@@ -95,6 +96,7 @@ def test_choose_fw_min():
     assert choose_fw_min({2: 0.5, 3: 0.51}, threshold=0.05)[0] == 2  # no jump: the lowest trains already
 
 
+@pytest.mark.slow
 def test_auto_pfq_run_resumes_with_its_indicator(tmp_path):
     cfg = parse_config({**DIGITS, "optim": {"epochs": 3},
                         "schedule": {"kind": "pfq", "eval_every": 3, "epsilon": 0.3, "alpha": 0.8}})
