@@ -127,12 +127,14 @@ def run_main(*args: str) -> tuple[int, str, dict | None]:
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A real local Ray (2 CPUs) started once for every test that runs sweeps."""
+    """A real local Ray (2 CPUs) started once for every test that runs sweeps; without metrics collection, as
+    fractune's own local Ray (orchestrator/sweep/driver.py ``init_ray``): its exporters would only spend CPU."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 _system_config={"enable_metrics_collection": False})
     yield ray
     ray.shutdown()
 

@@ -16,7 +16,7 @@ from engine.config.experiment import parse_config, set_path
 from results import store
 from results.objectives import ACCURACY_OBJECTIVE as ACC
 from results.objectives import PERPLEXITY_OBJECTIVE as PPL
-from tests.conftest import copy_store
+from tests.conftest import copy_store, run_main
 
 STUDY = {
     "name": "mini_study",
@@ -228,16 +228,15 @@ def mini_study(ray_local, tmp_path_factory, store_template):
 
 
 @pytest.mark.slow
-def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
+def test_results_page_is_generated_from_the_mlflow_runs(mini_study):
     folder, uri = mini_study["folder"], mini_study["uri"]
     notes = folder / "notes.md"
     notes.write_text("## Analysis\n\nWritten by a person.\n")
     out_md = folder / "docs" / "results.md"
     out_md.parent.mkdir()  # --out must be in an existing folder (a missing one is refused: test_bad_input)
-    r = run_cli("results", "mini_study", "--tracking-uri", uri, "--out", str(out_md), "--notes", str(notes),
-                "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    code, out, summary = run_main("results", "mini_study", "--tracking-uri", uri, "--out", str(out_md), "--notes",
+                                  str(notes), "--json")
+    assert code == 0, out[-3000:]
     page = out_md.read_text()
 
     # every number in the table comes from the runs: recompute one group independently
@@ -280,8 +279,6 @@ def test_results_page_is_generated_from_the_mlflow_runs(mini_study, run_cli):
 
 
 def test_results_front_under_another_cost_model(mini_study):
-    from tests.conftest import run_main
-
     folder, uri = mini_study["folder"], mini_study["uri"]
     code, _, out = run_main("results", "mini_study", "--tracking-uri", uri, "--out", str(folder / "e.md"),
                             "--no-log", "--objective", "energy", "--json")
@@ -293,8 +290,6 @@ def test_results_front_under_another_cost_model(mini_study):
 
 
 def test_results_bad_input_is_one_line(mini_study, capsys):
-    from tests.conftest import run_main
-
     code = run_main("results", "no_such_sweep", "--tracking-uri", mini_study["uri"])[0]
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "no_such_sweep" in err
@@ -362,8 +357,6 @@ def _lm_rows() -> list[dict]:
 
 def test_language_model_results_page_ranks_on_perplexity(tmp_path, monkeypatch):
     from dashboards import pngs
-    from tests.conftest import run_main
-
     uri = f"sqlite:///{tmp_path / 'lm.db'}"
     _lm_sweep(uri)
     labels = {}
@@ -427,8 +420,6 @@ def test_perplexity_comparable_rule_is_relative_on_the_worst_seed():
 def test_results_page_names_the_spec_file_that_made_it(tmp_path):
     """The Setting's first line: the parent run's ``spec_file``; a sweep that predates it, the spec of its name in
     search_spaces/ or docs/studies/, said to be found by name; no line when there is none."""
-    from tests.conftest import run_main
-
     uri = f"sqlite:///{tmp_path / 'lm.db'}"
     _lm_sweep(uri, "lm_recorded", {"spec_file": "docs/studies/lm_recorded.yaml"})
     _lm_sweep(uri, "lm_demo")  # a preset's name, no spec_file param: an older sweep
@@ -492,7 +483,7 @@ PAIRED = {
 
 
 @pytest.mark.slow
-def test_a_paired_study_page_states_its_rule_then_shows_its_evidence(ray_local, tmp_path, store_template, run_cli):
+def test_a_paired_study_page_states_its_rule_then_shows_its_evidence(ray_local, tmp_path, store_template):
     """A staged sweep of independent stages (a control on one seed) with a paired section: the page states the
     rule before the numbers, pairs the runs by seed with the differences recomputed here from MLflow, gives the
     rule's verdict, shows what the gate allocated and the pairs' figure, and leaves out the columns that are empty
@@ -503,13 +494,12 @@ def test_a_paired_study_page_states_its_rule_then_shows_its_evidence(ray_local, 
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(PAIRED, sort_keys=False))
     uri = copy_store(store_template, tmp_path / "m.db")
-    r = run_cli("sweep", str(spec), "--tracking-uri", uri, "--storage", str(tmp_path / "runs"), "--quiet",
-                "--no-report", "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
+    code, out, _ = run_main("sweep", str(spec), "--tracking-uri", uri, "--storage", str(tmp_path / "runs"),
+                            "--quiet", "--no-report", "--json")
+    assert code == 0, out[-3000:]
     out_md = tmp_path / "paired.md"
-    r = run_cli("results", "mini_paired", "--tracking-uri", uri, "--out", str(out_md), "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    code, out, summary = run_main("results", "mini_paired", "--tracking-uri", uri, "--out", str(out_md), "--json")
+    assert code == 0, out[-3000:]
     page = out_md.read_text()
 
     c = store.client(uri)

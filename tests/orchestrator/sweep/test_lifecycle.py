@@ -109,19 +109,15 @@ def test_an_interrupted_sweep_says_so_and_resumes_every_trial_once(ray_local, tm
     if signum == signal.SIGTERM:  # the resume is the same after either signal: run once, after SIGINT
         return
 
-    resumed = start_cli(*command.split()[1:], "--quiet", "--no-report", "--json", "--address",
-                        ray_local.get_runtime_context().gcs_address, cwd=tmp_path, env={"RAY_ADDRESS": ""})
-    try:
-        assert resumed.wait(timeout=400) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
-    finally:
-        kill_session(resumed.pid)
+    # the printed command, run in this process on the session's Ray
+    resumed, text, out = run_main(*command.split()[1:], "--quiet", "--no-report", "--json")
+    assert resumed == 0, text[-3000:]
     after = histories(sqlite_uri, name)
     assert len(after) == 3 and all(r["status"] == "FINISHED" and r["steps"] == [1, 2, 3, 4, 5]
                                    for r in after.values())
     for trial in done:  # finished before the signal: not run again
         assert after[trial]["last_ts"] == before[trial]["last_ts"] < signalled_at
     assert store.sweep_parent(store.client(sqlite_uri), name).info.status == "FINISHED"
-    out = json.loads((tmp_path / "stdout.log").read_text().strip().splitlines()[-1])
     assert out["trials"] == 3 and out["errored"] == 0
 
 
@@ -205,11 +201,8 @@ def test_storage_that_fills_or_turns_read_only_mid_sweep_leaves_a_resumable_swee
         (storage / "filler").unlink()
     else:
         ext4.repair()
-    resumed = start_cli(*args, "--resume", "--json", cwd=tmp_path, env={"RAY_ADDRESS": ""})
-    try:
-        assert resumed.wait(timeout=400) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
-    finally:
-        kill_session(resumed.pid)
+    code, text, _ = run_main(*args, "--resume", "--json")  # in this process, on the session's Ray
+    assert code == 0, text[-3000:]
     after = histories(sqlite_uri, name)
     assert len(after) == 2 and all(r["status"] == "FINISHED" and r["steps"] == [1, 2, 3] for r in after.values())
 
