@@ -41,4 +41,3 @@ INFO = {
     "wikitext2": DatasetInfo("wikitext2", 1, 0, 33278, 0, (), (), 0, False, "text", 2088628),
     "fortunes": DatasetInfo("fortunes", 1, 0, 30038, 0, (), (), 0, False, "text", 530734),
 }
-TEXT_DATASETS = tuple(k for k, v in INFO.items() if v.is_text)

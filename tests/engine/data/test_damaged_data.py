@@ -28,7 +28,7 @@ def _copy(tmp_path):
 def _rewrite(path, change) -> None:
     data = bytearray(gzip.decompress(path.read_bytes()))
     change(data)
-    path.write_bytes(gzip.compress(bytes(data), compresslevel=1))  # level 9 takes seconds on 47 MB
+    path.write_bytes(gzip.compress(bytes(data), compresslevel=1))  # gzip's default, 9, is slow on the images
 
 
 def _cut_archive(folder):
