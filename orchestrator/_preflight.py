@@ -59,7 +59,7 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
         tree = None
         loaded = gather(load_ablation if ablation else load_spec, spec)
     if loaded is not None and hasattr(loaded, "base_trial"):  # the data every trial reads: damaged files exit 2 here
-        from engine.data.datasets import check_available
+        from engine.data.files import check_available
 
         gather(check_available, trial_data(loaded))
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())

@@ -84,7 +84,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     """
     import json
 
-    from engine.data.datasets import check_available
+    from engine.data.files import check_available
     from engine.train import train_and_evaluate
     from results import lineage
     from results.output import check_output_file, check_output_folder, epoch_lines, info
@@ -381,7 +381,7 @@ def validate(file: PathLike, *, tracking_uri: str | None = None) -> ValidationRe
                        "head": s.stage.head if s.stage.init_from else None} for s in obj.stages]
         return ValidationResult(file=str(file), kind="sweep" if kind == "spec" else "ablation", name=obj.name,
                                 trials=obj.num_trials(), stages=stages)
-    from engine.data.datasets import check_available
+    from engine.data.files import check_available
     from engine.train import pick_device
 
     pick_device(obj.device)  # device: cuda where no GPU is visible would fail at the first step

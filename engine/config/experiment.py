@@ -30,8 +30,7 @@ from engine.config.schedule import (
 from engine.config.types import Bits, Seed, Strict
 from engine.data.catalog import INFO
 from engine.errors import ConfigError
-from engine.models import is_language_model, unknown_model
-from engine.models.base import LayerMap
+from engine.models.catalog import LayerMap, is_language_model, unknown_model
 from engine.numerics.precision import Precision
 from engine.run_length import RunLength
 from engine.schedules.curves import cycles_problem
@@ -479,15 +478,14 @@ def target_problems(cfg: ExperimentConfig, reach: tuple[float, float] | None = N
     the network is built (engine.dfq.basis, a skip priced at what its path runs); without it, from the config
     alone, the bound over the gated blocks with every sample at the cheapest or the dearest option (a skip at
     no cost); on the whole model the config alone sets no bound."""
-    from engine.dfq.basis import BASIS_WORDS
-    from engine.dfq.gate import option_kappa
+    from engine.dfq.vocabulary import BASIS_WORDS
 
     sched = cfg.schedule
     if reach is None:
         if sched.cost_basis == "model":
             return []
-        kappa = option_kappa(sched.option_precisions(cfg.model.name))
-        reach = 100 * float(kappa.min()) / 3, 100 * float(kappa.max()) / 3
+        kappa = [o.bitops_per_mac() / 1024.0 for o in sched.option_precisions(cfg.model.name)]  # gate.option_kappa
+        reach = 100 * min(kappa) / 3, 100 * max(kappa) / 3
     lo, hi = reach
     allowed = f"allowed: {lo:.3f}..{hi:.3f} (percent of FP32 {BASIS_WORDS[sched.cost_basis]} with options " \
               f"{', '.join(sched.option_names(cfg.model.name))} at {sched.weight_bits}-bit weights)"

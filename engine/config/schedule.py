@@ -14,8 +14,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine.config.types import Bits, Strict, increasing_fractions
-from engine.dfq.basis import COST_BASES
-from engine.dfq.gated import EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, ROUTED_STATISTICS
+from engine.dfq.vocabulary import COST_BASES, EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, ROUTED_STATISTICS
+from engine.models.catalog import is_language_model
 from engine.numerics.precision import SKIP, Precision
 
 
@@ -336,8 +336,6 @@ class GatedSettings(Strict):
     def omega_kind(self, model_name: str) -> str:
         """omega_l: the config's ``block_cost``, else uniform for ResNets (the reference) and the blocks' MACs
         for MobileNetV2 and the language models (per token: equal blocks, so the same weights; methods.md §11.1)."""
-        from engine.models import is_language_model  # lazy: the model zoo is not needed to parse a schedule
-
         if self.block_cost is not None:
             return self.block_cost
         return "macs" if model_name == "mobilenetv2" or is_language_model(model_name) else "uniform"

@@ -26,9 +26,6 @@ import torch
 from engine.dfq.gate import gated_cp_tensor, normalised_cost, option_kappa, price_for_target
 from engine.numerics.precision import Precision
 
-COST_BASES = ("gated", "model")
-BASIS_WORDS = {"gated": "over the gated blocks", "model": "over the whole model (every layer and the gate)"}
-
 
 @dataclass(frozen=True)
 class CpBasis:

@@ -44,17 +44,11 @@ import torch
 from torch import nn
 
 from engine.dfq.gate import GateTrace, RecurrentGate, straight_through
+from engine.dfq.vocabulary import EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, ROUTED_STATISTICS
 from engine.models.base import QModel
 from engine.numerics.autograd import weights_fixed
 from engine.numerics.layers import frozen_state
 from engine.numerics.precision import FP32, MixedPrecision, Precision
-
-# The choices of the gated model's settings, defined once (methods.md §6.3): engine.config.schedule's
-# GatedSettings takes its Literal types from these, and a GatedModel built directly holds its arguments to them.
-EXECUTIONS = ("masked", "routed")
-ROUTED_ESTIMATORS = ("skip", "sampled", "grouped", "exact")
-ROUTED_STATISTICS = ("computed", "batch")
-OPTION_STATES = ("shared", "skip_apart", "per_option")
 
 
 def rows(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

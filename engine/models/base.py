@@ -15,30 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.catalog import NAMES, LayerMap
 from engine.numerics.layers import QConv2d, QLinear, quantized_layers
 from engine.numerics.precision import FP32, Precision
-
-
-@dataclass(frozen=True)
-class LayerMap:
-    """Which layer roles follow the scheduled precision; the rest run fp32 (or at a fixed precision)."""
-
-    stem: bool = True
-    fc: bool = False
-    head: bool = True
-    depthwise: Precision | None = None  # fixed precision of depthwise convs; None: follow the schedule
-    embed: bool = False  # a language model's token embedding (weights at FW, its gradient at BW)
-
-    def resolve(self, role: str, prec: Precision) -> Precision:
-        """The precision a layer of ``role`` runs at when the schedule says ``prec``."""
-        if prec.is_fp32 or role == "body":
-            return prec
-        if role == "attn":  # activation x activation: both operands at the FW bits (methods.md §11)
-            return prec if prec.skip else Precision(act=prec.act, weight=prec.act, grad=prec.grad)
-        if role == "depthwise":
-            return self.depthwise if self.depthwise is not None else prec
-        follows = {"stem": self.stem, "fc": self.fc, "head": self.head, "embed": self.embed}[role]
-        return prec if follows else FP32
 
 
 @dataclass(frozen=True)
@@ -190,8 +169,13 @@ MODELS: dict[str, Builder] = {}
 
 
 def register_model(*names: str) -> Callable[[Builder], Builder]:
+    """Register a builder under ``names``, each a name of the catalog (engine.models.catalog.NAMES): configs are
+    checked against the catalog without building, or importing, the zoo."""
+
     def deco(fn: Builder) -> Builder:
         for name in names:
+            if name not in NAMES:
+                raise RuntimeError(f"model {name!r} is not in engine.models.catalog.NAMES; add it there")
             MODELS[name] = fn
         return fn
 

@@ -217,7 +217,8 @@ def cmd_schedule(args) -> int:
 
 def cmd_prt(args) -> int:
     from engine.config.experiment import load_config
-    from engine.data.datasets import check_available, load_data
+    from engine.data.datasets import load_data
+    from engine.data.files import check_available
     from engine.train import pick_device, run_prt
 
     cfg = load_config(args.config, config_overrides(args))

@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from engine.data.datasets import FASHION_MNIST_DIR, FMNIST_FILES
+from engine.data.files import FASHION_MNIST_DIR, FMNIST_FILES
 from tests.conftest import ROOT, run_main
 
 

@@ -10,7 +10,8 @@ import torch
 
 from engine.config.experiment import DataConfig
 from engine.data.catalog import INFO
-from engine.data.datasets import FASHION_MNIST_DIR, _augment, load_data
+from engine.data.datasets import _augment, load_data
+from engine.data.files import FASHION_MNIST_DIR
 from engine.errors import DataError
 
 

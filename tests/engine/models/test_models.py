@@ -23,6 +23,19 @@ def test_forward_shapes(name, shape):
         assert model(x, prec).shape == (2, 10)
 
 
+def test_the_catalog_names_exactly_the_zoo():
+    """A config is checked against the torch-free catalog; the zoo registers the same names, and a builder under
+    a name the catalog lacks is refused when it registers."""
+    from engine.models import catalog, transformer
+    from engine.models.base import register_model
+
+    assert set(MODELS) == set(catalog.NAMES) and len(catalog.NAMES) == len(set(catalog.NAMES))
+    assert set(transformer.PRESETS) == set(catalog.LANGUAGE_MODELS)
+    with pytest.raises(RuntimeError, match="resnet9000"):
+        register_model("resnet9000")(lambda **kw: None)
+    assert "resnet9000" not in MODELS
+
+
 def test_depths_and_blocks():
     counts = {n: build_model(n, 3, 10).num_blocks for n in ("resnet20", "resnet38", "resnet74", "resnet110", "resnet164")}
     assert counts == {"resnet20": 9, "resnet38": 18, "resnet74": 36, "resnet110": 54, "resnet164": 54}
