@@ -24,10 +24,8 @@ import tempfile
 from pathlib import Path
 
 import ray
-import torch
 from ray import tune
 
-from engine.train import pick_device, train_and_evaluate
 from search_spaces import trial
 
 PLACEMENT_KEYS = ("node_id", "device", "torch_threads")  # added to every result by this adapter, not the engine
@@ -66,6 +64,12 @@ class DependencyFailed(RuntimeError):
 
 
 def train_trial(config: dict) -> None:
+    # torch and the engine load here, in the trial's process: the driver that passes this function to Tune
+    # (orchestrator.sweep.driver, by reference) then runs a whole sweep without importing torch.
+    import torch
+
+    from engine.train import pick_device, train_and_evaluate
+
     if (reason := trial.init_error(config)) is not None:
         raise DependencyFailed(f"not run: {reason}")
     cfg = trial.decode(config)

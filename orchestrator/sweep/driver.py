@@ -192,10 +192,12 @@ def check_resources(cpu: float, gpu: float) -> None:
 def check_local_resources(cpu: float, gpu: float) -> None:
     """``check_resources`` against the local Ray that would start here (this process's CPUs, the GPUs torch
     sees), without starting it; the check on the started Ray follows."""
-    import torch
-
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = 0
+    if gpu > 0:  # torch only where GPUs are asked for: a CPU sweep's driver never imports it
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     problems = []
     if cpu > cpus:
         problems.append(("resources.cpu", cpu, f"allowed: <= {cpus:g} (CPUs of this machine, where a local Ray "
@@ -357,6 +359,7 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
         if not tune.Tuner.can_restore(str(exp_path)):
             raise ConfigError.single("--resume", spec.name, f"{exp_path} holds no restorable sweep")
         print(f"resuming sweep {sweep_id} from {exp_path}", file=sys.stderr)
+        no_auto_loggers()
         tuner = tune.Tuner.restore(str(exp_path), trainable, resume_unfinished=True, resume_errored=True)
     else:
         info = {"sweep_id": sweep_id, "spec": spec.name, "algorithm": spec.search.algorithm,
@@ -469,12 +472,21 @@ def mark_failed(tracker, cause: str) -> None:
         pass
 
 
+def no_auto_loggers() -> None:
+    """Tune adds CSV, JSON and TensorBoard loggers to a run unless told not to; fractune asks for the first two
+    itself (``make_tuner``; a restored run keeps its callbacks). The TensorBoard one writes event files nothing
+    reads, and its tensorboardX imports torch in a driver that otherwise never loads it."""
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+
+
 def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: str, storage: Path, callbacks: list):
     """The Tuner of a sweep (or of one stage of a staged sweep: ``name`` is the stage, under ``storage``)."""
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from orchestrator.sweep.tune_checkpoints import CheckpointPruner, StateKeeper, checkpoint_config
 
+    no_auto_loggers()
     spec = loaded.spec
     scheduler = None
     if spec.scheduler.kind == "asha":
@@ -493,7 +505,8 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
                                     max_concurrent_trials=spec.budget.max_concurrent_trials,
                                     time_budget_s=spec.budget.time_limit_s, reuse_actors=True),
         run_config=tune.RunConfig(name=name, storage_path=str(storage),
-                                  callbacks=[*callbacks, CheckpointPruner(), StateKeeper(str(storage / name))],
+                                  callbacks=[*callbacks, JsonLoggerCallback(), CSVLoggerCallback(), CheckpointPruner(),
+                                             StateKeeper(str(storage / name))],
                                   verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=spec.budget.max_failures),
                                   checkpoint_config=checkpoint_config()),

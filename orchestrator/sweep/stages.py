@@ -27,6 +27,7 @@ from orchestrator.sweep.driver import (
     fit,
     log_front,
     make_tuner,
+    no_auto_loggers,
     param_space,
     save_summary,
     spec_file_param,
@@ -94,6 +95,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
             print(f"fractune: stage {stage.name}: {note}", file=sys.stderr)
         if opts.resume and tune.Tuner.can_restore(str(stage_path)):
             print(f"stage {stage.name}: resuming from {stage_path}", file=sys.stderr)
+            no_auto_loggers()
             tuner = tune.Tuner.restore(str(stage_path), trainable, resume_unfinished=True, resume_errored=True)
         else:
             tracker = MLflowTracker(uri, spec.name, sweep_id, info, spec.model_dump(mode="json"), str(stage_path),
