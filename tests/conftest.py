@@ -127,14 +127,16 @@ def run_main(*args: str) -> tuple[int, str, dict | None]:
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A real local Ray (2 CPUs) started once for every test that runs sweeps; without metrics collection, as
-    fractune's own local Ray (orchestrator/sweep/driver.py ``init_ray``): its exporters would only spend CPU."""
+    """A real local Ray (2 CPUs) started once for every test that runs sweeps, configured as fractune's own local
+    Ray (orchestrator/sweep/driver.py ``init_ray``: no metrics exporters, no idle workers started ahead)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
 
+    from orchestrator.sweep.driver import RAY_SYSTEM_CONFIG
+
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 _system_config={"enable_metrics_collection": False})
+                 _system_config=RAY_SYSTEM_CONFIG)
     yield ray
     ray.shutdown()
 

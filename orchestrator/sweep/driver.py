@@ -142,6 +142,10 @@ def check_ray_address(address: str | None, timeout: float = 3.0) -> None:
                                  f"({exc.strerror or exc}); start it (ray start --head) or give auto") from None
 
 
+RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False, "enable_worker_prestart": False,
+                     "prestart_worker_first_driver": False}
+
+
 def init_ray(address: str | None, dashboard: bool = False) -> None:
     import ray
 
@@ -160,12 +164,14 @@ def init_ray(address: str | None, dashboard: bool = False) -> None:
             # and 44227, plain HTTP, no auth) bind every interface unless the node itself is on localhost, and
             # Ray turns a 127.0.0.1 node address into the machine's address unless "clusters" are disabled (its
             # macOS/Windows mode: this process's constant, and the environment its processes start with).
+            # No idle workers are started ahead: a sweep's trials are actors, which get processes of their own,
+            # so prestarted workers would only import Ray and exit unused.
             from ray._private import ray_constants
 
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
             ray_constants.ENABLE_RAY_CLUSTER = False
             ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
-                     _system_config={"enable_metrics_collection": False}, **kwargs)
+                     _system_config=RAY_SYSTEM_CONFIG, **kwargs)
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError from Ray: one line, the cause
         from results.store import one_line_error
 
