@@ -245,8 +245,16 @@ def served_sweep(ray_local, mlflow_server, tmp_path_factory):
     return {**result, "stdout": out, "folder": folder}
 
 
+@pytest.fixture
+def browser(chromium):
+    """The session's Chromium, left on a blank page after the test: an MLflow page left open polls its server
+    for the rest of the session, spending CPU in the browser and the server."""
+    yield chromium
+    chromium.get("about:blank")
+
+
 @pytest.fixture(scope="session")
-def browser():
+def chromium():
     """Headless Chromium (Debian's chromium + chromium-driver) driven by Selenium, one per session."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
     if missing:
