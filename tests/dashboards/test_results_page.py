@@ -28,7 +28,7 @@ STUDY = {
         {"kind": "pfq", "mode": "manual", "fw": [4, 8], "bw": [8, 8]},
         {"kind": "cpt", "fw_min": 3, "fw_max": 8, "num_cycles": 2}]}},
     "seeds": [0, 1],
-    "budget": {"max_concurrent_trials": 2},
+    "budget": {"max_concurrent_trials": 1},
     "resources": {"cpu": 1},
 }
 
@@ -473,7 +473,7 @@ PAIRED = {
         {"name": "control", "seeds": [0], "parameters": {"schedule": {"grid": [
             {"kind": "dfq", "options": "reference", "target_cp": 3.0, "execution": "masked"}]}}}],
     "seeds": [0, 1],
-    "budget": {"max_concurrent_trials": 2},
+    "budget": {"max_concurrent_trials": 1},
     "resources": {"cpu": 1},
     "paired": {"claim": "Dynamic precision beats static precision of equal cost", "pairs": [
         {"arm": {"schedule.kind": "dfq", "schedule.execution": "routed"}, "twin": {"schedule.kind": "static"}},

@@ -19,7 +19,7 @@ SPEC = {
     "ablation": {"mode": "ofat", "factors": {"schedule.fw": [4, 8], "schedule.bw": [6, 8]},
                  "baseline": {"schedule.fw": 8, "schedule.bw": 8}},
     "seeds": [0, 1],
-    "budget": {"max_concurrent_trials": 2},
+    "budget": {"max_concurrent_trials": 1},
     "resources": {"cpu": 1},
 }
 

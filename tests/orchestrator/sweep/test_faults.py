@@ -30,7 +30,7 @@ FOUR = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static
 def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, sqlite_uri, capsys):
     spec = {"name": "nan_sweep", "base": {**SLOW, "optim": {"epochs": 2}, "debug": {}},
             "parameters": {"debug": {"grid": [{}, {"nan_loss_at_iteration": 3}]}},
-            "budget": {"max_concurrent_trials": 2, "max_failures": 0}, "resources": {"cpu": 1}}
+            "budget": {"max_concurrent_trials": 1, "max_failures": 0}, "resources": {"cpu": 1}}
     (tmp_path / "nan.yaml").write_text(yaml.safe_dump(spec))
     code, _, out = run_main("sweep", str(tmp_path / "nan.yaml"), "--quiet", "--no-report", "--storage",
                             str(tmp_path / "r"), "--tracking-uri", sqlite_uri, "--json")
@@ -61,7 +61,7 @@ def _trial_workers() -> list[int]:
 @pytest.mark.slow
 def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, tmp_path, sqlite_uri):
     spec = {"name": "kill_trial", "base": {**SLOW, "optim": {"epochs": 4}}, "parameters": {"schedule": {"grid": FOUR[:2]}},
-            "budget": {"max_concurrent_trials": 2, "max_failures": 2}, "resources": {"cpu": 1}}
+            "budget": {"max_concurrent_trials": 1, "max_failures": 2}, "resources": {"cpu": 1}}
     killed: list[int] = []
 
     def killer():
@@ -113,7 +113,7 @@ def test_a_killed_driver_resumes_every_trial_exactly_once(ray_local, tmp_path, s
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"name": "kill_driver", "base": {**SLOW, "optim": {"epochs": 3}},
                                     "parameters": {"schedule": {"grid": FOUR[:3]}},
-                                    "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}))
+                                    "budget": {"max_concurrent_trials": 1}, "resources": {"cpu": 1}}))
     uri = sqlite_uri  # the tables exist: this test polls the store while the sweep writes it
     # the killed driver attaches to the session's Ray (a driver's death ends its trials' actors, as a local Ray's
     # would); the resume runs in this process, on the same Ray
@@ -191,7 +191,7 @@ def test_storage_filling_up_mid_sweep_fails_trials_not_the_machine(ray_local, tm
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "fills", "base": {**SLOW, "debug": {}},
                                     "parameters": {"schedule": {"grid": FOUR[:2]}},
-                                    "budget": {"max_concurrent_trials": 2, "max_failures": 0},
+                                    "budget": {"max_concurrent_trials": 1, "max_failures": 0},
                                     "resources": {"cpu": 1}}))
     small = tiny_mount("300k")
     code, _, _ = run_main("sweep", str(spec), "--storage", str(small), "--tracking-uri", sqlite_uri, "--quiet",

@@ -22,7 +22,7 @@ def _spec(tmp_path, name: str, epochs: int, grid: list[dict]):
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(yaml.safe_dump({"name": name, "base": {**SLOW, "optim": {"epochs": epochs}},
                                     "parameters": {"schedule": {"grid": grid}},
-                                    "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}))
+                                    "budget": {"max_concurrent_trials": 1}, "resources": {"cpu": 1}}))
     return spec
 
 
@@ -151,7 +151,7 @@ def test_a_trial_whose_loss_explodes_is_flagged_diverged(ray_local, tmp_path, sq
     spec = tmp_path / "boom.yaml"
     spec.write_text(yaml.safe_dump({"name": "boom", "base": {**SLOW, "optim": {"epochs": 1}, "debug": {}},
                                     "parameters": {"optim.lr": {"grid": [0.1, 30.0]}},
-                                    "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}))
+                                    "budget": {"max_concurrent_trials": 1}, "resources": {"cpu": 1}}))
     code, _, out = run_main("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", sqlite_uri,
                             "--quiet", "--no-report", "--json")
     assert code == 0 and out["errored"] == 0

@@ -25,7 +25,7 @@ def staged(name: str, pretrain_set: dict | None = None, retrain_set: dict | None
                 {"name": "retrain", "init_from": "pretrain",
                  "set": {"data.split": {"by": "samples", "part": 1}, **(retrain_set or {})},
                  "parameters": {"schedule": {"grid": METHODS}}}],
-            "seeds": [0, 1], "budget": {"max_concurrent_trials": 2, "max_failures": 0}, "resources": {"cpu": 1},
+            "seeds": [0, 1], "budget": {"max_concurrent_trials": 1, "max_failures": 0}, "resources": {"cpu": 1},
             **extra}
 
 

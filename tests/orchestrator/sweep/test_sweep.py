@@ -18,7 +18,7 @@ DIGITS = {
     "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 2}},
     "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8},
                                          {"kind": "static", "fw": 4, "bw": 8}, {"kind": "static", "fw": 2, "bw": 4}]}},
-    "budget": {"max_concurrent_trials": 2},
+    "budget": {"max_concurrent_trials": 1},
     "resources": {"cpu": 1},
 }
 

@@ -85,7 +85,7 @@ def test_tracking_store_unreachable_mid_sweep_is_backfilled(ray_local, mlflow_se
     uri = f"http://127.0.0.1:{relay.port}"
     spec = {"name": "store_down", "base": {**SLOW, "optim": {"epochs": 6}},
             "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}]}},
-            "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}
+            "budget": {"max_concurrent_trials": 1}, "resources": {"cpu": 1}}
     storage = tmp_path / "r"
 
     def outage():
