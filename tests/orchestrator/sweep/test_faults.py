@@ -182,21 +182,3 @@ def test_full_or_unwritable_storage_is_a_clear_error(tmp_path, tiny_mount, capsy
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and "--storage" in lines[0] and reason in lines[0], lines
         assert time.monotonic() - t < 60
-
-
-@pytest.mark.slow
-@needs_root
-def test_storage_filling_up_mid_sweep_fails_trials_not_the_machine(ray_local, tmp_path, tiny_mount, capsys,
-                                                                   sqlite_uri):
-    spec = tmp_path / "s.yaml"
-    spec.write_text(yaml.safe_dump({"name": "fills", "base": {**SLOW, "debug": {}},
-                                    "parameters": {"schedule": {"grid": FOUR[:2]}},
-                                    "budget": {"max_concurrent_trials": 1, "max_failures": 0},
-                                    "resources": {"cpu": 1}}))
-    small = tiny_mount("300k")
-    code, _, _ = run_main("sweep", str(spec), "--storage", str(small), "--tracking-uri", sqlite_uri, "--quiet",
-                          "--json")
-    err = capsys.readouterr().err
-    assert code == 1, err[-2000:]
-    errors = [x for x in err.splitlines() if x.startswith("fractune sweep: error:")]
-    assert len(errors) == 1 and "--storage" in errors[0] and "No space left on device" in errors[0], errors

@@ -166,45 +166,51 @@ def test_a_trial_whose_loss_explodes_is_flagged_diverged(ray_local, tmp_path, sq
 
 @pytest.mark.slow
 @needs_root
-@pytest.mark.parametrize("fault", ["full", "read-only"])
 def test_storage_that_fills_or_turns_read_only_mid_sweep_leaves_a_resumable_sweep(ray_local, tmp_path, sqlite_uri,
-                                                                                  tiny_mount, ext4, fault):
-    """The storage fills up (a filler file takes every free byte) or turns read-only (an ext4 file system's error
-    handling, ``errors=remount-ro``, triggered through sysfs: what a failing disk does) while trials run: the
-    sweep ends non-zero with one line naming the storage and the cause, no run stays RUNNING; once space or write
-    access is back, `--resume` finishes every trial, each once, every epoch once."""
+                                                                                  ext4):
+    """While trials run, the storage fills up (a filler file takes every free byte); once space is back and the
+    sweep resumed, it turns read-only (an ext4 file system's error handling, ``errors=remount-ro``, triggered
+    through sysfs: what a failing disk does). Each time the sweep ends with exit 1 and one line naming --storage,
+    the folder and the cause, and no run stays RUNNING; once write access is back, `--resume` finishes every
+    trial, each once, every epoch once."""
     import subprocess
 
-    name = f"storage_{fault.replace('-', '_')}"
-    spec = _spec(tmp_path, name, 3, GRID[:2])
-    storage = tiny_mount("32m") if fault == "full" else ext4.mount()
+    name = "storage_faults"
+    spec = _spec(tmp_path, name, 4, GRID[:2])
+    storage = ext4.mount()
     args = ("sweep", str(spec), "--storage", str(storage), "--tracking-uri", sqlite_uri, "--quiet", "--no-report",
             "--address", ray_local.get_runtime_context().gcs_address)
-    proc = start_cli(*args, cwd=tmp_path, env={"RAY_ADDRESS": ""})
-    try:
-        wait_for(lambda: any(v["steps"] for v in _histories_or_empty(sqlite_uri, name).values()), timeout=240,
-                 what="a logged epoch")
-        if fault == "full":
-            subprocess.run(["dd", "if=/dev/zero", f"of={storage / 'filler'}", "bs=64k"], capture_output=True)
-        else:  # what the kernel does on a disk error (errors=remount-ro), whoever is writing
-            ext4.fail()
-        code = proc.wait(timeout=300)
-    finally:
-        kill_session(proc.pid)
-    err = (tmp_path / "stderr.log").read_text()
-    errors = [x for x in err.splitlines() if x.startswith("fractune sweep: error:")]
-    cause = "No space left on device" if fault == "full" else "Read-only file system"
-    assert code != 0 and len(errors) == 1 and str(storage) in errors[0] and cause in errors[0], err[-3000:]
-    assert "RUNNING" not in {v["status"] for v in histories(sqlite_uri, name).values()}
+    filler = storage / "filler"
 
-    if fault == "full":
-        (storage / "filler").unlink()
-    else:
-        ext4.repair()
+    def logged() -> int:
+        return sum(len(v["steps"]) for v in _histories_or_empty(sqlite_uri, name).values())
+
+    def fault_mid_sweep(phase: str, *extra: str, fault, cause: str) -> None:
+        folder = tmp_path / phase
+        folder.mkdir()
+        before = logged()
+        proc = start_cli(*args, *extra, cwd=folder, env={"RAY_ADDRESS": ""})
+        try:
+            wait_for(lambda: logged() > before, timeout=240, what=f"an epoch logged ({phase})")
+            fault()
+            code = proc.wait(timeout=300)
+        finally:
+            kill_session(proc.pid)
+        err = (folder / "stderr.log").read_text()
+        errors = [x for x in err.splitlines() if x.startswith("fractune sweep: error:")]
+        assert code == 1 and len(errors) == 1, err[-3000:]
+        assert "--storage" in errors[0] and str(storage) in errors[0] and cause in errors[0], errors
+        assert "RUNNING" not in {v["status"] for v in histories(sqlite_uri, name).values()}
+
+    fault_mid_sweep("full", fault=lambda: subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"],
+                                                         capture_output=True), cause="No space left on device")
+    filler.unlink()
+    fault_mid_sweep("read-only", "--resume", fault=ext4.fail, cause="Read-only file system")
+    ext4.repair()
     code, text, _ = run_main(*args, "--resume", "--json")  # in this process, on the session's Ray
     assert code == 0, text[-3000:]
     after = histories(sqlite_uri, name)
-    assert len(after) == 2 and all(r["status"] == "FINISHED" and r["steps"] == [1, 2, 3] for r in after.values())
+    assert len(after) == 2 and all(r["status"] == "FINISHED" and r["steps"] == [1, 2, 3, 4] for r in after.values())
 
 
 def _histories_or_empty(uri: str, name: str) -> dict:
