@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine import checkpoint
+from engine import checkpoint, distributed
 from engine.config.experiment import ExperimentConfig, target_problems
 from engine.cost.bitops import FW8BW8, BitOpsCounter, CostTotals
 from engine.data.datasets import DataSplits, load_data
@@ -102,14 +102,19 @@ def prepare(cfg: ExperimentConfig, data_info, device: torch.device):
 
 @torch.no_grad()
 def evaluate(model, logits_fn, split, batch_size: int, device: torch.device) -> tuple[float, float]:
-    """(top-1 accuracy, mean CE loss) in eval mode (activations use their running range)."""
+    """(top-1 accuracy, mean CE loss) in eval mode (activations use their running range). On N workers each
+    rank evaluates every N-th batch and the counts are summed: the whole split, once."""
     model.eval()
+    world = distributed.current()
     correct, loss_sum, n = 0, 0.0, 0
-    for x, y in split.batches(batch_size, shuffle=False, augment=False, device=device):
+    for i, (x, y) in enumerate(split.batches(batch_size, shuffle=False, augment=False, device=device)):
+        if i % world.size != world.rank:
+            continue
         logits = logits_fn(x)
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
         correct += (logits.argmax(1) == y).sum().item()
         n += len(y)
+    correct, loss_sum, n = world.sum([correct, loss_sum, n])
     model.train()
     return (correct / n if n else float("nan")), (loss_sum / n if n else float("nan"))
 
@@ -355,11 +360,14 @@ class Trainer:
         loss_sum, correct, seen = 0.0, 0, 0
         events_before = len(runner.events)
         loop_started = time.perf_counter()
-        for x, y in self.data.train.batches(cfg.data.batch_size, True, cfg.data.augment, gen, self.device):
+        world = distributed.current()  # N workers: the same global batches everywhere, each rank its slice
+        for x, y in self.data.train.batches(cfg.data.batch_size * world.size, True, cfg.data.augment, gen,
+                                            self.device, shards=world.size):
             if self.iteration >= self.run.total_iterations:
                 break
-            loss_value, ok = self._step(x, y)
-            b = len(y)
+            x, y = world.shard(x, y)
+            loss_value, ok = self._step(x, y)  # the global batch's loss and number correct
+            b = len(y) * world.size
             epoch_cost.add(runner.last_bitops, b * counter.fp32_per_sample(), b * counter.fw8bw8_per_sample())
             epoch_cost.add_costs(runner.last_costs, counter.costs(FP32, b), counter.costs(FW8BW8, b))
             trace.add(runner.last_fw, runner.last_bw)
@@ -370,6 +378,7 @@ class Trainer:
                 self.bar.set_postfix(epoch=self.epoch + 1, loss=f"{loss_value:.3f}", fw=f"{runner.last_fw:.1f}",
                                      refresh=False)
         loop_seconds = time.perf_counter() - loop_started
+        world.average_buffers(self.model)  # one set of running statistics before evaluation and checkpoints
         self.totals.merge(epoch_cost)
         self.epoch += 1
         fw_bits, bw_bits = trace.means()
@@ -434,6 +443,15 @@ def train_and_evaluate(
     resume_from: str | Path | None = None,
     progress: bool = False,
 ) -> RunResult:
+    world = distributed.World()
+    if world.size != cfg.workers:
+        raise ConfigError.single("workers", cfg.workers, f"allowed: {world.size} (the processes of this run's "
+                                 "torch.distributed group; one without a group)")
+    with distributed.use(world):
+        return _train(cfg, report, resume_from, progress)
+
+
+def _train(cfg: ExperimentConfig, report: Reporter | None, resume_from, progress: bool) -> RunResult:
     device = pick_device(cfg.device)
     state = load_resume_state(cfg, resume_from, device)
     init_weights = checkpoint.load_init(cfg.init, cfg.model.name) if cfg.init and state is None else None
@@ -499,6 +517,7 @@ def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, co
     return {
         "name": cfg.name,
         "seed": cfg.seed,
+        "workers": cfg.workers,
         "model": cfg.model.name,
         "dataset": cfg.data.dataset,
         "schedule": cfg.schedule.kind,

@@ -170,10 +170,12 @@ class DataConfig(Strict):
             n_train = min(n_train, self.train_subset)
         return n_train, n_val
 
-    def iterations_per_epoch(self, train_size: int | None = None) -> int:
-        """Batches per epoch (no drop_last, as the reference); ``train_size``: the loaded split's real size."""
+    def iterations_per_epoch(self, train_size: int | None = None, workers: int = 1) -> int:
+        """Batches per epoch (no drop_last, as the reference); ``train_size``: the loaded split's real size. On
+        ``workers`` data-parallel workers a step takes ``workers * batch_size`` samples of an epoch cut to a
+        multiple of ``workers`` (methods.md §12)."""
         n = self.split_sizes()[0] if train_size is None else train_size
-        return math.ceil(n / self.batch_size)
+        return math.ceil((n - n % workers) / (self.batch_size * workers))
 
 
 class OptimConfig(Strict):
@@ -308,6 +310,9 @@ class ExperimentConfig(Strict):
     name: str = Field("experiment", pattern=NAME_PATTERN)
     seed: Seed = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # data-parallel workers of this run (methods.md §12): data.batch_size is each worker's, a step trains on
+    # workers * batch_size samples; more than one runs on Ray Train (fractune train --workers, resources.workers)
+    workers: int = Field(1, ge=1, le=1024)
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
@@ -345,7 +350,7 @@ class ExperimentConfig(Strict):
     def run_length(self, train_size: int | None = None) -> RunLength:
         """The one run-length formula: ``optim.iterations`` when set, else ``optim.epochs`` whole epochs. From the
         data set's known size (previews, validation, the orchestrator), or the loaded split's (``train_size``)."""
-        ipe = self.data.iterations_per_epoch(train_size)
+        ipe = self.data.iterations_per_epoch(train_size, self.workers)
         return RunLength(self.optim.iterations or self.optim.epochs * ipe, ipe)
 
     def layer_map(self, stem_default: bool) -> LayerMap:

@@ -38,10 +38,13 @@ class TensorSplit:
         return len(self.labels)
 
     def batches(self, batch_size: int, shuffle: bool, augment: bool, generator: torch.Generator | None = None,
-                device: torch.device | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                device: torch.device | None = None, shards: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches of ``batch_size`` in a seeded order; ``shards``: the order cut to a multiple of that many
+        samples, so that every batch splits into equal slices (one per data-parallel worker)."""
         n = len(self)
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        for start in range(0, n, batch_size):
+        order = order[:n - n % shards]
+        for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             x = self.images[idx]
             if augment:
@@ -199,9 +202,13 @@ class FolderSplit:
         return len(self.dataset)
 
     def batches(self, batch_size: int, shuffle: bool, augment: bool, generator: torch.Generator | None = None,
-                device: torch.device | None = None):
-        loader = torch.utils.data.DataLoader(self.dataset, batch_size=batch_size, shuffle=shuffle,
-                                             generator=generator, num_workers=self.cfg.num_workers,
+                device: torch.device | None = None, shards: int = 1):
+        # every worker reads the whole global batch and keeps its slice (engine.distributed.World.shard)
+        n = len(self.dataset)
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        loader = torch.utils.data.DataLoader(self.dataset, batch_size=batch_size,
+                                             sampler=order[:n - n % shards].tolist(),
+                                             num_workers=self.cfg.num_workers,
                                              pin_memory=device is not None and device.type == "cuda")
         for x, y in loader:
             if device is not None and device.type != "cpu":

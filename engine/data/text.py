@@ -56,11 +56,12 @@ class TokenSplit:
         return self.n * self.seq_len
 
     def batches(self, batch_size: int, shuffle: bool, augment: bool = False, generator: torch.Generator | None = None,
-                device: torch.device | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                device: torch.device | None = None, shards: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         t = self.seq_len
         order = torch.randperm(self.n, generator=generator) if shuffle else torch.arange(self.n)
+        order = order[:self.n - self.n % shards]  # every batch splits into equal slices (see TensorSplit)
         offsets = torch.arange(t + 1)
-        for start in range(0, self.n, batch_size):
+        for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             rows = self.stream[idx[:, None] * t + offsets]  # (B, T + 1)
             x, y = rows[:, :-1], rows[:, 1:].reshape(-1)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine import distributed
 from engine.cost.bitops import BitOpsCounter, layer_cost
 from engine.dfq.basis import build_bases
 from engine.dfq.controller import PRICE_LIMIT, build_controller
@@ -219,10 +220,19 @@ class GatedRunner:
         logits, trace = self.model(x)
         ce = F.cross_entropy(logits, y)
         cp_dev = self.basis.cp_tensor(trace.choices)
+        world = distributed.current()
+        if world.on:  # the global batch's cp: every rank weighs its cost term by the same sign
+            cp_dev = world.mean_(cp_dev.detach().double().clone())
         weight = self.controller.loss_weight(cp_dev, target)
         use_cost = isinstance(weight, torch.Tensor) or weight
         loss = ce + weight * cost_per_sample(trace, self.kappa, self.omega).mean() if use_cost else ce
         ce_v, total, cp, correct, choices, raw = self._read(ce, loss, cp_dev, logits, y, trace)
+        if world.on:  # the global batch: its losses, its choices and the gate's logits, the same on every rank
+            n = len(y)
+            ce_s, total_s, correct, n = world.sum([ce_v * n, total * n, correct, n])
+            ce_v, total, correct = ce_s / n, total_s / n, int(correct)
+            choices = world.gather(choices)
+            raw = world.gather(raw) if raw is not None else None
         self.controller.weight(cp, target)  # records the sign the device computed
         value = sgd_step(self.opt, loss, ce_v)
         self.controller.update(cp, target, lambda: self.basis.price_for_target(

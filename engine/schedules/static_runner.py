@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from engine import distributed
 from engine.cost.bitops import BitOpsCounter
 from engine.errors import TrainingDiverged
 from engine.numerics.precision import Precision
@@ -28,6 +29,7 @@ def sgd_step(opt: torch.optim.Optimizer, loss: torch.Tensor, ce: torch.Tensor | 
         raise TrainingDiverged(f"training loss is {value}")
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    distributed.current().average_gradients(p for group in opt.param_groups for p in group["params"])
     opt.step()
     return value
 
@@ -44,6 +46,10 @@ def make_step(model, opt: torch.optim.Optimizer, graphs: bool = False):
         loss = F.cross_entropy(logits, y)
         # the loss and the count in one read: each read makes the host wait for the device
         value, correct = torch.stack([loss.detach(), (logits.argmax(1) == y).sum().to(loss.dtype)]).tolist()
+        world = distributed.current()
+        if world.on:  # the global batch's loss: every rank's schedule and NaN check see the same value
+            total, correct, n = world.sum([value * len(y), correct, len(y)])
+            value = total / n
         try:
             sgd_step(opt, loss, value)
         except TrainingDiverged as err:
@@ -88,8 +94,9 @@ class StaticRunner:
         prec = self.schedule.precision(iteration)
         loss, correct = self._step(x, y, prec)
         self.schedule.observe(iteration, loss)
-        self.last_bitops = len(y) * self.counter.per_sample(prec)
-        self.last_costs = self.counter.costs(prec, len(y))
+        b = len(y) * distributed.current().size  # the global batch: every rank's slice is the same size
+        self.last_bitops = b * self.counter.per_sample(prec)
+        self.last_costs = self.counter.costs(prec, b)
         self.last_fw, self.last_bw = float(prec.act), float(prec.grad)
         self._last_iteration = iteration
         return loss, correct
