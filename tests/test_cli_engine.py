@@ -48,6 +48,46 @@ def test_train_json_and_checkpoint_resume(run_cli, tmp_path):
     assert code == 0 and again["accuracy"] == out["accuracy"]
 
 
+DATA_PARALLEL = """
+name: cli_dp
+model: {name: tiny}
+data: {dataset: digits, batch_size: 32, train_subset: 1280}
+optim: {epochs: 2}
+device: cpu
+schedule: {kind: static, fw: 8, bw: 8}
+"""
+
+
+@pytest.mark.slow
+def test_train_on_two_workers_runs_ray_train_and_counts_what_one_worker_at_twice_the_batch_counts(
+        ray_local, tmp_path, capsys):
+    """`fractune train --workers 2` on the session's Ray: two Ray Train workers at batch 32 take the steps and
+    count the BitOPs of one worker at batch 64; the history, the checkpoint and the world size are recorded."""
+    cfg = write_yaml(tmp_path / "dp.yaml", DATA_PARALLEL)
+    code, text, two = run_main("train", str(cfg), "--workers", "2", "--checkpoint-dir", str(tmp_path / "ck"),
+                               "--history", str(tmp_path / "h.jsonl"), "--json")
+    assert code == 0, text[-2000:] + capsys.readouterr().err[-2000:]
+    code, _, one = run_main("train", str(cfg), "--set", "data.batch_size=64", "--json")
+    assert two["workers"] == 2 and one["workers"] == 1
+    assert (two["iterations"], two["train_bitops"]) == (one["iterations"], one["train_bitops"])
+    assert abs(two["accuracy"] - one["accuracy"]) < 0.1
+    assert [json.loads(x)["epoch"] for x in (tmp_path / "h.jsonl").read_text().splitlines()] == [1, 2]
+    assert (tmp_path / "ck" / "state.pt").is_file()
+
+
+@pytest.mark.parametrize("workers, line", [
+    ("0", "--workers: got 0; allowed: 1 or more"),
+    ("4096", "workers: got 4096; allowed: >= 1 and <= 1024"),
+    ("64", "workers: got 64; allowed: <= "),
+])
+def test_train_refuses_workers_it_cannot_have_in_one_line(tmp_path, capsys, workers, line):
+    cfg = write_yaml(tmp_path / "dp.yaml", DATA_PARALLEL)
+    code, out, _ = run_main("train", str(cfg), "--workers", workers, "--checkpoint-dir", str(tmp_path / "ck"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and line in err[0], err
+    assert not (tmp_path / "ck").exists()
+
+
 def test_train_set_override(tmp_path):
     cfg = write_yaml(tmp_path / "tiny.yaml", TINY)
     code, _, out = run_main("train", str(cfg), "--set", "optim.epochs=1", "--set", "schedule.fw=8", "--json")

@@ -27,7 +27,12 @@ def config_overrides(args) -> list[str]:
 def cmd_train(args) -> int:
     from orchestrator.api import train
 
-    result = train(args.config, overrides=args.overrides, data_dir=args.data_dir, tracking_uri=args.tracking_uri,
+    overrides = list(args.overrides)
+    if args.workers is not None:
+        if args.workers < 1:
+            raise ConfigError.single("--workers", args.workers, "allowed: 1 or more")
+        overrides.append(f"workers={args.workers}")
+    result = train(args.config, overrides=overrides, data_dir=args.data_dir, tracking_uri=args.tracking_uri,
                    checkpoint_dir=args.checkpoint_dir, resume=args.resume, history=args.history)
     m = result.metrics
     table([{"metric": k, "value": m[k]} for k in LM_KEYS + SUMMARY_KEYS + GATED_KEYS if k in m])

@@ -56,6 +56,8 @@ def _add_train(sub) -> None:
     _shared(p, "set", "data_dir")
     _shared(p, "tracking_uri", tracking_uri="MLflow tracking URI where init.run_id is looked up (a config that "
             "starts from an earlier sweep's run; default: $MLFLOW_TRACKING_URI or sqlite:///$PWD/mlflow.db)")
+    p.add_argument("--workers", type=int, metavar="N", help="train data-parallel on N workers of a local Ray (Ray "
+                   "Train; data.batch_size is each worker's); the config's workers otherwise")
     p.add_argument("--checkpoint-dir", help="write a checkpoint here after every epoch")
     p.add_argument("--resume", metavar="DIR", help="resume from a checkpoint folder written by --checkpoint-dir")
     p.add_argument("--history", metavar="FILE", help="also append the per-epoch metrics to FILE as JSON lines (a "

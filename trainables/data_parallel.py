@@ -1,0 +1,87 @@
+"""One experiment on N data-parallel workers, on Ray Train (docs/methods.md §12, docs/cluster.md).
+
+Ray Train's ``TorchTrainer`` starts N worker processes in one torch.distributed group (gloo on CPU, NCCL on a
+GPU) and runs ``worker_loop`` in each: ``engine.train_and_evaluate`` on its slice of every global batch, the
+engine keeping the ranks identical (engine.distributed). Every rank reports each epoch's metrics, as Ray Train
+requires of all of them; rank 0 alone writes the checkpoint. A worker lost mid-run restarts the group from the
+last checkpoint (``max_failures``), so every epoch is trained and reported once. The one module of the product
+that imports ``ray.train`` (tests/test_architecture.py): Tune trainables use ``ray.tune`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FINAL = "fractune_final"  # the last report of every rank
+FINAL_FILE = "final.json"  # in the last checkpoint: the run's summary metrics and per-epoch history
+
+
+def worker_loop(config: dict) -> None:
+    import ray.train
+    import torch
+
+    from engine.config.experiment import ExperimentConfig
+    from engine.train import train_and_evaluate
+
+    cfg = ExperimentConfig.model_validate(config["experiment"])
+    torch.set_num_threads(int(config.get("threads", 1)))
+    rank = ray.train.get_context().get_world_rank()
+
+    last: list[str] = []  # rank 0: the folder of the last checkpoint, kept for the final report
+
+    def report(metrics: dict, save) -> None:
+        if rank == 0:
+            folder = tempfile.mkdtemp(prefix="fractune-train-")
+            save(folder)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+            for old in last:
+                shutil.rmtree(old, ignore_errors=True)
+            last[:] = [folder]
+        else:
+            ray.train.report(metrics)
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:  # a fresh run, or one resumed from a checkpoint folder of an earlier run
+        result = train_and_evaluate(cfg, report=report, resume_from=config.get("resume"))
+    else:  # a restarted group: every rank continues from rank 0's last checkpoint
+        with checkpoint.as_directory() as folder:
+            result = train_and_evaluate(cfg, report=report, resume_from=folder)
+    # the summary and history travel in the last checkpoint (Ray Train's result holds the metrics of the
+    # latest checkpoint), beside the last epoch's state
+    if rank == 0 and last:
+        (Path(last[0]) / FINAL_FILE).write_text(json.dumps({"metrics": result.metrics, "history": result.history}))
+        ray.train.report({FINAL: 1}, checkpoint=ray.train.Checkpoint.from_directory(last[0]))
+        shutil.rmtree(last[0], ignore_errors=True)
+    else:
+        ray.train.report({FINAL: 1})
+
+
+def train_data_parallel(cfg, storage: str, name: str, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
+                        max_failures: int = 0, resume: str | None = None) -> tuple[dict, list[dict], Any]:
+    """Run ``cfg`` on ``cfg.workers`` workers of the Ray this process is connected to; returns the summary
+    metrics, the per-epoch history and Ray Train's result (its ``checkpoint``: the last one rank 0 wrote).
+    Raises ``RuntimeError`` with the workers' error when the run fails past ``max_failures`` restarts."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    per_worker = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+    trainer = TorchTrainer(
+        worker_loop,
+        train_loop_config={"experiment": cfg.to_dict(), "threads": max(1, int(cpus_per_worker)), "resume": resume},
+        scaling_config=ScalingConfig(num_workers=cfg.workers, use_gpu=bool(gpus_per_worker),
+                                     resources_per_worker=per_worker),
+        run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=max_failures)),
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise RuntimeError(str(result.error).strip().splitlines()[-1] if str(result.error).strip() else
+                           repr(result.error))
+    final = Path(result.checkpoint.path) / FINAL_FILE if result.checkpoint is not None else None
+    if final is None or not final.is_file():
+        raise RuntimeError("the run ended without its final report")
+    data = json.loads(final.read_text())
+    return data["metrics"], data["history"], result
