@@ -93,6 +93,7 @@ bench: install
 	$(BIN)/python bench/dfq_step.py
 	$(BIN)/python bench/dfq_modes_accuracy.py
 	$(BIN)/python bench/sweep_overhead.py
+	$(BIN)/python bench/data_parallel.py
 	$(BIN)/python bench/cuda_check.py
 
 # The GPU suite (needs a CUDA GPU; under 8 minutes on one H100/H200): every quantized path against FP32, eager and
