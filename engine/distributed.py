@@ -31,10 +31,11 @@ import torch
 class World:
     """The ranks of one run: ``rank`` and ``size``, from ``torch.distributed`` when a group is initialised."""
 
-    def __init__(self) -> None:
+    def __init__(self, group: bool = True) -> None:
+        """``group``: read this process's torch.distributed group; False: the single process."""
         import torch.distributed as dist
 
-        self.on = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.on = group and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self.rank = dist.get_rank() if self.on else 0
         self.size = dist.get_world_size() if self.on else 1
         self._dist = dist
@@ -117,8 +118,7 @@ class World:
                 self.mean_(buf.data)
 
 
-_current = World.__new__(World)
-_current.on, _current.rank, _current.size, _current._dist = False, 0, 1, None
+_current = World(group=False)
 
 
 def current() -> World:
