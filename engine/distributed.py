@@ -40,10 +40,6 @@ class World:
         self.size = dist.get_world_size() if self.on else 1
         self._dist = dist
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
     def _device(self) -> torch.device:
         backend = self._dist.get_backend() if self.on else "gloo"
         return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
@@ -71,14 +67,6 @@ class World:
         parts = [torch.empty_like(t, device=dev) for _ in range(self.size)]
         self._dist.all_gather(parts, t.to(dev))
         return torch.cat(parts).to(t.device)
-
-    def objects(self, obj) -> list:
-        """Every rank's picklable ``obj``, in rank order (exact: Python ints stay ints)."""
-        if not self.on:
-            return [obj]
-        out = [None] * self.size
-        self._dist.all_gather_object(out, obj)
-        return out
 
     def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's slice of a global batch: ``x``'s rows and their targets (a language model's ``y`` is the

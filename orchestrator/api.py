@@ -146,14 +146,14 @@ class TrainingFailed(FractuneError):
 
 def _check_workers(workers: int) -> None:
     """Workers of a local run: one CPU each, on this machine (or the Ray this process runs on)."""
-    import os
-
     import ray
+
+    from orchestrator.sweep.driver import local_cpus
 
     if ray.is_initialized():
         cpus, where = int(ray.cluster_resources().get("CPU", 0)), "CPUs of the running Ray"
     else:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cpus = local_cpus()
         where = "one CPU per worker on this machine, where a local Ray starts"
     if workers > cpus:
         raise ConfigError.single("workers", workers, f"allowed: <= {cpus} ({where})")

@@ -195,10 +195,15 @@ def check_resources(cpu: float, gpu: float) -> None:
         raise ConfigError(problems)
 
 
+def local_cpus() -> int:
+    """The CPUs this process may use: what a local Ray started here gets."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def check_local_resources(cpu: float, gpu: float) -> None:
     """``check_resources`` against the local Ray that would start here (this process's CPUs, the GPUs torch
     sees), without starting it; the check on the started Ray follows."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = local_cpus()
     gpus = 0
     if gpu > 0:  # torch only where GPUs are asked for: a CPU sweep's driver never imports it
         import torch
