@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine import checkpoint, distributed
+from engine import checkpoint, distributed, optim
 from engine.config.experiment import ExperimentConfig, target_problems
 from engine.cost.bitops import FW8BW8, BitOpsCounter, CostTotals
 from engine.data.datasets import DataSplits, load_data
@@ -144,11 +144,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_optimizer(cfg: ExperimentConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: ExperimentConfig, model: torch.nn.Module) -> optim.SGD | optim.Adam:
     o = cfg.optim
     if o.optimizer == "adam":  # the Transformer's (methods.md §11); weight decay as L2, as SGD's
-        return torch.optim.Adam(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum,
+        return optim.Adam(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    return optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum,
                            weight_decay=cfg.optim.weight_decay, nesterov=cfg.optim.nesterov)
 
 

@@ -278,7 +278,8 @@ def test_the_cycle_check_finds_a_cycle():
 
 # engine/'s layers, lowest first: a module imports only from its own layer or below (docs/architecture.md)
 ENGINE_LAYERS = (
-    {"engine.errors", "engine.safe_yaml", "engine.metrics", "engine.run_length", "engine.distributed"},
+    {"engine.errors", "engine.safe_yaml", "engine.metrics", "engine.run_length", "engine.distributed",
+     "engine.optim"},
     {"engine.numerics"},
     {"engine.models"},
     {"engine.cost"},
@@ -317,7 +318,7 @@ def test_every_engine_module_has_a_layer():
     assert [m for m in IMPORTS if m.startswith("engine") and engine_layer(m) is None] == []
     # the package holds subpackages by concept, few modules loose at its top
     loose = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
-    assert loose == ["__init__.py", "checkpoint.py", "distributed.py", "errors.py", "metrics.py", "preview.py",
+    assert loose == ["__init__.py", "checkpoint.py", "distributed.py", "errors.py", "metrics.py", "optim.py", "preview.py",
                      "run_length.py", "safe_yaml.py",
                      "train.py"]
 

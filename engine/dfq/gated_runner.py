@@ -31,6 +31,7 @@ from engine.dfq.controller import PRICE_LIMIT, build_controller
 from engine.dfq.gate import cost_per_sample
 from engine.dfq.gated import GatedModel
 from engine.numerics.precision import FP32, Precision
+from engine.optim import Optimizer
 from engine.run_length import RunLength
 from engine.schedules.indicator import Staging
 from engine.schedules.static_runner import sgd_step
@@ -179,7 +180,7 @@ class StagedTarget:
 class GatedRunner:
     """One training iteration of DFQ / FracTrain, and their per-epoch statistics."""
 
-    def __init__(self, sched, model: GatedModel, counter: BitOpsCounter, opt: torch.optim.Optimizer,
+    def __init__(self, sched, model: GatedModel, counter: BitOpsCounter, opt: Optimizer,
                  run: RunLength, model_name: str, tokens: int = 1):
         self.sched, self.model, self.counter, self.opt = sched, model, counter, opt
         self.options = model.options

@@ -18,9 +18,10 @@ from engine import distributed
 from engine.cost.bitops import BitOpsCounter
 from engine.errors import TrainingDiverged
 from engine.numerics.precision import Precision
+from engine.optim import Optimizer
 
 
-def sgd_step(opt: torch.optim.Optimizer, loss: torch.Tensor, ce: torch.Tensor | float) -> float:
+def sgd_step(opt: Optimizer, loss: torch.Tensor, ce: torch.Tensor | float) -> float:
     """The optimizer block of every method: backward of ``loss``, one step; returns the CE's value (``ce``: the
     tensor, or its value already read). Raises ``TrainingDiverged`` on a NaN/inf CE before touching the
     parameters."""
@@ -34,7 +35,7 @@ def sgd_step(opt: torch.optim.Optimizer, loss: torch.Tensor, ce: torch.Tensor | 
     return value
 
 
-def make_step(model, opt: torch.optim.Optimizer, graphs: bool = False):
+def make_step(model, opt: Optimizer, graphs: bool = False):
     """One SGD iteration at ``prec``: returns (CE loss value, number correct). Raises on a NaN/inf loss.
     ``graphs``: ``model`` replays CUDA graphs (``engine.compile: reduce-overhead``); each step starts a new
     iteration of them, so a replay may reuse the memory of the last step's outputs."""
@@ -79,7 +80,7 @@ def compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
 
 
 class StaticRunner:
-    def __init__(self, schedule, model, counter: BitOpsCounter, opt: torch.optim.Optimizer, compile: str = "off"):
+    def __init__(self, schedule, model, counter: BitOpsCounter, opt: Optimizer, compile: str = "off"):
         self.schedule, self.model, self.counter = schedule, model, counter
         self._step = make_step(compiled(model, compile), opt, graphs=compile == "reduce-overhead")
         self.last_bitops, self.last_fw, self.last_bw = 0, 0.0, 0.0
