@@ -85,7 +85,6 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     import json
 
     from engine.data.files import check_available
-    from engine.train import train_and_evaluate
     from results import lineage
     from results.output import check_output_file, check_output_folder, epoch_lines, info
 
@@ -129,6 +128,8 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
             for fh in opened:
                 fh.close()
         return TrainResult.of(cfg.name, metrics, epochs)
+    from engine.train import train_and_evaluate  # torch: loaded once the run is known to be able to start
+
     try:
         result = train_and_evaluate(cfg, report=report, resume_from=resume,
                                     progress=progress and sys.stderr.isatty())
