@@ -436,9 +436,11 @@ def validate(file: PathLike, *, tracking_uri: str | None = None) -> ValidationRe
         return ValidationResult(file=str(file), kind="sweep" if kind == "spec" else "ablation", name=obj.name,
                                 trials=obj.num_trials(), stages=stages)
     from engine.data.files import check_available
-    from engine.train import pick_device
 
-    pick_device(obj.device)  # device: cuda where no GPU is visible would fail at the first step
+    if obj.device == "cuda":  # where no GPU is visible it would fail at the first step (auto and cpu never do)
+        from engine.train import pick_device
+
+        pick_device(obj.device)
     if obj.data.data_dir:  # a folder named in the config must hold the data
         check_available(obj.data)
     if obj.init is not None:  # the pretrained checkpoint (or init.run_id's) must exist, of this run's model

@@ -196,15 +196,17 @@ def test_light_entry_points_import_no_service_libraries():
 @pytest.mark.slow
 def test_reading_checking_and_driving_a_sweep_loads_no_torch():
     """torch loads in a trial's process only: the config and the spec, the data's checks, the sweep's driver and
-    tracker, the read side, and `fractune validate` run through (preflight included) never import it, so a CLI
-    process or a driver starts without its import cost."""
+    tracker, the read side, `fractune validate` of a spec or a config (preflight included) and a refused `fractune
+    train` never import it, so a CLI process or a driver starts, or refuses, without its import cost."""
     stmt = ("import engine.config, engine.models, engine.data.files, engine.dfq.vocabulary, search_spaces.spec, "
             "search_spaces.trial, trainables.tune_trainable, orchestrator.api, orchestrator.sweep.launch, "
             "orchestrator.sweep.stages, orchestrator.tracking.tracker, results.pareto, dashboards.report, "
             "dashboards.results_page, contextlib, io; from orchestrator.cli.main import main; "
             "out = io.StringIO(); ctx = contextlib.redirect_stdout(out); ctx.__enter__(); "
-            "code = main(['validate', 'search_spaces/demo.yaml', '--json']); ctx.__exit__(None, None, None); "
-            "assert code == 0, out.getvalue()")
+            "code = main(['validate', 'search_spaces/demo.yaml', '--json']); "
+            "code += main(['validate', 'examples/fmnist_dfq.yaml']); ctx.__exit__(None, None, None); "
+            "assert code == 0, out.getvalue(); assert main(['train', 'examples/fmnist_dfq.yaml', '--set', "
+            "'optim.epochs=0']) == 2")
     assert _loaded_after(stmt, ("torch",)) == []
     # and the zoo itself still loads on first use
     assert _loaded_after("from engine.models import build_model", ("torch",)) == ["torch"]
