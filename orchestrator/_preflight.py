@@ -81,13 +81,13 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     if res is not None and (ray_up or address is None):
         # reported with the spec's other errors: against the running Ray, or against what a local Ray would
         # get (this machine's CPUs and GPUs) without starting one
-        gather(check_resources if ray_up else check_local_resources, res.cpu, res.gpu)
+        gather(check_resources if ray_up else check_local_resources, res.cpu, res.gpu, res.workers)
     if problems:
         raise ConfigError(problems)
     if res is not None and not ray_up:
         init_ray(address, dashboard)
         try:
-            check_resources(res.cpu, res.gpu)
+            check_resources(res.cpu, res.gpu, res.workers)
         except ConfigError as err:
             raise ConfigError(err.problems, None if tree is not None else str(spec)) from None
     return loaded, uri

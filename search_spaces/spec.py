@@ -94,8 +94,12 @@ class Budget(Strict):
 
 
 class Resources(Strict):
+    """What one trial gets. ``workers`` > 1: the trial trains data-parallel on that many Ray Train workers
+    (docs/methods.md §12), each with ``cpu`` and ``gpu``; its trials' configs carry ``workers``."""
+
     cpu: float = Field(1.0, gt=0, le=1024)
     gpu: float = Field(0.0, ge=0, le=64)
+    workers: int = Field(1, ge=1, le=1024)
 
 
 class Stage(Strict):
@@ -301,6 +305,18 @@ def _base_tree(spec: SweepSpec, source: Path | None) -> tuple[dict, list]:
             set_path(base_tree, path, value)
     except ConfigError as err:
         problems += [(f"set.{f}", v, a) for f, v, a in err.problems]
+    workers = spec.resources.workers
+    if workers > 1 and isinstance(base_tree, dict):  # every trial of the sweep runs on the workers it asks for
+        named = base_tree.get("workers", workers)
+        if named != workers:
+            problems.append(("resources.workers", workers, f"allowed: the base's workers ({named}), or one of the "
+                             "two left out"))
+        base_tree["workers"] = workers
+    elif isinstance(base_tree, dict) and base_tree.get("workers", 1) != 1:  # the trial's resources must know
+        problems.append(("base.workers", base_tree["workers"], "allowed: 1; a sweep names its trials' workers in "
+                         "resources.workers"))
+    if "workers" in spec.parameters:
+        problems.append(("parameters.workers", "(swept)", "allowed: resources.workers, the same for every trial"))
     return base_tree, problems
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 SWEEP, BASE, PARAMS, SEED = "sweep", "base", "params", "seed"
 STAGE, INITS = "stage", "inits"  # staged sweeps: the stage's name; {seed: the earlier stage's run it starts from}
 INIT_RUNS = "init_runs"  # {MLflow run id: its final checkpoint}, for trials that start from init.run_id
+WORKERS = "workers"  # a data-parallel trial: {"cpu", "gpu"} of each of its Ray Train workers, "max_failures"
 MAX_POINT_TAG = 7000  # characters: MLflow's tag limit is 8000; longer points fall back to the flattened params
 
 
@@ -63,6 +64,12 @@ def unresolved_run(tree: dict) -> str | None:
 def with_init_runs(trial: dict, init_runs: dict[str, str] | None) -> dict:
     """``trial`` carrying the checkpoint of each run its ``init.run_id`` may name (``results.lineage``)."""
     return {**trial, INIT_RUNS: dict(init_runs)} if init_runs else trial
+
+
+def with_workers(trial: dict, cpu: float, gpu: float, max_failures: int) -> dict:
+    """``trial`` carrying what each of its data-parallel workers gets, and how often its worker group may be
+    restarted from its last checkpoint after losing a worker."""
+    return {**trial, WORKERS: {"cpu": cpu, "gpu": gpu, "max_failures": max_failures}}
 
 
 def staged(trial: dict, stage: str, inits: dict[int, dict] | None) -> dict:

@@ -61,7 +61,8 @@ def worker_loop(config: dict) -> None:
 
 
 def train_data_parallel(cfg, storage: str, name: str, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
-                        max_failures: int = 0, resume: str | None = None) -> tuple[dict, list[dict], Any]:
+                        max_failures: int = 0, resume: str | None = None,
+                        callbacks: list | None = None) -> tuple[dict, list[dict], Any]:
     """Run ``cfg`` on ``cfg.workers`` workers of the Ray this process is connected to; returns the summary
     metrics, the per-epoch history and Ray Train's result (its ``checkpoint``: the last one rank 0 wrote).
     Raises ``RuntimeError`` with the workers' error when the run fails past ``max_failures`` restarts."""
@@ -74,7 +75,8 @@ def train_data_parallel(cfg, storage: str, name: str, cpus_per_worker: float = 1
         train_loop_config={"experiment": cfg.to_dict(), "threads": max(1, int(cpus_per_worker)), "resume": resume},
         scaling_config=ScalingConfig(num_workers=cfg.workers, use_gpu=bool(gpus_per_worker),
                                      resources_per_worker=per_worker),
-        run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=max_failures)),
+        run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=max_failures),
+                             callbacks=callbacks or []),
     )
     result = trainer.fit()
     if result.error is not None:
@@ -85,3 +87,51 @@ def train_data_parallel(cfg, storage: str, name: str, cpus_per_worker: float = 1
         raise RuntimeError("the run ended without its final report")
     data = json.loads(final.read_text())
     return data["metrics"], data["history"], result
+
+
+def train_in_trial(cfg, workers: dict, storage: str, report_epoch, resume: str | None = None) -> None:
+    """A sweep's data-parallel trial (spec ``resources.workers``): the Tune trial starts the Ray Train run and
+    hands each epoch to ``report_epoch(metrics, checkpoint folder)`` as it ends, from rank 0's report, so Tune
+    holds a checkpoint of every epoch and a restored trial continues from it (``resume``) like any other. Each
+    start is a new Ray Train run under ``storage``: the trial's Tune checkpoint, not Ray Train's own state, says
+    where it resumes. A lost worker restarts the group from its last checkpoint up to ``max_failures`` times."""
+    import threading
+    import time
+
+    from ray.util.queue import Queue
+
+    epochs: Queue = Queue(actor_options={"num_cpus": 0})
+    ended: dict[str, BaseException] = {}
+
+    def fit() -> None:
+        try:
+            train_data_parallel(cfg, storage, f"run-{time.time_ns()}", workers["cpu"], workers["gpu"],
+                                workers.get("max_failures", 0), resume, callbacks=[_epoch_forwarder(epochs)])
+        except BaseException as err:  # raised in the trial's thread below
+            ended["error"] = err
+        finally:
+            epochs.put(None)
+
+    runner = threading.Thread(target=fit, name="fractune-data-parallel", daemon=True)
+    runner.start()
+    while (item := epochs.get()) is not None:
+        report_epoch(*item)
+    runner.join()
+    if "error" in ended:
+        raise ended["error"]
+
+
+def _epoch_forwarder(queue):
+    """A Ray Train callback, run in its controller, that puts rank 0's metrics of each epoch and the checkpoint
+    reported with them on ``queue`` (the class is built here: ray.train loads in trial processes only)."""
+    from ray.train.v2.api.callback import UserCallback
+
+    class ForwardEpochs(UserCallback):
+        def __init__(self, queue):
+            self.queue = queue
+
+        def after_report(self, run_context, metrics, checkpoint):
+            if metrics and FINAL not in metrics[0]:
+                self.queue.put((dict(metrics[0]), checkpoint.path if checkpoint is not None else None))
+
+    return ForwardEpochs(queue)

@@ -74,10 +74,11 @@ def train_trial(config: dict) -> None:
         raise DependencyFailed(f"not run: {reason}")
     cfg = trial.decode(config)
     remove_stale_checkpoint_folders()
-    threads = trial_threads()
+    workers = config.get(trial.WORKERS)
+    threads = max(1, math.floor(workers["cpu"])) if workers else trial_threads()
     torch.set_num_threads(threads)
     # where it ran, with what: the node (in MLflow and pareto.json), the torch device (Ray exposes only the GPUs
-    # it gave this trial, so `auto` picks one of those) and the CPU threads of its resources
+    # it gave this trial, so `auto` picks one of those) and the CPU threads of its resources (of each worker)
     where = dict(zip(PLACEMENT_KEYS, (ray.get_runtime_context().get_node_id(), str(pick_device(cfg.device)),
                                       threads)))
 
@@ -86,14 +87,26 @@ def train_trial(config: dict) -> None:
             save(d)
             tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(d))
 
+    def train(resume_from: str | None) -> None:
+        if cfg.workers == 1:
+            train_and_evaluate(cfg, report=report, resume_from=resume_from)
+            return
+        from trainables.data_parallel import train_in_trial
+
+        def report_epoch(metrics: dict, folder: str | None) -> None:
+            tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(folder) if folder else None)
+
+        train_in_trial(cfg, workers, str(Path(tune.get_context().get_trial_dir()) / "data_parallel"), report_epoch,
+                       resume_from)
+
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:
-        train_and_evaluate(cfg, report=report)
+        train(None)
         return
     with checkpoint.as_directory() as given:
         start = resume_point(Path(given))
         if start is None:  # every checkpoint damaged: the trial starts over
-            train_and_evaluate(cfg, report=report)
+            train(None)
             return
         path, state, seen = start
         # the epochs the furthest checkpoint holds beyond Tune's: reported again from its history (the tracker
@@ -104,7 +117,7 @@ def train_trial(config: dict) -> None:
             tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(str(path)) if last else None)
         if finished(cfg, state):
             return
-        train_and_evaluate(cfg, report=report, resume_from=path)
+        train(str(path))
 
 
 def resume_point(given: Path) -> tuple[Path, dict, int] | None:

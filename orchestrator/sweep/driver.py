@@ -179,14 +179,21 @@ def init_ray(address: str | None, dashboard: bool = False) -> None:
                                  f"({one_line_error(exc)[:300]})") from None
 
 
-def check_resources(cpu: float, gpu: float) -> None:
-    """Refuse a sweep whose trials fit on no node (Tune would leave them PENDING forever)."""
+def check_resources(cpu: float, gpu: float, workers: int = 1) -> None:
+    """Refuse a sweep whose trials fit on no node, or whose workers (``cpu`` and ``gpu`` each) do not fit in the
+    cluster together (Tune or Ray Train would wait for them forever)."""
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     best_cpu = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
     best_gpu = max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0)
     problems = []
+    if workers > 1:
+        slots = sum(min(n["Resources"].get("CPU", 0.0) // cpu,
+                        n["Resources"].get("GPU", 0.0) // gpu if gpu else float("inf")) for n in nodes)
+        if workers > slots:
+            problems.append(("resources.workers", workers, f"allowed: <= {slots:g} (workers of cpu {cpu:g}, gpu "
+                             f"{gpu:g} that this cluster's nodes hold together)"))
     if cpu > best_cpu:
         problems.append(("resources.cpu", cpu, f"allowed: <= {best_cpu:g} (CPUs of the largest node of this cluster)"))
     if gpu > best_gpu:
@@ -200,7 +207,7 @@ def local_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def check_local_resources(cpu: float, gpu: float) -> None:
+def check_local_resources(cpu: float, gpu: float, workers: int = 1) -> None:
     """``check_resources`` against the local Ray that would start here (this process's CPUs, the GPUs torch
     sees), without starting it; the check on the started Ray follows."""
     cpus = local_cpus()
@@ -216,6 +223,10 @@ def check_local_resources(cpu: float, gpu: float) -> None:
     if gpu > gpus:
         problems.append(("resources.gpu", gpu, f"allowed: <= {gpus:g} (GPUs of this machine, where a local Ray "
                          "would start)"))
+    slots = min(cpus // cpu, gpus // gpu if gpu else float("inf"))
+    if workers > 1 and workers > slots and not problems:
+        problems.append(("resources.workers", workers, f"allowed: <= {slots:g} (workers of cpu {cpu:g}, gpu {gpu:g} "
+                         "on this machine, where a local Ray would start)"))
     if problems:
         raise ConfigError(problems)
 
@@ -278,13 +289,17 @@ def param_space(loaded: LoadedSpec, sweep_id: str, init_runs: dict[str, str] | N
     ``init_runs``: the checkpoint of every ``init.run_id`` the trials may start from (``results.lineage``)."""
     from ray import tune
 
-    seeds = loaded.spec.seeds
+    spec = loaded.spec
+    seeds = spec.seeds
     points = getattr(loaded, "points", None)  # an ablation: its explicit list of points, one grid over them
     params = (tune.grid_search([dict(p) for p in points]) if points is not None
               else {path: domain(p) for path, p in loaded.spec.parameters.items()})
-    return trial.with_init_runs(trial.encode(sweep_id, loaded.base_tree, params,
-                                             tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0]),
-                                init_runs)
+    out = trial.with_init_runs(trial.encode(sweep_id, loaded.base_tree, params,
+                                            tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0]),
+                               init_runs)
+    if spec.resources.workers > 1:
+        out = trial.with_workers(out, spec.resources.cpu, spec.resources.gpu, spec.budget.max_failures)
+    return out
 
 
 def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
@@ -328,14 +343,17 @@ def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
         sweep_id = latest_sweep_id(root, spec.name)
         hold_sweep(root / sweep_id, sweep_id)  # a second resume of a running sweep is refused
     init_ray(opts.address, opts.dashboard)
-    check_resources(spec.resources.cpu, spec.resources.gpu)
+    check_resources(spec.resources.cpu, spec.resources.gpu, spec.resources.workers)
     check_shared_storage(root)
     if opts.resume:
         reconcile(uri, spec.name, sweep_id, parent_status=None)  # runs a killed driver left RUNNING
     else:  # claimed once every check passed: a refused sweep leaves nothing behind
         sweep_id = claim_sweep_id(root, spec.name, sweep_taken(uri, spec.name))
         hold_sweep(root / sweep_id, sweep_id)
-    trainable = tune.with_resources(train_trial, {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    # a data-parallel trial coordinates its Ray Train workers, which hold the resources: the trial itself takes
+    # no CPU (a token of memory: Tune needs a resource), so its workers never wait for CPUs their own trial holds
+    trainable = tune.with_resources(train_trial, {"cpu": 0, "memory": 2**20} if spec.resources.workers > 1 else
+                                    {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
     return uri, root, sweep_id, trainable, init_runs
 
 

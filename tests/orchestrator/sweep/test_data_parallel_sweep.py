@@ -1,0 +1,95 @@
+"""A sweep whose trials train on two Ray Train workers each (``resources.workers``), through the CLI on a real
+local Ray, with a worker process killed mid-trial (docs/methods.md §12)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from results import store
+from tests.conftest import run_main
+from tests.orchestrator.procs import SLOW, descendants, histories, kill_session, start_cli, wait_for
+
+EPOCHS = 3
+
+
+def _train_workers() -> list[int]:
+    """The Ray Train worker processes of this test's Ray (our descendants), never another Ray's."""
+    found = []
+    for pid in descendants(os.getpid()):
+        try:
+            if b"RayTrainWorker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_sweep_on_two_workers_per_trial_survives_a_killed_worker_with_every_epoch_once(ray_local, tmp_path,
+                                                                                          sqlite_uri):
+    spec = tmp_path / "dp.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "dp_sweep",
+        "base": {**SLOW, "data": {"dataset": "digits", "batch_size": 32}, "optim": {"epochs": EPOCHS},
+                 "debug": {"sleep_per_iteration": 0.05}},
+        "parameters": {"schedule": {"grid": [{"kind": "static", "fw": 8, "bw": 8}, {"kind": "static", "fw": 4, "bw": 8},
+                                             {"kind": "fp32"}]}},
+        "budget": {"max_concurrent_trials": 1, "max_failures": 1},
+        "resources": {"workers": 2, "cpu": 1}}))
+    proc = start_cli("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", sqlite_uri, "--quiet",
+                     "--no-report", "--json", "--address", ray_local.get_runtime_context().gcs_address,
+                     cwd=tmp_path, env={"RAY_ADDRESS": ""})
+    try:
+        def first_epoch_logged():
+            try:
+                return any(h["steps"] for h in histories(sqlite_uri, "dp_sweep").values())
+            except Exception:  # nothing logged yet
+                return False
+
+        wait_for(first_epoch_logged, timeout=240, what="a data-parallel trial's first epoch")
+        victims = wait_for(_train_workers, timeout=60, interval=0.1, what="a Ray Train worker")
+        os.kill(victims[-1], signal.SIGKILL)
+        assert proc.wait(timeout=400) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
+    finally:
+        kill_session(proc.pid)
+    out = json.loads((tmp_path / "stdout.log").read_text().strip().splitlines()[-1])
+    assert out["trials"] == 3 and out["errored"] == 0
+    runs = histories(sqlite_uri, "dp_sweep")
+    # every trial once, finished, every epoch once: the group restarted from its checkpoint, not from scratch
+    assert len(runs) == 3 and all(r["status"] == "FINISHED" and r["steps"] == list(range(1, EPOCHS + 1))
+                                  for r in runs.values()), runs
+    c = store.client(sqlite_uri)
+    children = store.child_runs(c, store.sweep_parent(c, "dp_sweep"))
+    assert {r.data.params["workers"] for r in children} == {"2"}  # the world size each trial trained on
+    # the group that lost a worker restarted from its last checkpoint: no trial's Ray Train run wrote the first
+    # epoch twice (a restart from scratch would), and every trial ended with the last epoch's checkpoint
+    import torch
+
+    for folder in Path(out["storage"]).glob("train_trial_*/data_parallel"):
+        epochs = sorted(torch.load(f, weights_only=True)["epoch"] for f in folder.glob("run-*/checkpoint_*/state.pt"))
+        assert epochs.count(1) == 1 and epochs[-1] == EPOCHS, (folder, epochs)
+
+
+@pytest.mark.parametrize("resources, base, line", [
+    ({"workers": 0}, {}, "resources.workers: got 0"),
+    ({"workers": 3, "cpu": 1}, {}, "resources.workers: got 3; allowed: <= 2"),
+    ({"workers": 2}, {"workers": 4}, "resources.workers: got 2; allowed: the base's workers (4)"),
+    ({}, {"workers": 2}, "base.workers: got 2; allowed: 1"),
+])
+def test_workers_a_sweep_cannot_have_are_refused_in_one_line_before_anything_starts(ray_local, tmp_path, capsys,
+                                                                                     resources, base, line):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(yaml.safe_dump({"name": "bad_dp", "base": {"model": {"name": "tiny"},
+                                                               "data": {"dataset": "digits"}, **base},
+                                    "resources": resources}))
+    code, _, _ = run_main("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri",
+                          f"sqlite:///{tmp_path / 'm.db'}", "--no-report")
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert code == 2 and len(err) == 1 and line in err[0], err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "m.db").exists()
