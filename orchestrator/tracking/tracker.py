@@ -60,8 +60,13 @@ TUNE_KEYS = frozenset(AUTO_RESULT_KEYS) | frozenset(DEFAULT_EXPERIMENT_INFO_KEYS
                                                                                      "checkpoint_dir_name"}
 NOT_METRICS = TUNE_KEYS | frozenset(PLACEMENT_KEYS)
 REPORT_FILE = "fractune_tracking.json"
+ENDED = frozenset({"FINISHED", "FAILED", "KILLED"})  # a run in one of these has an end time
 DIVERGED_TAG = "fractune.diverged"  # the first epoch whose loss passed the engine's bound (engine.train)
 FLUSH_RETRIES, FLUSH_WAIT_S = 5, 2.0
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class MLflowTracker(tune.Callback):
@@ -153,8 +158,11 @@ class MLflowTracker(tune.Callback):
             self.c.set_tag(run_id, op["key"], op["value"])
         elif kind == "dict":
             self.c.log_dict(run_id, op["obj"], op["path"])
-        elif kind == "status":
-            self.c.update_run(run_id, status=op["status"])
+        elif kind == "status":  # an ended run gets its end time (the UI's Duration), when it ended, not written
+            if op["status"] in ENDED:
+                self.c.set_terminated(run_id, op["status"], end_time=op.get("at"))
+            else:
+                self.c.update_run(run_id, status=op["status"])
         else:
             raise ValueError(f"unknown tracking operation {kind!r}")
 
@@ -268,7 +276,7 @@ class MLflowTracker(tune.Callback):
         checkpoint = trial.checkpoint  # the final weights: a later run may start from this one (init.run_id)
         if checkpoint is not None:
             self._submit({"op": "tag", "trial_id": trial.trial_id, "key": CHECKPOINT_TAG, "value": checkpoint.path})
-        self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FINISHED"})
+        self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FINISHED", "at": _now_ms()})
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         self._submit({"op": "tag", "trial_id": trial.trial_id, "key": "fractune.retried",
@@ -281,7 +289,7 @@ class MLflowTracker(tune.Callback):
             return
         self._submit({"op": "tag", "trial_id": trial.trial_id, "key": "fractune.error",
                       "value": one_line_error(trial_error_text(trial))})
-        self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FAILED"})
+        self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FAILED", "at": _now_ms()})
 
     def on_experiment_end(self, trials, **info) -> None:
         for attempt in range(FLUSH_RETRIES):

@@ -39,6 +39,7 @@ def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, 
     assert "training loss is nan" in out["errors"][0]["error"] and "iteration 3" in out["errors"][0]["error"]
     runs = histories(sqlite_uri, "nan_sweep")
     assert sorted(r["status"] for r in runs.values()) == ["FAILED", "FINISHED"]
+    assert all(r["end"] and r["end"] >= r["start"] for r in runs.values())  # the failed run ended too
     # quiet by default: a few lines of fractune's own, Tune's traceback in the log file they name
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 6, err

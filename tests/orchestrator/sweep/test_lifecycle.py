@@ -103,6 +103,7 @@ def test_an_interrupted_sweep_says_so_and_resumes_every_trial_once(ray_local, tm
     stopped = histories(sqlite_uri, name)
     assert {v["status"] for v in stopped.values()} <= {"FINISHED", "KILLED"} and "KILLED" in {
         v["status"] for v in stopped.values()}
+    assert all(v["end"] and v["end"] >= v["start"] for v in stopped.values())  # interrupted runs ended, timed
     assert store.sweep_parent(store.client(sqlite_uri), name).info.status == "KILLED"
     _, _, stopped_front = run_main("pareto", name, "--tracking-uri", sqlite_uri, "--json")
     assert stopped_front["status"] == "KILLED" and stopped_front["partial"] is True
@@ -117,6 +118,8 @@ def test_an_interrupted_sweep_says_so_and_resumes_every_trial_once(ray_local, tm
                                    for r in after.values())
     for trial in done:  # finished before the signal: not run again
         assert after[trial]["last_ts"] == before[trial]["last_ts"] < signalled_at
+    for trial, run in after.items():  # every run's end time is when it finished: after the resume for the resumed
+        assert run["end"] >= run["last_ts"] and (trial in done or run["end"] > signalled_at)
     assert store.sweep_parent(store.client(sqlite_uri), name).info.status == "FINISHED"
     assert out["trials"] == 3 and out["errored"] == 0
 

@@ -33,6 +33,8 @@ def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server)
     c = store.client(mlflow_server["uri"])
     children = store.child_runs(c, c.get_run(served_sweep["parent_run_id"]))
     assert len(children) == 3
+    # every run ends with its end time (the MLflow UI's Duration), read back from a real server
+    assert all(r.info.status == "FINISHED" and r.info.end_time >= r.info.start_time > 0 for r in children)
     for run in children:
         history = _engine_history(Path(served_sweep["storage"]), run.data.tags[store.TRIAL_TAG])
         reported = {k for k, v in history[-1].items() if isinstance(v, int | float) and not isinstance(v, bool)}
