@@ -72,6 +72,19 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def our_ray_processes(title: bytes) -> list[int]:
+    """The processes of this test's own Ray (started by this process, so its workers are our descendants) whose
+    command line holds ``title`` (a Ray actor's, e.g. ``ray::ImplicitFunc.train``), never another Ray's."""
+    found = []
+    for pid in descendants(os.getpid()):
+        try:
+            if title in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def kill_session(sid: int) -> None:
     """SIGKILL every process of a session: the sweep driver and the local Ray cluster it started."""
     for _ in range(3):

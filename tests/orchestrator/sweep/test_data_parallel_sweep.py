@@ -13,21 +13,9 @@ import yaml
 
 from results import store
 from tests.conftest import run_main
-from tests.orchestrator.procs import SLOW, descendants, histories, kill_session, start_cli, wait_for
+from tests.orchestrator.procs import SLOW, histories, kill_session, our_ray_processes, start_cli, wait_for
 
 EPOCHS = 3
-
-
-def _train_workers() -> list[int]:
-    """The Ray Train worker processes of this test's Ray (our descendants), never another Ray's."""
-    found = []
-    for pid in descendants(os.getpid()):
-        try:
-            if b"RayTrainWorker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.slow
@@ -53,7 +41,7 @@ def test_a_sweep_on_two_workers_per_trial_survives_a_killed_worker_with_every_ep
                 return False
 
         wait_for(first_epoch_logged, timeout=240, what="a data-parallel trial's first epoch")
-        victims = wait_for(_train_workers, timeout=60, interval=0.1, what="a Ray Train worker")
+        victims = wait_for(lambda: our_ray_processes(b"RayTrainWorker"), timeout=60, interval=0.1, what="a Ray Train worker")
         os.kill(victims[-1], signal.SIGKILL)
         assert proc.wait(timeout=400) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
     finally:

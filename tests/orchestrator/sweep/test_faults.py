@@ -19,7 +19,14 @@ from orchestrator.sweep.driver import SweepOptions
 from orchestrator.sweep.launch import run_sweep
 from search_spaces.spec import parse_spec
 from tests.conftest import needs_root, run_main
-from tests.orchestrator.procs import SLOW, descendants, histories, kill_session, start_cli, wait_for
+from tests.orchestrator.procs import (
+    SLOW,
+    histories,
+    kill_session,
+    our_ray_processes,
+    start_cli,
+    wait_for,
+)
 from trainables.tune_trainable import CKPT_PREFIX, remove_stale_checkpoint_folders
 
 FOUR = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static", "fw": 4, "bw": 8},
@@ -46,19 +53,6 @@ def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, 
     assert f"full log lines: {out['log']}" in err and "nan" in Path(out["log"]).read_text()
 
 
-def _trial_workers() -> list[int]:
-    """The trial processes of this test's own Ray (started by this process, so its workers are our
-    descendants), never those of another Ray on the machine."""
-    found = []
-    for pid in descendants(os.getpid()):
-        try:
-            if b"ray::ImplicitFunc.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.slow
 def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, tmp_path, sqlite_uri):
     spec = {"name": "kill_trial", "base": {**SLOW, "optim": {"epochs": 4}}, "parameters": {"schedule": {"grid": FOUR[:2]}},
@@ -75,7 +69,7 @@ def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, t
         wait_for(logged_two_epochs, timeout=120, what="two logged epochs")
         # a trial's process is titled ray::ImplicitFunc.train only while a train() call runs; between two calls
         # (a report handed over, a checkpoint saved) it is titled otherwise, so look until one is in a call
-        pids = wait_for(_trial_workers, timeout=30, interval=0.05, what="a trial process inside train()")
+        pids = wait_for(lambda: our_ray_processes(b"ray::ImplicitFunc.train"), timeout=30, interval=0.05, what="a trial process inside train()")
         os.kill(pids[0], signal.SIGKILL)
         killed.append(pids[0])
 
