@@ -188,18 +188,21 @@ def check_resources(cpu: float, gpu: float, workers: int = 1) -> None:
     best_cpu = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
     best_gpu = max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0)
     problems = []
-    if workers > 1:
-        slots = sum(min(n["Resources"].get("CPU", 0.0) // cpu,
-                        n["Resources"].get("GPU", 0.0) // gpu if gpu else float("inf")) for n in nodes)
-        if workers > slots:
-            problems.append(("resources.workers", workers, f"allowed: <= {slots:g} (workers of cpu {cpu:g}, gpu "
-                             f"{gpu:g} that this cluster's nodes hold together)"))
+    slots = sum(worker_slots(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0), cpu, gpu) for n in nodes)
+    if workers > 1 and workers > slots:
+        problems.append(("resources.workers", workers, f"allowed: <= {slots:g} (workers of cpu {cpu:g}, gpu "
+                         f"{gpu:g} that this cluster's nodes hold together)"))
     if cpu > best_cpu:
         problems.append(("resources.cpu", cpu, f"allowed: <= {best_cpu:g} (CPUs of the largest node of this cluster)"))
     if gpu > best_gpu:
         problems.append(("resources.gpu", gpu, f"allowed: <= {best_gpu:g} (GPUs of the largest node of this cluster)"))
     if problems:
         raise ConfigError(problems)
+
+
+def worker_slots(node_cpus: float, node_gpus: float, cpu: float, gpu: float) -> float:
+    """How many workers of ``cpu`` CPUs and ``gpu`` GPUs each one node holds."""
+    return min(node_cpus // cpu, node_gpus // gpu if gpu else float("inf"))
 
 
 def local_cpus() -> int:
@@ -223,7 +226,7 @@ def check_local_resources(cpu: float, gpu: float, workers: int = 1) -> None:
     if gpu > gpus:
         problems.append(("resources.gpu", gpu, f"allowed: <= {gpus:g} (GPUs of this machine, where a local Ray "
                          "would start)"))
-    slots = min(cpus // cpu, gpus // gpu if gpu else float("inf"))
+    slots = worker_slots(cpus, gpus, cpu, gpu)
     if workers > 1 and workers > slots and not problems:
         problems.append(("resources.workers", workers, f"allowed: <= {slots:g} (workers of cpu {cpu:g}, gpu {gpu:g} "
                          "on this machine, where a local Ray would start)"))
@@ -293,7 +296,7 @@ def param_space(loaded: LoadedSpec, sweep_id: str, init_runs: dict[str, str] | N
     seeds = spec.seeds
     points = getattr(loaded, "points", None)  # an ablation: its explicit list of points, one grid over them
     params = (tune.grid_search([dict(p) for p in points]) if points is not None
-              else {path: domain(p) for path, p in loaded.spec.parameters.items()})
+              else {path: domain(p) for path, p in spec.parameters.items()})
     out = trial.with_init_runs(trial.encode(sweep_id, loaded.base_tree, params,
                                             tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0]),
                                init_runs)
