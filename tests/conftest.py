@@ -31,6 +31,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # spin against each other, so a tiny-model epoch runs far slower with two threads than with one.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# Ray Train starts a preemption watcher (a process of its own) per worker group; the suite's Rays run on no
+# preemptible node, so no Ray the suite starts (in this process or a CLI subprocess) starts one.
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
