@@ -8,12 +8,14 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
 - the view ``fractune-<sweep id>``: the sweep's trials only (``tags.fractune.sweep_id`` and kind ``trial``),
   sorted by the task objective (``results.objectives.Objective``, received: accuracy, highest first, or a language
   model's test perplexity, lowest first; a sort by a metric also lists the nested trials flat, no parent row to
-  expand), with the swept parameters, that objective, training TBitOPs (``train_tbitops``, the readable
-  companion of the exact ``train_bitops``: ``engine.metrics.readable_key``; a sweep logged before it has
-  the exact count), cp and the ``pareto`` tag as columns, every trial in the charts, and a first chart section
-  "sweep" with the objective against training TBitOPs and against cp, the swept parameters and objectives in parallel coordinates, and the objective per epoch of
-  every trial;
-- the parent run's summary metrics (``sweep/trials``, ``sweep/finished``, ``sweep/errored``,
+  expand), with the swept parameters, that objective, training TBitOPs (``train_tbitops``) and cp (``cp_pct``),
+  the readable companions of the exact ``train_bitops`` and ``cum_cp`` (``engine.metrics.readable_companions``;
+  a sweep logged before them has the exact values), the ``pareto`` tag and, where a scheduler or the time limit
+  stopped trials, their ``stopped_early`` tag as columns, every trial in the charts,
+  and a first chart section "sweep" with the objective against training BitOPs on a log scale
+  (``train_bitops_log10``: MLflow's scatter axes are linear only), the swept parameters and objectives in parallel
+  coordinates, and the objective per epoch of every trial;
+- the parent run's summary metrics (``sweep/trials``, ``sweep/finished``, ``sweep/stopped_early``, ``sweep/errored``,
   ``sweep/best_accuracy``, or a language model's ``sweep/best_perplexity``, ``sweep/front_size``);
 - the parent run's description (``mlflow.note.content``, markdown): the front as a table, each row linking to its
   run, links to the two views and to the report artifact once it is logged.
@@ -29,7 +31,7 @@ import json
 import math
 import re
 
-from engine.metrics import CUM_CP, TERA, TRAIN_BITOPS, TRAIN_TBITOPS
+from engine.metrics import CP_PCT, CUM_CP, TERA, TRAIN_BITOPS, TRAIN_BITOPS_LOG10, TRAIN_TBITOPS
 from results import runs, store
 from results.objectives import Objective
 
@@ -85,17 +87,31 @@ def _holds(row: dict, param: str) -> bool:
                for path, v in point.items() if param.startswith(path + "."))
 
 
+def _logged_by_all(rows: list[dict], key: str) -> bool:
+    return bool(rows) and all(math.isfinite(r.get(key, math.nan)) for r in rows if r["epochs"])
+
+
 def cost_column(rows: list[dict]) -> str:
     """The training BitOPs' column: ``train_tbitops`` (tera-BitOPs, readable) where every trial logged it, else
     the exact ``train_bitops`` (a sweep logged before the readable companions existed)."""
-    readable = rows and all(math.isfinite(r.get(TRAIN_TBITOPS, math.nan)) for r in rows if r["epochs"])
-    return TRAIN_TBITOPS if readable else TRAIN_BITOPS
+    return TRAIN_TBITOPS if _logged_by_all(rows, TRAIN_TBITOPS) else TRAIN_BITOPS
+
+
+def cp_column(rows: list[dict]) -> str:
+    """cp's column: ``cp_pct`` (four significant figures) where every trial logged it, else ``cum_cp``."""
+    return CP_PCT if _logged_by_all(rows, CP_PCT) else CUM_CP
+
+
+def cost_axis(rows: list[dict]) -> str:
+    """The scatter's cost axis: ``train_bitops_log10`` where every trial logged it (MLflow's scatter has no log
+    scale, and on a linear one FP32 squeezes every quantized trial against the axis), else ``cost_column``."""
+    return TRAIN_BITOPS_LOG10 if _logged_by_all(rows, TRAIN_BITOPS_LOG10) else cost_column(rows)
 
 
 def objective_columns(rows: list[dict], task: Objective) -> list[str]:
     """The three objectives' metrics, in this order: the task objective (accuracy, or a language model's
-    ``perplexity``), the training BitOPs (``cost_column``) and cp."""
-    return [task.key, cost_column(rows), CUM_CP]
+    ``perplexity``), the training BitOPs (``cost_column``) and cp (``cp_column``)."""
+    return [task.key, cost_column(rows), cp_column(rows)]
 
 
 def metric_columns(rows: list[dict], task: Objective) -> list[str]:
@@ -106,9 +122,12 @@ def metric_columns(rows: list[dict], task: Objective) -> list[str]:
 def view_state(sweep_id: str, rows: list[dict], factors: list[str], task: Objective) -> dict:
     """The page's state as the UI reads it from a shared-view tag (its search facets and UI state keys)."""
     params, metrics = param_columns(rows, factors), metric_columns(rows, task)
+    # the front's tag, and the stopped trials' where a scheduler or the time limit stopped any
+    tags = ["pareto", *([runs.STOPPED_TAG] if any(r.get("stopped") for r in rows) else [])]
     key, mode, word = task.key, task.mode, task.word
-    cost = cost_column(rows)
-    unit = "TBitOPs" if cost == TRAIN_TBITOPS else "BitOPs"
+    cost = cost_axis(rows)
+    axis_title = {TRAIN_BITOPS_LOG10: "log10 training BitOPs", TRAIN_TBITOPS: "training TBitOPs"}.get(
+        cost, "training BitOPs")
     section = "fractune-sweep"
 
     def chart(n: int, **config) -> dict:
@@ -119,9 +138,8 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str], task: Object
         return {"key": key, "type": "METRIC"}
 
     charts = [
-        chart(1, type="SCATTER", displayName=f"{word} vs training {unit} (every trial)",
-              xaxis=axis(cost), yaxis=axis(key)),
-        chart(2, type="SCATTER", displayName=f"{word} vs cp (% of FP32 BitOPs)", xaxis=axis(CUM_CP),
+        # one scatter of cost: cp is the same cost over FP32's (a second axis FP32 would squeeze as well)
+        chart(1, type="SCATTER", displayName=f"{word} vs {axis_title} (every trial)", xaxis=axis(cost),
               yaxis=axis(key)),
         # the parallel plot draws only the runs that hold every selected param: the swept ones all trials have
         chart(3, type="PARALLEL", displayName="swept parameters and objectives", selectedMetrics=objective_columns(rows, task),
@@ -137,11 +155,11 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str], task: Object
         "orderByKey": _col("metrics", key), "orderByAsc": mode == "min",
         # UI state
         "selectedColumns": ([_col("metrics", m) for m in metrics] + [_col("params", p) for p in params]
-                            + [_col("tags", "pareto")]),
+                            + [_col("tags", t) for t in tags]),
         "runsHiddenMode": "SHOW_ALL", "hideEmptyCharts": True, "useGroupedValuesInCharts": True, "groupBy": None,
         "viewMaximized": False, "runListHidden": False,
         "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", "duration", *(_col("metrics", m) for m in metrics),
-                        *(_col("params", p) for p in params), _col("tags", "pareto")],
+                        *(_col("params", p) for p in params), *(_col("tags", t) for t in tags)],
         "columnWidths": {"attributes.`Run Name`": NAME_WIDTH},
         "compareRunCharts": charts, "isAccordionReordered": True,
         "compareRunSections": [{"uuid": section, "name": "sweep", "display": True, "isReordered": True,
@@ -154,6 +172,7 @@ def summary_metrics(rows: list[dict], task: Objective) -> dict[str, float]:
     done = runs.finished(rows, task)
     out = {"sweep/trials": float(len(rows)), "sweep/finished": float(len(done)),
            "sweep/errored": float(sum(r["status"] == "FAILED" for r in rows)),
+           "sweep/stopped_early": float(sum(bool(r.get("stopped")) for r in rows)),
            "sweep/front_size": float(len(runs.front(rows, task)))}
     if done:  # a language model's sweep: its best (lowest) test perplexity
         out[f"sweep/best_{task.key}"] = task.direction.best(r[task.key] for r in done)
@@ -167,7 +186,8 @@ def note(experiment_id: str, sweep_id: str, rows: list[dict], task: Objective, m
     key, mode = task.key, task.mode
     base = f"#/experiments/{experiment_id}"
     lines = [f"**Sweep `{sweep_id}`**: {len(rows)} trials, {int(metrics['sweep/finished'])} finished, "
-             f"{int(metrics['sweep/errored'])} errored, {len(front)} on the Pareto front "
+             + (f"{int(metrics['sweep/stopped_early'])} stopped early, " if metrics.get("sweep/stopped_early") else "")
+             + f"{int(metrics['sweep/errored'])} errored, {len(front)} on the Pareto front "
              f"({key} {mode}, training BitOPs min).", "",
              f"[All trials, sorted by {task.label}]"
              f"({view_url('', experiment_id, sweep_id)}) · "

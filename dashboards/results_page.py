@@ -393,6 +393,10 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
              "the command.", ""]
     if progress := data.progress():
         lines += [f"**Partial:** {progress}.", ""]
+    if stopped := [r for r in data.rows if r.get("stopped")]:
+        lines += [f"**Stopped early:** {len(stopped)} trial(s), by the scheduler or the sweep's time limit, before "
+                  "their planned epochs; their cost is a shorter run's, so they are left off the front and the "
+                  "tables: " + ", ".join(f"{r['name']} ({r['stopped']})" for r in stopped) + ".", ""]
     diverged = [r for r in data.rows if r.get("diverged")]
     if diverged:
         lines += ["**Diverged:** " + ", ".join(f"{r['name']} (from {r['diverged']})" for r in diverged)
@@ -407,7 +411,8 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
     errored = [r for r in data.rows if not r["complete"]]
     if errored:
         lines += ["", f"{len(errored)} trial(s) did not finish and are left out: "
-                  + ", ".join(f"{r['name']} ({r['status']})" for r in errored)]
+                  + ", ".join(f"{r['name']} ({'stopped early, ' + r['stopped'] if r.get('stopped') else r['status']})"
+                              for r in errored)]
     if notes:
         lines += ["", notes.strip()]
     return "\n".join(lines) + "\n"
@@ -770,7 +775,9 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
                                                                  if g["config"] is not None else None}
                for g in groups]
     return {"sweep": data.name, "sweep_id": data.sweep_id, "parent_run_id": data.parent_run_id,
-            "trials": len(data.rows), "finished": len(done), "methods": methods, "objective": objective,
+            "trials": len(data.rows), "finished": len(done),
+            "stopped": [{"run_id": r["run_id"], "name": r["name"], "at": r["stopped"]} for r in data.rows if r.get("stopped")],
+            "methods": methods, "objective": objective,
             "task_objective": task.key, "direction": task.direction.optuna, "comparable_rule": comparable_rule(task),
             "status": data.status, "partial": data.progress() is not None,
             "pareto": [r["method"] for r in front], "rankings": rankings(groups), "trends": checks, "markdown": str(page), "plot": str(plot),

@@ -67,6 +67,7 @@ class SweepResult(_Result):
     task: str = "accuracy max"  # the task objective and its direction: "accuracy max", "perplexity min"
     hypervolume: float | None = None
     pareto: list[dict[str, Any]] = []  # the front, cheapest first, as `fractune pareto --json` gives it
+    stopped: list[dict[str, Any]] = []  # {run_id, name, at} per trial stopped before its planned epochs
     stages: dict[str, Any] | None = None  # a staged sweep: per stage its trials, errors and runs
     storage: str | None = None  # the sweep's Tune folder
     storage_problem: str | None = None
@@ -130,6 +131,8 @@ class ParetoFront(_Result):
     progress: str | None = None  # that, in a line
     diverged: list[str] = []  # run ids of trials whose loss passed the engine's bound
     diverged_trials: list[dict[str, Any]] = []  # {run_id, name, epoch} of each
+    stopped: list[str] = []  # run ids of trials stopped before their planned epochs (ASHA, the time limit)
+    stopped_trials: list[dict[str, Any]] = []  # {run_id, name, at: "epoch E of P"} of each
     objective: str
     task: str  # "accuracy max", or "perplexity min" for language models
     pareto: list[dict[str, Any]]

@@ -332,7 +332,7 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
 
     Returns:
         A ``ParetoFront``: the front's members (``pareto``, cheapest first; ``frame()`` as a DataFrame) with the
-        sweep's state (trials, finished, status, partial, diverged trials).
+        sweep's state (trials, finished, status, partial, diverged trials, trials stopped early).
 
     Raises:
         ConfigError: no such sweep, a bad name or URI, or an objective no trial logged.
@@ -346,12 +346,15 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
     front = data.front(objective)
     progress = data.progress()
     diverged = [r for r in data.rows if r.get("diverged")]
+    stopped = [r for r in data.rows if r.get("stopped")]
     return ParetoFront(sweep=name, sweep_id=data.sweep_id, experiment_id=data.experiment_id,
                        parent_run_id=data.parent_run_id, trials=len(data.rows),
                        finished=len(data.finished(objective)), status=data.status, planned=data.planned,
                        partial=progress is not None, progress=progress, diverged=[r["run_id"] for r in diverged],
                        diverged_trials=[{"run_id": r["run_id"], "name": r["name"], "epoch": r["diverged"]}
                                         for r in diverged],
+                       stopped=[r["run_id"] for r in stopped],
+                       stopped_trials=[{"run_id": r["run_id"], "name": r["name"], "at": r["stopped"]} for r in stopped],
                        objective=objective, task=str(data.task),
                        pareto=[runs.front_entry(r, data.task, objective) for r in front])
 

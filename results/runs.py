@@ -5,8 +5,8 @@ A row: ``run_id``, ``trial_id``, ``name``, ``status``, ``schedule`` (the kind), 
 metric (``results.objectives``: ``accuracy``, a language model's test ``perplexity``) and ``train_bitops``,
 ``cp`` (the run's cumulative cp), ``cp_gated`` (DFQ/FracTrain: the mean of the per-epoch gated
 cp the papers report, else NaN), ``seed``, ``wall_seconds``, ``point`` (the swept values, typed), ``epochs``
-(the last epoch logged), ``planned_epochs``, ``complete``, ``node_id``, ``pareto`` (the front's tag) and
-``costs`` (the run's training cost under every cost model it logged: ``bitops`` and each ``train_cost_<model>``).
+(the last epoch logged), ``planned_epochs``, ``complete``, ``stopped`` (``stopped_early``), ``node_id``,
+``pareto`` (the front's tag) and ``costs`` (the run's training cost under every cost model it logged: ``bitops`` and each ``train_cost_<model>``).
 
 The cost axis of a front is any cost model (``objective``: ``bitops`` by default, the sweep spec's
 ``objective`` at sweep time, ``--objective`` for the readers); the sweep records its own in the parent run's
@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine import metrics as keys
 from engine.cost.cost_models import check_model_name
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, COST_PREFIX, CUM_CP, TRAIN_BITOPS, TRAIN_TBITOPS, cost_key
@@ -34,6 +35,16 @@ from results.pareto import hypervolume, pareto_rows
 from search_spaces import trial
 
 OBJECTIVE_TAG = "fractune.objective"
+# a FINISHED trial that ran fewer epochs than planned (a scheduler such as ASHA stopped it, or the sweep's time
+# limit): "epoch E of P", a plain tag so that the MLflow UI shows it as a column beside ``pareto``
+STOPPED_TAG = "stopped_early"
+
+
+def stopped_early(status: str, epochs: int | None, planned: int | None) -> str | None:
+    """"epoch E of P" for a trial that FINISHED after E of its P planned epochs (E < P), else None."""
+    if status == "FINISHED" and epochs is not None and planned is not None and epochs < planned:
+        return f"epoch {epochs} of {planned}"
+    return None
 
 
 @dataclass
@@ -137,10 +148,12 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
     return {"run_id": run_id, "trial_id": trial_id, "name": name, "status": status, "schedule": schedule,
             **{key: float(metrics.get(key, math.nan)) for key in objectives.OBJECTIVES},
             TRAIN_BITOPS: float(metrics.get(TRAIN_BITOPS, math.nan)),
-            TRAIN_TBITOPS: float(metrics.get(TRAIN_TBITOPS, math.nan)),  # its readable companion, where logged
+            # the readable companions, where logged (engine.metrics.readable_companions)
+            **{key: float(metrics.get(key, math.nan)) for key in (TRAIN_TBITOPS, keys.TRAIN_BITOPS_LOG10, keys.CP_PCT)},
             "cp": float(metrics.get(CUM_CP, math.nan)), "cp_gated": cp_gated, "seed": seed,
             "wall_seconds": float(metrics.get("wall_seconds", math.nan)), "point": point, "epochs": epochs,
             "planned_epochs": planned_epochs, "node_id": node_id, "pareto": pareto, "costs": row_costs(metrics),
+            "stopped": stopped_early(status, epochs, planned_epochs),
             "complete": (status == "FINISHED" and epochs is not None and planned_epochs is not None
                          and epochs >= planned_epochs)}
 

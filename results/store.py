@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.metrics import TERA, readable_key
+from engine.metrics import readable_companions
 
 PARENT_TAG = "mlflow.parentRunId"
 TRIAL_TAG = "ray_trial_id"
@@ -24,12 +24,11 @@ PLANNED_TAG = "fractune.planned_epochs"  # the engine's run_length(cfg).epochs o
 # clients see, and the one its UI reads where that flag is off.
 KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 def with_readable(metrics: dict[str, float]) -> dict[str, float]:
-    """``metrics`` and, beside each exact cost, its readable companion (``readable_key``: value / 10^12)."""
+    """``metrics`` and beside them their readable companions (``engine.metrics.readable_companions``); a
+    companion the metrics already hold is kept as it is."""
     out = dict(metrics)
     for key, value in metrics.items():
-        companion = readable_key(key)
-        if companion is not None and companion not in metrics:
-            out[companion] = value / TERA
+        out.update({k: v for k, v in readable_companions(key, value).items() if k not in metrics})
     return out
 
 

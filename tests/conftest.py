@@ -157,6 +157,7 @@ SWEEP = {
     "name": "served_sweep",
     "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 2}},
     "parameters": {"schedule": {"grid": [
+        {"kind": "fp32"},
         {"kind": "static", "fw": 8, "bw": 8},
         {"kind": "pfq", "mode": "auto", "fw": [3, 4, 6, 8], "bw": [6, 6, 8, 8], "epsilon": 0.3, "alpha": 0.5,
          "eval_every": 2},

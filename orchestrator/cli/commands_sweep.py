@@ -59,6 +59,8 @@ def cmd_sweep(args) -> int:
     print(f"\nsweep {out['sweep_id']}: {out['trials']} trials, {out['errored']} errored, "
           f"{len(out['pareto'])} on the Pareto front ({res.task}, training cost min under {out['objective']})")
     pareto_table(out["pareto"], res.task)
+    if out.get("stopped"):
+        info(stopped_line(out["stopped"]))
     for e in out["errors"]:
         info(f"trial {e['trial_id']} errored: {e['error']}")
     if out.get("log") and (out["errors"] or out["tracking"].get("failed_calls")):
@@ -98,6 +100,12 @@ def print_report(out: dict) -> None:
              f"--sweep-id {out['sweep_id']} --tracking-uri {out['tracking_uri']}")
 
 
+def stopped_line(stopped: list[dict]) -> str:
+    """The trials stopped before their planned epochs, in one line: how many, which, where; off the front."""
+    return (f"{len(stopped)} trial(s) stopped early by the scheduler or the time limit, left off the front: "
+            + ", ".join(f"{r['name']} ({r['at']})" for r in stopped))
+
+
 def cmd_pareto(args) -> int:
     from orchestrator.api import pareto_front
 
@@ -108,10 +116,12 @@ def cmd_pareto(args) -> int:
         info(f.progress)
     for r in f.diverged_trials:
         info(f"trial {r['name']} diverged (its training loss passed the engine's bound at {r['epoch']})")
+    if f.stopped_trials:
+        info(stopped_line(f.stopped_trials))
     pareto_table(f.pareto, f.task)
     if args.json:
         emit_json({"sweep": args.sweep, "sweep_id": f.sweep_id, "experiment_id": f.experiment_id,
                    "parent_run_id": f.parent_run_id, "trials": f.trials, "finished": f.finished,
                    "status": f.status, "planned": f.planned, "partial": f.partial, "diverged": f.diverged,
-                   "objective": f.objective, "pareto": f.pareto})
+                   "stopped": f.stopped, "objective": f.objective, "pareto": f.pareto})
     return 0

@@ -7,10 +7,12 @@ flattened resolved config as params, the per-epoch metrics at ``step = epoch``, 
 config, events and DFQ bit allocations as artifacts.
 
 The metrics are whatever the engine reports: every numeric (not boolean) top-level key of a trial's result is
-logged (each exact cost with a readable companion in tera-units beside it: ``train_bitops`` and
-``train_tbitops``, ``engine.metrics.readable_key``), except Ray Tune's own bookkeeping (``TUNE_KEYS``:
+logged (beside them their readable companions, rounded to four significant figures: each exact cost in
+tera-units, ``train_bitops`` and ``train_tbitops``, ``cum_cp`` as ``cp_pct``, and ``train_bitops_log10``:
+``engine.metrics.readable_companions``), except Ray Tune's own bookkeeping (``TUNE_KEYS``:
 ``training_iteration``, ``time_this_iter_s``, ``timestamp``, ``pid``...) and where the trial ran (the trainable's ``PLACEMENT_KEYS``, kept as tags). A
-metric the engine adds reaches MLflow without a change here.
+metric the engine adds reaches MLflow without a change here. A trial Tune completes before its planned epochs
+(stopped by ASHA or the sweep's time limit) stays FINISHED, tagged ``stopped_early`` ("epoch E of P").
 
 Every write is an operation in a FIFO queue: it runs at once, and when the tracking store is unreachable it
 stays queued (training goes on) and is retried at every later callback and at the end of the sweep, in
@@ -37,6 +39,7 @@ from engine.metrics import ACCURACY
 from results import provenance
 from results.lineage import CHECKPOINT_TAG
 from results.output import write_atomic
+from results.runs import STOPPED_TAG, stopped_early
 from results.store import (
     METHOD_TAG,
     PARENT_TAG,
@@ -63,6 +66,13 @@ REPORT_FILE = "fractune_tracking.json"
 ENDED = frozenset({"FINISHED", "FAILED", "KILLED"})  # a run in one of these has an end time
 DIVERGED_TAG = "fractune.diverged"  # the first epoch whose loss passed the engine's bound (engine.train)
 FLUSH_RETRIES, FLUSH_WAIT_S = 5, 2.0
+
+
+def _stopped_early(trial) -> str | None:
+    """"epoch E of P" for a trial Tune completed after E of its P planned epochs (``results.runs.stopped_early``)."""
+    epoch = (trial.last_result or {}).get("epoch")
+    return stopped_early("FINISHED", int(epoch) if epoch is not None else None,
+                         trial_dict.decode(trial.config).run_length().epochs)
 
 
 def _now_ms() -> int:
@@ -276,6 +286,8 @@ class MLflowTracker(tune.Callback):
         checkpoint = trial.checkpoint  # the final weights: a later run may start from this one (init.run_id)
         if checkpoint is not None:
             self._submit({"op": "tag", "trial_id": trial.trial_id, "key": CHECKPOINT_TAG, "value": checkpoint.path})
+        if (stopped := _stopped_early(trial)) is not None:  # ASHA or the time limit ended it before its epochs
+            self._submit({"op": "tag", "trial_id": trial.trial_id, "key": STOPPED_TAG, "value": stopped})
         self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FINISHED", "at": _now_ms()})
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:

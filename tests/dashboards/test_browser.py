@@ -5,6 +5,8 @@ UI. Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -49,7 +51,8 @@ def _run_names(driver) -> list[str]:
 @pytest.mark.slow
 def test_the_sweeps_view_shows_its_trials_and_charts(browser, served_sweep, mlflow_server):
     """The URL `fractune ui --sweep` prints: the model-training mode, one row per trial with its readable name,
-    sorted by accuracy, the objectives and cp as columns; its chart view draws every trial."""
+    sorted by accuracy, its duration, the objectives and cp as columns to four figures; its chart view draws
+    every trial, FP32 apart from the quantized trials on a log cost axis."""
     from tests.conftest import run_main
 
     code, _, urls = run_main("ui", "--tracking-uri", mlflow_server["uri"], "--sweep", "served_sweep", "--json")
@@ -67,7 +70,15 @@ def test_the_sweeps_view_shows_its_trials_and_charts(browser, served_sweep, mlfl
     assert "Models" in side and "Judges" not in side and "Overview" not in side
     headers = {e.get_attribute("data-testid")[len("sort-header-"):]
                for e in browser.find_elements(By.CSS_SELECTOR, "[data-testid^=sort-header-]")}
-    assert {"Run Name", "accuracy", "train_tbitops", "cum_cp"} <= headers, headers
+    assert {"Run Name", "Duration", "accuracy", "train_tbitops", "cp_pct"} <= headers, headers
+    # every trial's run has ended with its end time: the Duration column holds a value in every row
+    durations = _texts(browser, ".ag-center-cols-container .ag-cell[col-id='duration']")
+    assert len(durations) == len(children) and all(re.fullmatch(r"[\d.]+\s?(ms|s|min|h)", d) for d in durations), \
+        durations
+    # the readable companions: four significant figures, not the exact value's sixteen
+    for column in ("train_tbitops", "cp_pct"):
+        cells = _texts(browser, f".ag-center-cols-container .ag-cell[col-id='metrics.`{column}`']")
+        assert len(cells) == len(children) and all(len(c.replace(".", "").lstrip("0")) <= 4 for c in cells), cells
     browser.save_screenshot(str(SHOTS / "mlflow_view_table.png"))
 
     browser.get(urls["charts_url"])
@@ -80,7 +91,16 @@ def test_the_sweeps_view_shows_its_trials_and_charts(browser, served_sweep, mlfl
 
     assert _wait(browser, scatter_points, "the scatter chart of every trial") == len(children)
     titles = " ".join(_texts(browser, cards))
-    assert "train_tbitops" in titles and "Parallel Coordinates" in titles and "accuracy" in titles
+    assert "train_bitops_log10" in titles and "Parallel Coordinates" in titles and "accuracy" in titles
+    # on the log cost axis FP32 stands apart, dearest, and the quantized trials are spread out, not squeezed
+    # against the axis: a fair part of the axis between them, and no two of them within a few pixels
+    points = browser.find_element(By.CSS_SELECTOR, cards).find_elements(By.CSS_SELECTOR, ".scatterlayer .point")
+    xy = sorted(tuple(map(float, re.fullmatch(r"translate\(([-\d.e]+),\s?([-\d.e]+)\)",
+                                              p.get_attribute("transform")).groups())) for p in points)
+    *quantized, fp32 = xy
+    spread = (quantized[-1][0] - quantized[0][0]) / (fp32[0] - quantized[0][0])
+    assert spread > 0.1, xy  # a linear axis leaves them under 5 % of it
+    assert all(math.dist(a, b) > 5 for i, a in enumerate(quantized) for b in quantized[i + 1:]), xy
     browser.save_screenshot(str(SHOTS / "mlflow_view_charts.png"))
 
 

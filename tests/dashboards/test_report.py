@@ -113,7 +113,7 @@ def test_sweep_writes_and_logs_the_report(served_sweep, mlflow_server):
 
 def test_report_reads_events_and_bit_allocation_back(served_sweep, mlflow_server):
     data = load_sweep(mlflow_server["uri"], "served_sweep", served_sweep["sweep_id"])
-    assert len(data.rows) == 3 and data.factors == ["schedule"]
+    assert len(data.rows) == 4 and data.factors == ["schedule"]
     kinds = {r["schedule"]: r for r in data.rows}
     assert kinds["pfq"]["point"]["schedule"]["epsilon"] == 0.3  # typed, from the fractune.point tag
     alloc = bit_allocation(data.client, kinds["dfq"])
@@ -130,7 +130,7 @@ def test_report_cli_rebuilds_from_mlflow(served_sweep, mlflow_server, run_cli, t
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["report"] == str((tmp_path / "rep" / "report.html").resolve()) and out["artifact"] is None
-    assert out["sweep_id"] == served_sweep["sweep_id"] and out["trials"] == 3
+    assert out["sweep_id"] == served_sweep["sweep_id"] and out["trials"] == 4
     assert set(out["importance"]["accuracy"]) == {"schedule"}
     summary = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert summary["chosen_runs"] == [dfq["run_id"], pfq["run_id"]]  # as named, in that order

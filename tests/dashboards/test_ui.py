@@ -66,13 +66,13 @@ def test_a_sweep_opens_in_training_mode_with_its_summary(served_sweep, mlflow_se
     # trial runs named by what tells them apart (here the method alone) and the seed; Tune's trial id stays a tag
     parent = c.get_run(served_sweep["parent_run_id"])
     children = store.child_runs(c, parent)
-    assert sorted(r.info.run_name for r in children) == ["dfq s0", "pfq s0", "static s0"]
-    assert len({r.data.tags[store.TRIAL_TAG] for r in children}) == 3
+    assert sorted(r.info.run_name for r in children) == ["dfq s0", "fp32 s0", "pfq s0", "static s0"]
+    assert len({r.data.tags[store.TRIAL_TAG] for r in children}) == 4
     assert all(re.fullmatch(r"[0-9a-f]{5}_\d{5}", r.data.tags[store.TRIAL_TAG]) for r in children)
     # the parent's summary metrics, as the trial rows give them
     rows = runs.trial_rows(c, parent)[0]
     m = parent.data.metrics
-    assert (m["sweep/trials"], m["sweep/finished"], m["sweep/errored"]) == (3, 3, 0)
+    assert (m["sweep/trials"], m["sweep/finished"], m["sweep/errored"]) == (4, 4, 0)
     assert m["sweep/front_size"] == len(served_sweep["pareto"]) >= 1
     assert m["sweep/best_accuracy"] == max(r["accuracy"] for r in rows)
     # its note: the front as a table linking to each run, the views and the report artifact
@@ -85,8 +85,12 @@ def test_a_sweep_opens_in_training_mode_with_its_summary(served_sweep, mlflow_se
     # the saved view the URL names: this sweep's trials, sorted by accuracy, the objectives and the front as columns
     view = json.loads(exp.tags["mlflow.sharedViewState." + mlflow_view.view_key(served_sweep["sweep_id"])])
     assert served_sweep["sweep_id"] in view["searchFilter"] and view["orderByKey"] == "metrics.`accuracy`"
-    assert {"metrics.`accuracy`", "metrics.`train_tbitops`", "metrics.`cum_cp`", "params.`schedule.kind`",
+    assert {"metrics.`accuracy`", "metrics.`train_tbitops`", "metrics.`cp_pct`", "params.`schedule.kind`",
             "tags.`pareto`"} <= set(view["selectedColumns"])
+    # the scatter's cost axis is logarithmic: FP32 and the quantized trials each legible
+    scatter = next(ch for ch in view["compareRunCharts"] if ch["type"] == "SCATTER")
+    assert scatter["xaxis"]["key"] == "train_bitops_log10" and [ch["type"] for ch in view["compareRunCharts"]] == [
+        "SCATTER", "PARALLEL", "LINE"]
     assert view["runsHiddenMode"] == "SHOW_ALL"  # every trial in the charts, not the first ten
 
 

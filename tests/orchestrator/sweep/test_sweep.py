@@ -127,6 +127,24 @@ def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_lo
     summary = store.artifact_json(data.client, data.parent_run_id, "pareto.json")
     assert [p["run_id"] for p in summary["pareto"]] == [p["run_id"] for p in again["pareto"]]
     assert {t["run_id"] for t in summary["trials"] if not t["complete"]} == {r["run_id"] for r in stopped}
+    # each stopped trial is tagged where it stopped (the MLflow view shows the tag as a column) and counted: by
+    # the sweep, `pareto`, the parent run's summary and the results page
+    for row in data.rows:
+        tag = data.client.get_run(row["run_id"]).data.tags.get("stopped_early")
+        assert tag == (f"epoch {row['epochs']} of 3" if row in stopped else None), (row["name"], tag)
+    stopped_ids = sorted(r["run_id"] for r in stopped)
+    assert sorted(s["run_id"] for s in out["stopped"]) == stopped_ids and sorted(again["stopped"]) == stopped_ids
+    assert f"{len(stopped)} trial(s) stopped early by the scheduler" in r.stderr
+    parent = data.client.get_run(data.parent_run_id)
+    assert parent.data.metrics["sweep/stopped_early"] == len(stopped)
+    assert f"{len(stopped)} stopped early" in parent.data.tags["mlflow.note.content"]
+    view = json.loads(data.client.get_experiment(data.experiment_id).tags[
+        f"mlflow.sharedViewState.fractune-{out['sweep_id']}"])
+    assert "tags.`stopped_early`" in view["selectedColumns"]
+    code, text, page = run_main("results", "digits_asha", "--tracking-uri", sqlite_uri, "--out",
+                                str(tmp_path / "results.md"), "--no-log", "--json")
+    assert code == 0 and sorted(s["run_id"] for s in page["stopped"]) == stopped_ids
+    assert f"**Stopped early:** {len(stopped)} trial(s)" in (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.slow

@@ -1,18 +1,19 @@
 """The tracker logs what the engine reports: every numeric metric of a trial's epochs reaches MLflow, and nothing
-of Tune's own bookkeeping does. Checked on the session's served sweep (a static, an auto-PFQ and a routed-DFQ
-trial on digits, logged over HTTP) against the engine's own per-epoch history in each trial's checkpoint; and a
+of Tune's own bookkeeping does. Checked on the session's served sweep (an FP32, a static, an auto-PFQ and a
+routed-DFQ trial on digits, logged over HTTP) against the engine's own per-epoch history in each trial's checkpoint; and a
 sweep whose tracking server becomes unreachable mid-sweep loses nothing."""
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 from pathlib import Path
 
 import pytest
 
 from engine import checkpoint
-from engine.metrics import readable_key
+from engine.metrics import readable_companions, readable_key
 from orchestrator.sweep.driver import SweepOptions
 from orchestrator.sweep.launch import run_sweep
 from orchestrator.tracking.tracker import NOT_METRICS, is_metric
@@ -32,7 +33,7 @@ def _engine_history(storage: Path, trial_id: str) -> list[dict]:
 def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server):
     c = store.client(mlflow_server["uri"])
     children = store.child_runs(c, c.get_run(served_sweep["parent_run_id"]))
-    assert len(children) == 3
+    assert len(children) == 4
     # every run ends with its end time (the MLflow UI's Duration), read back from a real server
     assert all(r.info.status == "FINISHED" and r.info.end_time >= r.info.start_time > 0 for r in children)
     for run in children:
@@ -41,13 +42,14 @@ def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server)
         logged = set(run.data.metrics)
         readable = {readable_key(k): k for k in reported if readable_key(k)}  # e.g. train_tbitops
         assert {"train_tbitops", "step_tbitops"} <= set(readable), readable
-        # nothing dropped, nothing of Tune's; beside each exact cost its readable companion
+        readable.update({"cp_pct": "cum_cp", "train_bitops_log10": "train_bitops"})
+        # nothing dropped, nothing of Tune's; beside the exact values their readable companions
         assert logged == reported | set(readable), (run.info.run_name, logged ^ (reported | set(readable)))
-        for companion, exact in readable.items():  # the last epoch's, and at every epoch
-            assert run.data.metrics[companion] == pytest.approx(run.data.metrics[exact] / 1e12, rel=1e-12), companion
+        for companion, exact in readable.items():  # the last epoch's, and at every epoch: to four figures
             steps = {m.step: m.value for m in c.get_metric_history(run.info.run_id, exact)}
-            assert {m.step: m.value * 1e12 for m in c.get_metric_history(run.info.run_id, companion)} == \
-                pytest.approx(steps, rel=1e-12), companion
+            assert {m.step: m.value for m in c.get_metric_history(run.info.run_id, companion)} == {
+                step: readable_companions(exact, value)[companion] for step, value in steps.items()}, companion
+        assert run.data.metrics["train_tbitops"] == pytest.approx(run.data.metrics["train_bitops"] / 1e12, rel=1e-3)
         for key in ("accuracy", "epoch"):
             assert [m.step for m in c.get_metric_history(run.info.run_id, key)] == [1, 2]
     dfq = next(r for r in children if r.data.tags["fractune.schedule"] == "dfq")
@@ -58,16 +60,22 @@ def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server)
     assert {"fractune.node_id", "fractune.device", "fractune.torch_threads"} <= set(dfq.data.tags)
 
 
-def test_each_exact_cost_has_a_readable_companion_in_tera_units():
+def test_each_exact_cost_has_a_readable_companion_rounded_to_four_figures():
     exact = {"train_bitops": 1.234567890123e15, "step_bitops": 3.2e11, "fp32_bitops": 9e15, "gate_bitops": 4e12,
              "train_cost_energy": 7.5e13, "epoch_cost_memory": 2e12, "cum_gbitops": 1234.5, "train_gbitops": 1234.5,
-             "bitops_per_token": 5e9, "accuracy": 0.9, "cp": 12.5}
+             "bitops_per_token": 5e9, "accuracy": 0.9, "cp": 12.5, "cum_cp": 6.25641991371636}
     out = store.with_readable(exact)
-    assert {k: v for k, v in out.items() if k not in exact} == pytest.approx({
-        "train_tbitops": 1234.567890123, "step_tbitops": 0.32, "fp32_tbitops": 9000.0, "gate_tbitops": 4.0,
-        "train_tcost_energy": 75.0, "epoch_tcost_memory": 2.0})
+    assert {k: v for k, v in out.items() if k not in exact} == {
+        "train_tbitops": 1235.0, "step_tbitops": 0.32, "fp32_tbitops": 9000.0, "gate_tbitops": 4.0,
+        "train_tcost_energy": 75.0, "epoch_tcost_memory": 2.0, "cp_pct": 6.256, "train_bitops_log10": 15.0915}
     assert {k: out[k] for k in exact} == exact  # the exact ones stay, unchanged
     assert all(readable_key(k) is None for k in ("cum_gbitops", "bitops_per_token", "accuracy", "train_cost_"))
+    # what a person reads: no companion longer than four significant figures (the log: four decimals)
+    assert all(len(f"{v:g}".replace(".", "").lstrip("0")) <= 4 for k, v in out.items()
+               if k not in exact and k != "train_bitops_log10")
+    # no logarithm of zero BitOPs; a NaN stays NaN
+    edge = store.with_readable({"train_bitops": 0.0, "cum_cp": math.nan})
+    assert set(edge) == {"train_bitops", "train_tbitops", "cum_cp", "cp_pct"} and math.isnan(edge["cp_pct"])
 
 
 def test_tune_bookkeeping_and_placement_are_not_metrics():
