@@ -175,6 +175,24 @@ class ReportResult(_Result):
                    raw=rep)
 
 
+class CompareResult(_Result):
+    """Two or more sweeps side by side (``compare``): the fields of ``fractune compare --json``."""
+
+    sweeps: list[dict[str, Any]]  # per sweep: sweep, sweep_id, trials, finished, status, pareto
+    task: str  # "accuracy max", or "perplexity min" for language models
+    objective: str  # the task objective's metric key
+    methods: list[dict[str, Any]]  # per method: its means in each sweep and the differences from the first
+    markdown: Path  # the page
+    plot: Path  # the figure of every sweep's trials and front
+    raw: dict[str, Any]
+
+    @classmethod
+    def of(cls, out: dict[str, Any]) -> CompareResult:
+        """From the dict ``dashboards.compare_page.build`` returns."""
+        return cls(sweeps=out["sweeps"], task=out["task"], objective=out["objective"], methods=out["methods"],
+                   markdown=Path(out["markdown"]), plot=Path(out["plot"]), raw=out)
+
+
 class ValidationResult(_Result):
     """What ``validate`` found valid: the kind of file, its name and, for a sweep or ablation, its trials."""
 

@@ -24,6 +24,7 @@ from orchestrator._preflight import load_for_cluster
 from orchestrator._reports import write_report
 from orchestrator._result_types import (
     AblationResult,
+    CompareResult,
     ParetoFront,
     ReportResult,
     SweepResult,
@@ -39,8 +40,9 @@ if TYPE_CHECKING:
     from engine.config.experiment import ExperimentConfig
 
 __all__ = [
-    "train", "sweep", "ablate", "validate", "results", "pareto", "pareto_front", "report",
-    "TrainResult", "SweepResult", "AblationResult", "ParetoFront", "ReportResult", "ValidationResult",
+    "train", "sweep", "ablate", "validate", "results", "pareto", "pareto_front", "report", "compare",
+    "TrainResult", "SweepResult", "AblationResult", "ParetoFront", "ReportResult", "CompareResult",
+    "ValidationResult",
     "FractuneError", "ConfigError", "DataError", "CheckpointError", "TrainingDiverged", "SweepInterrupted",
     "SweepError",  # noqa: F822  loaded on first use (module __getattr__): it lives with the Tune code
 ]
@@ -409,6 +411,35 @@ def report(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_ur
                           lambda: check_output_folder("--out", out) if out else None)
     rep = build_report(uri, name, sweep_id, out, list(runs) if runs else None, log=log, objective=objective)
     return ReportResult.of(rep)
+
+
+def compare(sweeps: Sequence[str], *, tracking_uri: str | None = None, out: str = "compare.md") -> CompareResult:
+    """Two or more sweeps side by side from MLflow alone, as ``fractune compare`` does: one figure with each
+    sweep's finished trials and Pareto front, and a markdown table of each method's mean task objective and
+    training TBitOPs in every sweep with the differences from the first.
+
+    Args:
+        sweeps: two or more sweeps, each a name (its latest run) or a sweep id (``NAME-YYYYMMDD-HHMMSS``).
+        tracking_uri: the MLflow tracking URI (default: ``$MLFLOW_TRACKING_URI`` or ``sqlite:///$PWD/mlflow.db``).
+        out: the markdown page; the figure is written beside it (``compare.md`` -> ``compare_fronts.png``).
+
+    Returns:
+        A ``CompareResult``: per sweep its counts and front, per method its means in each sweep and the
+        differences, the page and the figure.
+
+    Raises:
+        ConfigError: fewer than two sweeps, one named twice, an unknown one, sweeps of different task objectives,
+            a bad URI or output file.
+    """
+    from dashboards.compare_page import build, sweep_ref
+    from results import store
+    from results.output import check_output_file
+
+    uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
+    ConfigError.check_all(*(lambda ref=ref: store.check_names(*sweep_ref(ref)) for ref in sweeps),
+                          lambda: check_output_file("out", out, (".md", ".markdown", ".txt")),
+                          lambda: store.check_uri(uri))
+    return CompareResult.of(build(uri, list(sweeps), out, "orchestrator.api.compare"))
 
 
 # -- validate --------------------------------------------------------------------------------------------------

@@ -234,6 +234,22 @@ def _add_results(sub) -> None:
     p.set_defaults(func="dashboards.results_page:cmd_results")
 
 
+def _add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="two or more sweeps side by side: their fronts on one figure, a table of "
+                       "each method in each with the differences",
+                       description="Compare sweeps from their MLflow runs alone: one figure with each sweep's "
+                       "finished trials and Pareto front, and a markdown table of each method's mean task objective "
+                       "and training TBitOPs in every sweep with the differences from the first. Sweeps of "
+                       "different task objectives are refused.")
+    p.add_argument("sweeps", nargs="+", metavar="SWEEP", help="a sweep's name (its latest run) or a sweep id "
+                   "(NAME-YYYYMMDD-HHMMSS); two or more")
+    _shared(p, "tracking_uri")
+    p.add_argument("--out", default="compare.md", help="the markdown file (default: ./compare.md); the figure is "
+                   "written beside it: compare.md -> compare_fronts.png")
+    _shared(p, "json")
+    p.set_defaults(func="dashboards.compare_page:cmd_compare")
+
+
 def _add_cluster(sub) -> None:
     p = sub.add_parser("submit", help="submit a sweep to a Ray cluster as a Ray Job",
                        description="Submit a sweep spec to a running Ray cluster as a Ray Job: the spec (made "
@@ -268,7 +284,7 @@ def _add_cluster(sub) -> None:
 
 
 BUILDERS = [_add_train, _add_cost, _add_schedule, _add_prt, _add_sweep, _add_ablate, _add_pareto, _add_report,
-            _add_ui, _add_validate, _add_results, _add_cluster]
+            _add_ui, _add_validate, _add_results, _add_compare, _add_cluster]
 
 
 def build_parser() -> argparse.ArgumentParser:
