@@ -105,6 +105,12 @@ def compare_png(sweeps: list[runs.SweepRuns], path: Path) -> Path:
             ax.step(xs, [r[task.key] for r in front], where="post", color=color, lw=1.2)
             ax.scatter(xs, [r[task.key] for r in front], marker="*", s=150, color=color, edgecolors="k", zorder=3)
     pngs.log_x_if_wide(ax, costs)
+    if ax.get_xscale() == "log":  # plain numbers (18, 40, 700), not 2x10^1 labels that run into each other
+        from matplotlib.ticker import FuncFormatter, LogLocator
+
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(LogLocator(subs=(2, 5)))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("training TBitOPs")
     ax.set_ylabel(task.label)
     ax.set_title("Sweeps compared: finished trials and Pareto fronts (stars)")
