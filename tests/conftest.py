@@ -167,6 +167,24 @@ SWEEP = {
 }
 
 
+def hand_logged_sweep(c, name: str, sweep_id: str, metrics: dict[str, float], point: str = "{}",
+                      run_name: str = "static s0"):
+    """A sweep of one trial written straight into a store through the MLflow client (as an older fractune, or
+    another tool, left it): its experiment id, parent run and ended trial run."""
+    from mlflow.entities import Metric
+
+    from results import store
+
+    exp_id = c.create_experiment(name)
+    parent = c.create_run(exp_id, run_name=sweep_id, tags={"fractune.kind": "sweep", store.SWEEP_TAG: sweep_id})
+    child = c.create_run(exp_id, run_name=run_name, tags={
+        store.PARENT_TAG: parent.info.run_id, "fractune.kind": "trial", store.SWEEP_TAG: sweep_id,
+        store.TRIAL_TAG: "0001", store.PLANNED_TAG: "1", store.POINT_TAG: point})
+    c.log_batch(child.info.run_id, metrics=[Metric(k, v, 0, 1) for k, v in metrics.items()])
+    c.set_terminated(child.info.run_id)
+    return exp_id, parent, child
+
+
 def start_ui(db: str, *extra: str, timeout: float = 180.0) -> tuple[subprocess.Popen, dict]:
     """`fractune ui --port 0 --json` in its own session; returns the process and its JSON line. The server's
     log (stderr) goes to a file next to the database: an unread pipe would fill up and stall the server."""

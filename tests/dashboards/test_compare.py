@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.conftest import run_main
+from tests.conftest import hand_logged_sweep, run_main
 
 SPEC = {"name": "cmp", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64},
                                 "optim": {"epochs": 1}},
@@ -67,21 +67,13 @@ def test_compare_puts_two_sweeps_on_one_figure_and_one_table(two_sweeps, tmp_pat
 
 @pytest.mark.slow
 def test_compare_refuses_what_it_cannot_compare_in_one_line(two_sweeps, tmp_path, capsys):
-    from mlflow.entities import Metric
-
     from results import store
 
     uri, (first, second) = two_sweeps["uri"], two_sweeps["ids"]
-    # a language model's sweep (its trials log test perplexity) in the same store
+    # a language model's sweep (its trial logs test perplexity) in the same store
     c = store.client(uri)
-    exp = c.create_experiment("lm_sweep")
-    parent = c.create_run(exp, run_name="lm", tags={"fractune.kind": "sweep", store.SWEEP_TAG: "lm_sweep-20260101-000000"})
-    child = c.create_run(exp, run_name="static s0", tags={
-        store.PARENT_TAG: parent.info.run_id, "fractune.kind": "trial", store.SWEEP_TAG: "lm_sweep-20260101-000000",
-        store.TRIAL_TAG: "0001", store.PLANNED_TAG: "1", store.POINT_TAG: "{}"})
-    c.log_batch(child.info.run_id, metrics=[Metric(k, v, 0, 1) for k, v in
-                                            (("perplexity", 80.0), ("accuracy", 0.2), ("train_bitops", 1e12), ("epoch", 1))])
-    c.set_terminated(child.info.run_id)
+    _, parent, _ = hand_logged_sweep(c, "lm_sweep", "lm_sweep-20260101-000000", {
+        "perplexity": 80.0, "accuracy": 0.2, "train_bitops": 1e12, "epoch": 1})
     c.set_terminated(parent.info.run_id)
     capsys.readouterr()
     cases = [((first, "nosuch"), "sweep: got 'nosuch'; no sweep of that name"),

@@ -98,20 +98,13 @@ def test_ui_brings_an_earlier_sweep_to_the_same_view(mlflow_server):
     """A sweep logged before any of this (no kind tag, no note, no view): `fractune ui --sweep` adds them."""
     import json
 
-    from mlflow.entities import Metric
-
     from results import store
-    from tests.conftest import run_main
+    from tests.conftest import hand_logged_sweep, run_main
 
     c = store.client(mlflow_server["uri"])
-    exp_id = c.create_experiment("earlier_sweep")
-    parent = c.create_run(exp_id, run_name="earlier-1", tags={"fractune.kind": "sweep", store.SWEEP_TAG: "earlier-1"})
-    child = c.create_run(exp_id, run_name="0001-static", tags={
-        store.PARENT_TAG: parent.info.run_id, "fractune.kind": "trial", store.SWEEP_TAG: "earlier-1",
-        store.TRIAL_TAG: "0001", store.PLANNED_TAG: "1", store.POINT_TAG: '{"schedule.fw": 8}'})
-    c.log_batch(child.info.run_id, metrics=[Metric(k, v, 0, 1) for k, v in
-                                            (("accuracy", 0.5), ("train_bitops", 1e9), ("cum_cp", 6.25), ("epoch", 1))])
-    c.set_terminated(child.info.run_id)
+    exp_id, parent, child = hand_logged_sweep(c, "earlier_sweep", "earlier-1", {
+        "accuracy": 0.5, "train_bitops": 1e9, "cum_cp": 6.25, "epoch": 1}, point='{"schedule.fw": 8}',
+        run_name="0001-static")
     assert store.KIND_TAG not in c.get_experiment(exp_id).tags
     code, out, js = run_main("ui", "--tracking-uri", mlflow_server["uri"], "--sweep", "earlier_sweep", "--json")
     assert code == 0 and js["sweep_id"] == "earlier-1"
