@@ -235,17 +235,14 @@ def _add_results(sub) -> None:
 
 
 def _add_compare(sub) -> None:
-    p = sub.add_parser("compare", help="two or more sweeps side by side: their fronts on one figure, a table of "
-                       "each method in each with the differences",
-                       description="Compare sweeps from their MLflow runs alone: one figure with each sweep's "
-                       "finished trials and Pareto front, and a markdown table of each method's mean task objective "
-                       "and training TBitOPs in every sweep with the differences from the first. Sweeps of "
-                       "different task objectives are refused.")
+    p = sub.add_parser("compare", help="sweeps side by side: their fronts on one figure, each method in each",
+                       description="Compare two or more sweeps from MLflow alone: every sweep's finished trials and "
+                       "front on one figure, each method's mean task objective and training TBitOPs in every sweep "
+                       "with the differences from the first. Sweeps of different task objectives are refused.")
     p.add_argument("sweeps", nargs="+", metavar="SWEEP", help="a sweep's name (its latest run) or a sweep id "
                    "(NAME-YYYYMMDD-HHMMSS); two or more")
     _shared(p, "tracking_uri")
-    p.add_argument("--out", default="compare.md", help="the markdown file (default: ./compare.md); the figure is "
-                   "written beside it: compare.md -> compare_fronts.png")
+    p.add_argument("--out", default="compare.md", help="the page (default: ./compare.md); the figure beside it")
     _shared(p, "json")
     p.set_defaults(func="dashboards.compare_page:cmd_compare")
 
