@@ -776,7 +776,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
                for g in groups]
     return {"sweep": data.name, "sweep_id": data.sweep_id, "parent_run_id": data.parent_run_id,
             "trials": len(data.rows), "finished": len(done),
-            "stopped": [{"run_id": r["run_id"], "name": r["name"], "at": r["stopped"]} for r in data.rows if r.get("stopped")],
+            "stopped": runs.stopped_trials(data.rows),
             "methods": methods, "objective": objective,
             "task_objective": task.key, "direction": task.direction.optuna, "comparable_rule": comparable_rule(task),
             "status": data.status, "partial": data.progress() is not None,

@@ -348,15 +348,14 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
     front = data.front(objective)
     progress = data.progress()
     diverged = [r for r in data.rows if r.get("diverged")]
-    stopped = [r for r in data.rows if r.get("stopped")]
+    stopped = runs.stopped_trials(data.rows)
     return ParetoFront(sweep=name, sweep_id=data.sweep_id, experiment_id=data.experiment_id,
                        parent_run_id=data.parent_run_id, trials=len(data.rows),
                        finished=len(data.finished(objective)), status=data.status, planned=data.planned,
                        partial=progress is not None, progress=progress, diverged=[r["run_id"] for r in diverged],
                        diverged_trials=[{"run_id": r["run_id"], "name": r["name"], "epoch": r["diverged"]}
                                         for r in diverged],
-                       stopped=[r["run_id"] for r in stopped],
-                       stopped_trials=[{"run_id": r["run_id"], "name": r["name"], "at": r["stopped"]} for r in stopped],
+                       stopped=[r["run_id"] for r in stopped], stopped_trials=stopped,
                        objective=objective, task=str(data.task),
                        pareto=[runs.front_entry(r, data.task, objective) for r in front])
 

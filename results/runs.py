@@ -47,6 +47,12 @@ def stopped_early(status: str, epochs: int | None, planned: int | None) -> str |
     return None
 
 
+def stopped_trials(rows: list[dict]) -> list[dict]:
+    """{run_id, name, at: "epoch E of P"} of each trial stopped before its planned epochs, as the sweep's JSON,
+    ``fractune pareto`` and ``fractune results`` list them."""
+    return [{"run_id": r["run_id"], "name": r["name"], "at": r["stopped"]} for r in rows if r.get("stopped")]
+
+
 @dataclass
 class SweepRuns:
     uri: str

@@ -633,7 +633,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         "hypervolume": quality["hypervolume"],
         "pareto": [runs.front_entry(r, task, objective) for r in front],
         # stopped before their planned epochs (ASHA, the time limit): FINISHED, tagged, off the front
-        "stopped": [{"run_id": r["run_id"], "name": r["name"], "at": r["stopped"]} for r in rows if r.get("stopped")],
+        "stopped": runs.stopped_trials(rows),
         "tracking": {k: track.get(k) for k in ("failed_calls", "backfilled", "pending", "gap", "final_error",
                                                "report_error", "storage_error") if track.get(k) is not None},
         "storage": str(exp_path),
