@@ -31,6 +31,16 @@ def sweep_ref(text: str) -> tuple[str, str | None]:
     return (m["name"], text) if m else (text, None)
 
 
+def check_inputs(uri: str, refs: list[str], out_field: str, out: str) -> None:
+    """Every sweep name, the output file and the URI checked before anything is read or written."""
+    from results import store
+    from results.output import check_output_file
+
+    ConfigError.check_all(*(lambda ref=ref: store.check_names(*sweep_ref(ref)) for ref in refs),
+                          lambda: check_output_file(out_field, out, (".md", ".markdown", ".txt")),
+                          lambda: store.check_uri(uri))
+
+
 def load_all(uri: str, refs: list[str]) -> list[runs.SweepRuns]:
     """Every sweep read back (each unknown one named, in one check), all of one task objective."""
     if len(refs) < 2:
@@ -173,12 +183,10 @@ def build(uri: str, refs: list[str], out: str, command: str) -> dict:
 def cmd_compare(args) -> int:
     from dashboards.results_page import shown_path, shown_uri
     from results import store
-    from results.output import check_output_file, emit_json
+    from results.output import emit_json
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    ConfigError.check_all(*(lambda ref=ref: store.check_names(*sweep_ref(ref)) for ref in args.sweeps),
-                          lambda: check_output_file("--out", args.out, (".md", ".markdown", ".txt")),
-                          lambda: store.check_uri(uri))
+    check_inputs(uri, list(args.sweeps), "--out", args.out)
     command = "fractune compare " + " ".join(
         list(args.sweeps) + (["--tracking-uri", shown_uri(args.tracking_uri)] if args.tracking_uri else [])
         + ["--out", shown_path(args.out)])

@@ -430,14 +430,11 @@ def compare(sweeps: Sequence[str], *, tracking_uri: str | None = None, out: str 
         ConfigError: fewer than two sweeps, one named twice, an unknown one, sweeps of different task objectives,
             a bad URI or output file.
     """
-    from dashboards.compare_page import build, sweep_ref
+    from dashboards.compare_page import build, check_inputs
     from results import store
-    from results.output import check_output_file
 
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
-    ConfigError.check_all(*(lambda ref=ref: store.check_names(*sweep_ref(ref)) for ref in sweeps),
-                          lambda: check_output_file("out", out, (".md", ".markdown", ".txt")),
-                          lambda: store.check_uri(uri))
+    check_inputs(uri, list(sweeps), "out", out)
     return CompareResult.of(build(uri, list(sweeps), out, "orchestrator.api.compare"))
 
 
