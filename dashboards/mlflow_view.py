@@ -8,8 +8,8 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
 - the view ``fractune-<sweep id>``: the sweep's trials only (``tags.fractune.sweep_id`` and kind ``trial``),
   sorted by the task objective (``results.objectives.Objective``, received: accuracy, highest first, or a language
   model's test perplexity, lowest first; a sort by a metric also lists the nested trials flat, no parent row to
-  expand), with the swept parameters, that objective, training TBitOPs (``train_tbitops``) and cp (``cp_pct``),
-  the readable companions of the exact ``train_bitops`` and ``cum_cp`` (``engine.metrics.readable_companions``;
+  expand), with the swept parameters, that objective, training TBitOPs (``train_tbitops``), cp (``cp_pct``) and
+  a gated trial's cp (``cp_gated_pct``), the readable companions of ``train_bitops``, ``cum_cp`` and ``cp_gated`` (``engine.metrics.readable_companions``;
   a sweep logged before them has the exact values), the ``pareto`` tag and, where a scheduler or the time limit
   stopped trials, their ``stopped_early`` tag as columns, every trial in the charts,
   and a first chart section "sweep" with the objective against training BitOPs on a log scale
@@ -31,7 +31,16 @@ import json
 import math
 import re
 
-from engine.metrics import CP_PCT, CUM_CP, TERA, TRAIN_BITOPS, TRAIN_BITOPS_LOG10, TRAIN_TBITOPS
+from engine.metrics import (
+    CP_GATED,
+    CP_GATED_PCT,
+    CP_PCT,
+    CUM_CP,
+    TERA,
+    TRAIN_BITOPS,
+    TRAIN_BITOPS_LOG10,
+    TRAIN_TBITOPS,
+)
 from results import runs, store
 from results.objectives import Objective
 
@@ -115,8 +124,9 @@ def objective_columns(rows: list[dict], task: Objective) -> list[str]:
 
 
 def metric_columns(rows: list[dict], task: Objective) -> list[str]:
-    gated = any(math.isfinite(r.get("cp_gated", math.nan)) for r in rows)
-    return [*objective_columns(rows, task), *(["cp_gated"] if gated else [])]  # in this order in the table
+    gated = [r for r in rows if math.isfinite(r.get(CP_GATED, math.nan))]  # DFQ, FracTrain
+    column = CP_GATED_PCT if _logged_by_all(gated, CP_GATED_PCT) else CP_GATED
+    return [*objective_columns(rows, task), *([column] if gated else [])]  # in this order in the table
 
 
 def view_state(sweep_id: str, rows: list[dict], factors: list[str], task: Objective) -> dict:

@@ -56,6 +56,9 @@ def readable_key(key: str) -> str | None:
 TRAIN_TBITOPS = readable_key(TRAIN_BITOPS)
 READABLE_FIGURES = 4  # the significant figures of a readable companion: what a person reads off a column
 CP_PCT = "cp_pct"  # the readable companion of cum_cp (the run's computation percentage so far)
+CP_GATED = "cp_gated"  # DFQ/FracTrain: an epoch's cp on the gated blocks (methods.md §6)
+CP_GATED_PCT = "cp_gated_pct"  # its readable companion
+PERCENT_COMPANIONS = {CUM_CP: CP_PCT, CP_GATED: CP_GATED_PCT}  # the percentages the MLflow view shows as columns
 # the readable companion that puts training cost on a log scale: MLflow's scatter charts have a linear axis only,
 # on which FP32 (decades dearer) squeezes every quantized trial against the axis
 TRAIN_BITOPS_LOG10 = "train_bitops_log10"
@@ -69,13 +72,14 @@ def readable_value(value: float) -> float:
 def readable_companions(key: str, value: float) -> dict[str, float]:
     """The readable companions of one reported metric, each rounded to what a person reads, for the columns and
     charts of MLflow's UI (the exact value stays in its own metric): an exact cost in tera-units
-    (``readable_key``), ``cum_cp`` as ``cp_pct``, and ``train_bitops`` also as its base-10 logarithm
+    (``readable_key``), ``cum_cp`` and ``cp_gated`` as ``cp_pct`` and ``cp_gated_pct``, and ``train_bitops`` also
+    as its base-10 logarithm
     (``train_bitops_log10``, to 4 decimals: 18 and 19 TBitOPs stay apart)."""
     out = {}
     if (tera := readable_key(key)) is not None:
         out[tera] = readable_value(value / TERA)
-    if key == CUM_CP:
-        out[CP_PCT] = readable_value(value)
+    if key in PERCENT_COMPANIONS:
+        out[PERCENT_COMPANIONS[key]] = readable_value(value)
     if key == TRAIN_BITOPS and value > 0 and math.isfinite(value):
         out[TRAIN_BITOPS_LOG10] = round(math.log10(value), 4)
     return out

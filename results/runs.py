@@ -155,7 +155,8 @@ def make_row(*, run_id: str | None, trial_id: str | None, name: str | None, stat
             **{key: float(metrics.get(key, math.nan)) for key in objectives.OBJECTIVES},
             TRAIN_BITOPS: float(metrics.get(TRAIN_BITOPS, math.nan)),
             # the readable companions, where logged (engine.metrics.readable_companions)
-            **{key: float(metrics.get(key, math.nan)) for key in (TRAIN_TBITOPS, keys.TRAIN_BITOPS_LOG10, keys.CP_PCT)},
+            **{key: float(metrics.get(key, math.nan)) for key in (TRAIN_TBITOPS, keys.TRAIN_BITOPS_LOG10, keys.CP_PCT,
+                                                                keys.CP_GATED_PCT)},
             "cp": float(metrics.get(CUM_CP, math.nan)), "cp_gated": cp_gated, "seed": seed,
             "wall_seconds": float(metrics.get("wall_seconds", math.nan)), "point": point, "epochs": epochs,
             "planned_epochs": planned_epochs, "node_id": node_id, "pareto": pareto, "costs": row_costs(metrics),

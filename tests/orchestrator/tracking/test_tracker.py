@@ -40,9 +40,8 @@ def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server)
         history = _engine_history(Path(served_sweep["storage"]), run.data.tags[store.TRIAL_TAG])
         reported = {k for k, v in history[-1].items() if isinstance(v, int | float) and not isinstance(v, bool)}
         logged = set(run.data.metrics)
-        readable = {readable_key(k): k for k in reported if readable_key(k)}  # e.g. train_tbitops
-        assert {"train_tbitops", "step_tbitops"} <= set(readable), readable
-        readable.update({"cp_pct": "cum_cp", "train_bitops_log10": "train_bitops"})
+        readable = {c: k for k in reported for c in readable_companions(k, 1e15)}  # e.g. train_tbitops
+        assert {"train_tbitops", "step_tbitops", "cp_pct", "train_bitops_log10"} <= set(readable), readable
         # nothing dropped, nothing of Tune's; beside the exact values their readable companions
         assert logged == reported | set(readable), (run.info.run_name, logged ^ (reported | set(readable)))
         for companion, exact in readable.items():  # the last epoch's, and at every epoch: to four figures
@@ -63,11 +62,13 @@ def test_every_numeric_engine_metric_reaches_mlflow(served_sweep, mlflow_server)
 def test_each_exact_cost_has_a_readable_companion_rounded_to_four_figures():
     exact = {"train_bitops": 1.234567890123e15, "step_bitops": 3.2e11, "fp32_bitops": 9e15, "gate_bitops": 4e12,
              "train_cost_energy": 7.5e13, "epoch_cost_memory": 2e12, "cum_gbitops": 1234.5, "train_gbitops": 1234.5,
-             "bitops_per_token": 5e9, "accuracy": 0.9, "cp": 12.5, "cum_cp": 6.25641991371636}
+             "bitops_per_token": 5e9, "accuracy": 0.9, "cp": 12.5, "cum_cp": 6.25641991371636,
+             "cp_gated": 3.04852160}
     out = store.with_readable(exact)
     assert {k: v for k, v in out.items() if k not in exact} == {
         "train_tbitops": 1235.0, "step_tbitops": 0.32, "fp32_tbitops": 9000.0, "gate_tbitops": 4.0,
-        "train_tcost_energy": 75.0, "epoch_tcost_memory": 2.0, "cp_pct": 6.256, "train_bitops_log10": 15.0915}
+        "train_tcost_energy": 75.0, "epoch_tcost_memory": 2.0, "cp_pct": 6.256, "cp_gated_pct": 3.049,
+        "train_bitops_log10": 15.0915}
     assert {k: out[k] for k in exact} == exact  # the exact ones stay, unchanged
     assert all(readable_key(k) is None for k in ("cum_gbitops", "bitops_per_token", "accuracy", "train_cost_"))
     # what a person reads: no companion longer than four significant figures (the log: four decimals)
