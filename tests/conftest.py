@@ -162,7 +162,7 @@ SWEEP = {
         {"kind": "pfq", "mode": "auto", "fw": [3, 4, 6, 8], "bw": [6, 6, 8, 8], "epsilon": 0.3, "alpha": 0.5,
          "eval_every": 2},
         {"kind": "dfq", "options": "paper", "target_cp": 3.0, "execution": "routed"}]}},
-    "budget": {"max_concurrent_trials": 2},
+    "budget": {"max_concurrent_trials": 1},  # one trial process for the four trials
     "resources": {"cpu": 1},
 }
 

@@ -12,7 +12,8 @@ from tests.conftest import hand_logged_sweep, run_main
 SPEC = {"name": "cmp", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64},
                                 "optim": {"epochs": 1}},
         "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 4, "bw": 8}]}},
-        "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}
+        # one trial at a time: the sweep's trials share one trial process
+        "budget": {"max_concurrent_trials": 1}, "resources": {"cpu": 1}}
 
 
 @pytest.fixture(scope="module")
