@@ -130,10 +130,9 @@ def test_bad_input_exits_2_with_one_line(run_cli, tmp_path, capsys):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "schedule.fw" in r.stderr
 
 
-def test_cost_resnet38(run_cli):
-    r = run_cli("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/8", "--json")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+def test_cost_resnet38():
+    code, text, out = run_main("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/8", "--json")
+    assert code == 0, text
     assert abs(out["forward_macs_per_sample"] - 83.28e6) / 83.28e6 < 0.005
     assert out["ratio_vs_fp32"] == 0.0625
     assert out["bitops_per_sample"] == out["forward_macs_per_sample"] * 192

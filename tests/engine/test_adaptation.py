@@ -11,6 +11,7 @@ from engine.config.experiment import DataConfig, SplitConfig, parse_config
 from engine.data.datasets import load_data, part_indices
 from engine.errors import CheckpointError, ConfigError
 from engine.train import train_and_evaluate
+from tests.conftest import run_main
 
 BASE = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 1}}
 
@@ -122,7 +123,7 @@ def test_a_gated_retrain_loads_the_fp32_backbone(pretrained):
 
 
 @pytest.mark.slow
-def test_another_architectures_checkpoint_is_refused(pretrained, run_cli, tmp_path):
+def test_another_architectures_checkpoint_is_refused(pretrained, tmp_path, capsys):
     folder, _ = pretrained
     cfg = parse_config({**BASE, "model": {"name": "resnet8"}, "init": {"checkpoint": str(folder)}})
     with pytest.raises(CheckpointError, match="holds a tiny model; allowed: a checkpoint of model.name resnet8"):
@@ -132,8 +133,10 @@ def test_another_architectures_checkpoint_is_refused(pretrained, run_cli, tmp_pa
     conf = tmp_path / "c.yaml"
     conf.write_text(f"model: {{name: resnet8}}\ndata: {{dataset: digits}}\ninit: {{checkpoint: {folder}}}\n")
     for command in (("train", str(conf)), ("validate", str(conf))):
-        r = run_cli(*command)
-        errors = [line for line in r.stderr.splitlines() if "error" in line]
-        assert r.returncode == 2 and len(errors) == 1, r.stderr  # one line
+        capsys.readouterr()
+        code, _, _ = run_main(*command)
+        stderr = capsys.readouterr().err
+        errors = [line for line in stderr.splitlines() if "error" in line]
+        assert code == 2 and len(errors) == 1, stderr  # one line
         assert "init.checkpoint" in errors[0] and "tiny" in errors[0] and "resnet8" in errors[0]
-        assert "Traceback" not in r.stderr
+        assert "Traceback" not in stderr

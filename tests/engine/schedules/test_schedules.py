@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from engine.config.experiment import parse_config
@@ -12,7 +10,7 @@ from engine.run_length import RunLength
 from engine.schedules.curves import CPT, AutoPFQ, ManualPFQ, cyclic_bits
 from engine.schedules.prt import choose_fw_min
 from engine.train import train_and_evaluate
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_main
 
 DIGITS = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}}
 
@@ -58,10 +56,9 @@ def test_cpt_needs_at_least_one_iteration_per_cycle():
 
 
 @pytest.mark.slow
-def test_preview_cpt_3to8_matches_the_spec(run_cli):
-    r = run_cli("schedule", str(ROOT / "examples" / "cpt_3to8.yaml"), "--json")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+def test_preview_cpt_3to8_matches_the_spec():
+    code, text, out = run_main("schedule", str(ROOT / "examples" / "cpt_3to8.yaml"), "--json")
+    assert code == 0, text
     assert out["iterations"] == 64000
     assert out["cost_ratio_vs_fp32"] == pytest.approx(0.03958, abs=0.00005)
     assert out["savings_vs_fw8bw8"] == pytest.approx(0.367, abs=0.001)
