@@ -40,8 +40,9 @@ def read_text(path: str | Path, field: str = "config", what: str = "YAML file") 
         st = os.stat(p)
     except OSError as exc:
         raise ConfigError.single(field, str(path), f"expected an existing {what} ({exc.strerror})") from None
-    except ValueError:  # a NUL byte: no file can have that name
-        raise ConfigError.single(field, str(path), f"expected an existing {what} (the path holds a NUL byte)") from None
+    except ValueError as exc:  # a NUL byte or an unpaired surrogate (YAML's "\ud800"): no file can have that name
+        held = "an unpaired surrogate" if isinstance(exc, UnicodeError) else "a NUL byte"
+        raise ConfigError.single(field, str(path), f"expected an existing {what} (the path holds {held})") from None
     if not stat.S_ISREG(st.st_mode):
         kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
                 else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
