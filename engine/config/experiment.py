@@ -101,12 +101,16 @@ NAME_MAX, PATH_MAX = 255, 4096  # bytes, Linux: a longer file name or path is re
 
 def resolved_path(v: str) -> str:
     """A user's path made absolute (Ray trials run in another working directory), refused here when no system
-    call could take it (a NUL byte, a name over NAME_MAX or a path over PATH_MAX bytes), so the error names the
-    field instead of surfacing from the first open, perhaps inside a trial."""
+    call could take it (a NUL byte, an unpaired surrogate, a name over NAME_MAX or a path over PATH_MAX bytes), so
+    the error names the field instead of surfacing from the first open, perhaps inside a trial."""
     import os
 
     if "\x00" in v:
         raise PydanticCustomError("path", "allowed: a path without a NUL character")
+    try:  # YAML's "\ud800" escape: text that no file name can hold
+        os.fsencode(v)
+    except UnicodeError:
+        raise PydanticCustomError("path", "allowed: a path without an unpaired surrogate") from None
     path = Path(v).expanduser().resolve()
     longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
     if longest > NAME_MAX:

@@ -37,6 +37,22 @@ def _problems(tree):
     return info.value.lines()
 
 
+def test_a_path_no_file_name_can_hold_is_refused_in_one_line_naming_its_field(tmp_path):
+    """An unpaired surrogate (YAML's "\\ud800" escape) in any path field or path flag: the field, what is allowed."""
+    from engine.config.experiment import check_path
+
+    for tree, field in (({"data": {"data_dir": "d\ud800"}}, "data.data_dir"),
+                        ({"init": {"checkpoint": "\ud800"}}, "init.checkpoint"),
+                        ({"cost": {"table": "t\udfff.yaml"}}, "cost.table")):
+        with pytest.raises(ConfigError) as err:
+            parse_config(tree)
+        (line,) = err.value.lines()
+        assert line.startswith(f"{field}: got ") and "allowed: a path without an unpaired surrogate" in line, line
+    with pytest.raises(ConfigError, match="--data-dir: got .*allowed: a path without an unpaired surrogate"):
+        check_path("--data-dir", "x\ud800")
+    assert check_path("--data-dir", str(tmp_path)) == str(tmp_path)
+
+
 def test_unknown_key_names_allowed_keys():
     (line,) = _problems({"optim": {"epochz": 3}})
     assert line.startswith("optim.epochz: got 3; unknown key; allowed keys:") and "epochs" in line
