@@ -12,7 +12,6 @@ the spec's own fields, and the experiment config of every grid point and of both
 from __future__ import annotations
 
 import builtins
-import contextlib
 import copy
 import itertools
 import math
@@ -294,9 +293,7 @@ def _base_tree(spec: SweepSpec, source: Path | None) -> tuple[dict, list]:
     if isinstance(spec.base, str):
         base_path = Path(spec.base)
         if not base_path.is_absolute() and source is not None:
-            base_path = source.parent / base_path
-            with contextlib.suppress(ValueError):  # a name no file can have: read_yaml says why, in one line
-                base_path = base_path.resolve()
+            base_path = source.parent / base_path  # unresolved: read_yaml names a path no file can have
         try:
             base_tree = read_yaml(base_path)
         except ConfigError as err:
