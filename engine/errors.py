@@ -31,13 +31,18 @@ class ConfigError(FractuneError):
     @classmethod
     def check_all(cls, *checks) -> None:
         """Run every check (a callable taking no argument) and raise one error with all their problems, so a
-        command reports every bad input at once."""
+        command reports every bad input at once; a problem two checks find alike (one bad value given twice) is
+        printed once."""
         problems: list[tuple[str, object, str]] = []
+        printed: set[tuple[str, str, str]] = set()
         for check in checks:
             try:
                 check()
             except ConfigError as err:
-                problems += err.problems
+                for field, value, allowed in err.problems:
+                    if (line := (field, _short(value), allowed)) not in printed:
+                        printed.add(line)
+                        problems.append((field, value, allowed))
         if problems:
             raise cls(problems)
 

@@ -81,6 +81,7 @@ def test_compare_refuses_what_it_cannot_compare_in_one_line(two_sweeps, tmp_path
              ((first, "lm_sweep"), "allowed: sweeps of one task objective"),
              ((first,), "sweeps: got '" + first + "'; allowed: two or more sweeps"),
              ((first, first), "given twice"),
+             (("bad name", "bad name"), "sweep: got 'bad name'; allowed: letters, digits"),  # one bad name twice: one line
              ((second, "cmp"), "named twice")]
     for sweeps, line in cases:
         out = tmp_path / "c.md"
