@@ -67,7 +67,11 @@ class TrainingDiverged(FractuneError):
 
 def _short(value: object, limit: int = 120) -> str:
     """The value as the user gave it, cut in the middle when long: a path keeps its file name."""
-    text = repr(value)
+    return cut_middle(repr(value), limit)
+
+
+def cut_middle(text: str, limit: int = 120) -> str:
+    """``text`` cut in the middle to ``limit`` characters when longer."""
     if len(text) <= limit:
         return text
     head = (limit - 3) // 2

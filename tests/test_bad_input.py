@@ -11,6 +11,7 @@ fresh folder holding ``adir/``, ``afile``, ``history.jsonl``, a FIFO named ``FIF
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -177,7 +178,6 @@ def test_a_refused_path_names_the_argument_it_came_from():
     (as given, made absolute, or inside a sqlite URI): bad input, exit 2, where a bad path gives that error; a
     full disk under it, or a path of no argument: exit 1."""
     import argparse
-    import errno
 
     from orchestrator.cli.main import build_parser, path_problem
 
@@ -195,3 +195,19 @@ def test_a_refused_path_names_the_argument_it_came_from():
     assert full.exit_code == 1 and full.lines()[0].startswith("--storage 'runs': path ")  # the machine's, not input
     pipe = path_problem(sweep, args, BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)))
     assert pipe.exit_code == 1 and pipe.lines() == [os.strerror(errno.EPIPE)]
+
+
+def test_a_reason_repeating_a_hostile_value_stays_one_bounded_line(tmp_path, capsys):
+    """A value thousands of characters long is cut in the middle wherever the line repeats it (the reason too,
+    not only after "got"); a long real path is printed whole."""
+    from tests.conftest import run_main
+
+    hostile = str(tmp_path / ("x" * 5000))
+    assert run_main("pareto", "demo", "--tracking-uri", hostile)[0] == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and len(err[0]) < 1000 and "--tracking-uri: got " in err[0], err
+    assert err[0].endswith(f"xxx ({os.strerror(errno.ENAMETOOLONG)})")
+    real = tmp_path / ("d" * 100) / ("e" * 100) / "m.db"  # over 200 characters, missing
+    assert run_main("pareto", "demo", "--tracking-uri", str(real))[0] == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"no tracking store at {real} " in err[0], err

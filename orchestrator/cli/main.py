@@ -295,11 +295,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def safe_line(text: str) -> str:
     """One terminal-safe line: credentials in URIs replaced by ***, newlines and control characters escaped
-    (a hostile value must not forge extra lines or terminal escapes)."""
+    (a hostile value must not forge extra lines or terminal escapes), and any run of over 300 characters without
+    a space cut in the middle (a reason that repeats a hostile value, such as a path thousands of characters long,
+    must not flood the terminal; real paths stay whole)."""
+    import re
+
+    from engine.errors import cut_middle
     from results.store import redact
 
     text = " ".join(str(text).splitlines())
-    return redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
+    text = redact("".join(c if c.isprintable() else repr(c)[1:-1] for c in text))
+    return re.sub(r"\S{301,}", lambda m: cut_middle(m.group(), 300), text)
 
 
 BAD_PATH_ERRNOS = ("ENAMETOOLONG", "ELOOP", "ENOTDIR", "EISDIR", "ENOENT", "EACCES", "EPERM", "EROFS", "EINVAL",
