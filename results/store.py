@@ -94,6 +94,11 @@ def check_uri(uri: str, field: str = "--tracking-uri") -> None:
     from engine.errors import ConfigError
 
     shown = redact(uri)
+    try:  # a file name's non-UTF-8 byte (argv gives it as a lone surrogate): MLflow's stores take UTF-8 text only
+        uri.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError.single(field, shown, "holds a byte that is not UTF-8 text; allowed: a URI or path of "
+                                 "UTF-8 text") from None
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
     if scheme not in SCHEMES:
         raise ConfigError.single(field, shown, "allowed: http(s)://HOST:PORT, sqlite:///PATH.db, a path to a "

@@ -211,3 +211,15 @@ def test_a_reason_repeating_a_hostile_value_stays_one_bounded_line(tmp_path, cap
     assert run_main("pareto", "demo", "--tracking-uri", str(real))[0] == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and f"no tracking store at {real} " in err[0], err
+
+
+def test_a_tracking_uri_with_a_byte_that_is_not_utf8_is_refused_naming_the_flag(tmp_path, capsys):
+    """A file name's non-UTF-8 byte reaches Python as a lone surrogate; MLflow's stores take UTF-8 text only, so
+    every command refuses it in one line before it opens or creates anything."""
+    from tests.conftest import run_main
+
+    for args in (("pareto", "demo"), ("sweep", str(ROOT / "search_spaces" / "demo.yaml"))):
+        assert run_main(*args, "--tracking-uri", f"sqlite:///{tmp_path}/m\udcff.db")[0] == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "--tracking-uri: got " in err[0] and "not UTF-8 text" in err[0], err
+    assert not list(tmp_path.iterdir())
