@@ -21,6 +21,7 @@ nothing is started.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -45,7 +46,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+    """Whether the port is taken there: binding it fails as in use (what the server would meet), or a server
+    answers on it. Raises ``OSError`` where ``host`` is no address of this machine (nothing can bind there;
+    connecting to such an address tells nothing)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: a closed port's TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
 
@@ -218,13 +231,6 @@ def cmd_ui(args) -> int:
     store.preflight(uri, mode="check")  # nothing is created before every check passed
     if missing and args.sweep:
         raise ConfigError.single("--sweep", args.sweep, f"no sweep of that name: {db} does not exist yet")
-    if missing:
-        info(f"note: {db} does not exist yet; the server starts on an empty store")
-        store.preflight(uri)  # the checks passed: create the store's tables before the server reads it
-    prepared = prepare(uri, args.sweep)
-    if args.host not in LOOPBACK:
-        info(f"warning: binding {args.host}: the MLflow UI has no authentication; anyone who can reach it can "
-             "read and delete runs")
     try:
         port = args.port or free_port("127.0.0.1" if args.host in LOOPBACK else args.host)
         busy = port_in_use("127.0.0.1" if args.host in LOOPBACK else args.host, port)
@@ -233,6 +239,13 @@ def cmd_ui(args) -> int:
                                  "address of one of this machine's interfaces") from None
     if busy:
         raise ConfigError.single("--port", port, "already in use: give a free port, or --port 0 for any free one")
+    if missing:
+        info(f"note: {db} does not exist yet; the server starts on an empty store")
+        store.preflight(uri)  # the checks passed: create the store's tables before the server reads it
+    prepared = prepare(uri, args.sweep)
+    if args.host not in LOOPBACK:  # said once every check passed: a refused start prints only its error
+        info(f"warning: binding {args.host}: the MLflow UI has no authentication; anyone who can reach it can "
+             "read and delete runs")
     # stdout carries only the URLs (and the JSON line with --json); the server's own log goes to a file, or to
     # stderr with --verbose
     log = None if args.verbose else db.parent / LOG_FILE

@@ -30,17 +30,28 @@ def test_ui_serves_a_loopback_server_with_one_worker(mlflow_server):
     assert len(commands) == 2 and not [c for c in commands if b"huey" in c or b"job_runner" in c], commands
 
 
-def test_a_busy_port_is_refused(tmp_path, capsys):
+def test_a_busy_port_or_a_foreign_host_is_refused_before_anything_is_made(tmp_path, capsys):
+    """One line, exit 2, and the missing store not created: a port a server listens on, an address of no
+    interface of this machine (a documentation address; no bound warning either), a non-UTF-8 byte in the
+    store's path (what argv gives as a lone surrogate)."""
     from tests.conftest import run_main
 
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        code = run_main("ui", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--port", str(port))[0]
+        code = run_main("ui", "--tracking-uri", uri, "--port", str(port))[0]
     assert code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (f"fractune ui: error: --port: got {port}; already in use: give a "
-                                                  "free port, or --port 0 for any free one")
+    assert capsys.readouterr().err.strip().splitlines() == [f"fractune ui: error: --port: got {port}; already in "
+                                                            "use: give a free port, or --port 0 for any free one"]
+    assert run_main("ui", "--tracking-uri", uri, "--host", "203.0.113.9")[0] == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fractune ui: error: --host: got '203.0.113.9'; cannot bind there"), err
+    assert run_main("ui", "--tracking-uri", f"sqlite:///{tmp_path}/\udcff.db")[0] == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tracking-uri" in err[0] and "not UTF-8" in err[0], err
+    assert not list(tmp_path.iterdir())
 
 
 def test_ui_output_and_the_server_log(mlflow_server):
