@@ -6,6 +6,7 @@ only read a store (``pareto``, ``report``, ``ui``) start without importing Ray.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -85,6 +86,7 @@ def client(uri: str):
 
 
 SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks")
+API_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"  # the cheapest call every MLflow server answers
 
 
 def check_uri(uri: str, field: str = "--tracking-uri") -> None:
@@ -115,9 +117,9 @@ def check_uri(uri: str, field: str = "--tracking-uri") -> None:
             raise ConfigError.single(field, shown, "port 0; allowed: a port 1..65535")
 
 
-def _health_request(uri: str):
-    """``/health`` of an MLflow server, with the URI's credentials (or ``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``,
-    ``MLFLOW_TRACKING_TOKEN``) sent as authentication, never as part of the host name."""
+def _server_request(uri: str, path: str = "/health"):
+    """A GET of ``path`` on an MLflow server, with the URI's credentials (or ``MLFLOW_TRACKING_USERNAME``/
+    ``_PASSWORD``, ``MLFLOW_TRACKING_TOKEN``) sent as authentication, never as part of the host name."""
     import base64
     import urllib.request
     from urllib.parse import unquote, urlsplit, urlunsplit
@@ -125,7 +127,8 @@ def _health_request(uri: str):
     parts = urlsplit(uri)
     netloc = parts.hostname if ":" not in (parts.hostname or "") else f"[{parts.hostname}]"
     netloc += f":{parts.port}" if parts.port else ""
-    url = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    path, _, query = path.partition("?")
+    url = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + path, query, ""))
     req = urllib.request.Request(url)  # noqa: S310  http(s) only (check_uri)
     user = unquote(parts.username) if parts.username else os.environ.get("MLFLOW_TRACKING_USERNAME")
     password = unquote(parts.password or "") if parts.username else os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
@@ -155,12 +158,26 @@ def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
         import urllib.request
 
         try:
-            with urllib.request.urlopen(_health_request(uri), timeout=timeout) as resp:  # noqa: S310
+            with urllib.request.urlopen(_server_request(uri), timeout=timeout) as resp:  # noqa: S310
                 if resp.status != 200:
                     raise OSError(f"/health answered {resp.status}")
         except (OSError, urllib.error.URLError, ValueError) as exc:
             reason = _one_line(redact(str(getattr(exc, "reason", exc))))
             raise ConfigError.single("--tracking-uri", shown, f"MLflow server unreachable ({reason})") from None
+        # /health answers on more than MLflow (a proxy, another service) and on a server whose store is broken:
+        # one call of the tracking API itself, without MLflow's minutes of retries
+        try:
+            with urllib.request.urlopen(_server_request(uri, API_PROBE), timeout=timeout) as resp:  # noqa: S310
+                json.loads(resp.read(1 << 20))["experiments"]  # noqa: B018  the answer MLflow gives, or fail
+        except urllib.error.HTTPError as exc:
+            raise ConfigError.single("--tracking-uri", shown, f"the server answers /health, but its tracking API "
+                                     f"answered HTTP {exc.code} (GET {API_PROBE}); allowed: an MLflow tracking server "
+                                     "that works") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            reason = _one_line(redact(str(getattr(exc, "reason", exc))))[:200]
+            raise ConfigError.single("--tracking-uri", shown, f"the server answers /health, but not as MLflow's "
+                                     f"tracking API does (GET {API_PROBE}: {type(exc).__name__} {reason}); allowed: "
+                                     "an MLflow tracking server") from None
         return
     db = sqlite_path(uri)
     if db is not None:

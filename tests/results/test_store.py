@@ -1,0 +1,65 @@
+"""A tracking URI whose server answers ``/health`` but is no working MLflow server (another service behind the
+port, a server whose store is broken) is refused before any work, in one line naming --tracking-uri."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from tests.conftest import run_main
+
+
+def _serve(api_status: int, other_status: int):
+    """A real HTTP server on 127.0.0.1: ``/health`` 200, the tracking API's experiment search ``api_status``
+    (200: the JSON MLflow answers), every other path ``other_status`` with an HTML body."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (http.server's name)
+            if self.path.startswith("/health"):
+                status, body = 200, b"OK"
+            elif "/experiments/search" in self.path:
+                status, body = api_status, b'{"experiments": []}' if api_status == 200 else b"<html>down</html>"
+            else:
+                status, body = other_status, b"<html>\nnot here\n</html>"
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(api_status: int, other_status: int = 404) -> str:
+        servers.append(_serve(api_status, other_status))
+        return f"http://127.0.0.1:{servers[-1].server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("api_status", [404, 500, 401])
+def test_a_server_answering_health_but_not_the_tracking_api_is_refused_in_one_line(serve, api_status, capsys,
+                                                                                    tmp_path):
+    uri = serve(api_status)
+    for args in (("pareto", "demo"), ("results", "demo", "--out", str(tmp_path / "r.md"))):
+        code = run_main(*args, "--tracking-uri", uri)[0]
+        err = capsys.readouterr().err.splitlines()
+        assert code == 2 and len(err) == 1, err
+        assert f"--tracking-uri: got '{uri}'; the server answers /health, but its tracking API answered HTTP " \
+               f"{api_status}" in err[0]
+    assert not list(tmp_path.iterdir())
+
