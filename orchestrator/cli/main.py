@@ -400,6 +400,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fractune {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        if not type(err).__module__.startswith("mlflow."):
+            raise
+        # the tracking store failing after its checks passed (a server that breaks, a store that changes under
+        # us): the machine's trouble, one line, exit 1, as a full disk is
+        from results.store import one_line_error
+
+        print(f"fractune {args.command}: error: the tracking store failed: {safe_line(one_line_error(err)[:400])}",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

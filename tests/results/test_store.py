@@ -1,5 +1,6 @@
 """A tracking URI whose server answers ``/health`` but is no working MLflow server (another service behind the
-port, a server whose store is broken) is refused before any work, in one line naming --tracking-uri."""
+port, a server whose store is broken) is refused before any work, in one line naming --tracking-uri; a server
+that starts failing after that check gives one line and exit 1, never a traceback."""
 
 from __future__ import annotations
 
@@ -63,3 +64,10 @@ def test_a_server_answering_health_but_not_the_tracking_api_is_refused_in_one_li
                f"{api_status}" in err[0]
     assert not list(tmp_path.iterdir())
 
+
+def test_a_store_failing_after_its_check_gives_one_line_and_exit_1(serve, capsys):
+    uri = serve(200, other_status=404)  # the probe passes; reading the sweep fails
+    code = run_main("pareto", "demo", "--tracking-uri", uri, "--json")[0]
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith("fractune pareto: error: the tracking store failed: ") and "404" in err[0], err
