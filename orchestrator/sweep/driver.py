@@ -113,9 +113,12 @@ def sweep_taken(uri: str, name: str):
     return taken
 
 
-def check_ray_address(address: str | None, timeout: float = 3.0) -> None:
-    """``--address``: auto, local, or HOST:PORT / ray://HOST:PORT of a running cluster that answers within
-    ``timeout`` seconds (Ray itself retries an unreachable address for minutes)."""
+def check_ray_address(address: str | None, timeout: float = 3.0, answer_timeout: float = 10.0) -> None:
+    """``--address``: auto, local, or HOST:PORT / ray://HOST:PORT of a running cluster that accepts a connection
+    within ``timeout`` seconds and answers as a gRPC server (Ray's GCS and its Ray Client server are) within
+    ``answer_timeout``: Ray itself retries an unreachable address for minutes, and one where something listens but
+    never answers forever."""
+    import os
     import socket
     from urllib.parse import urlsplit
 
@@ -140,6 +143,18 @@ def check_ray_address(address: str | None, timeout: float = 3.0) -> None:
     except OSError as exc:
         raise ConfigError.single("--address", address, f"no Ray cluster reachable there within {timeout:g} s "
                                  f"({exc.strerror or exc}); start it (ray start --head) or give auto") from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return  # a TLS cluster's handshake needs its certificates; Ray checks those itself
+    import grpc
+
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=answer_timeout)
+    except grpc.FutureTimeoutError:
+        raise ConfigError.single("--address", address, f"something listens there but does not answer as a Ray "
+                                 f"cluster within {answer_timeout:g} s; {allowed}") from None
+    finally:
+        channel.close()
 
 
 RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False, "enable_worker_prestart": False,

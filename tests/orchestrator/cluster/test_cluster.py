@@ -313,29 +313,36 @@ def test_submit_to_an_address_where_nothing_listens_fails_fast(tmp_path):
     assert len(lines) == 1 and "--address" in lines[0] and "no Ray dashboard reachable" in lines[0], lines
 
 
-def test_an_address_where_something_listens_but_never_answers_is_refused(capsys):
-    """Ray's Jobs client sets no timeout on its requests: a silent listener (a hung dashboard) made `jobs`,
-    `stop` and `submit` wait forever (each builds its client the same way). `jobs` ends with one line naming
-    --address once the answer is overdue; a regression fails here instead of hanging the suite (closing the
-    listener resets the connection the command waits on)."""
+def test_an_address_where_something_listens_but_never_answers_is_refused(tmp_path, capsys):
+    """Ray's Jobs client sets no timeout on its requests, and Ray's driver retries a GCS that never answers
+    forever: a silent listener (a hung dashboard or head, another service) made `jobs`, `stop`, `submit` and
+    `sweep --address` wait without end. `jobs` (every Jobs command builds its client the same way) and `sweep`
+    each end with one line naming --address once the answer is overdue; a regression fails here instead of
+    hanging the suite."""
     import threading
 
     from tests.conftest import run_main
 
-    result = {}
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)  # accepts connections, never reads or answers
-        address = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        command = threading.Thread(target=lambda: result.update(code=run_main("jobs", "--address", address)[0]))
-        command.start()
-        command.join(timeout=60)
-        overdue = command.is_alive()
-    command.join()
-    assert not overdue, "fractune jobs still waiting on a silent address after 60 s"
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert result["code"] == 2 and len(lines) == 1, lines
-    assert f"--address: got '{address}'; no answer from a Ray dashboard there" in lines[0], lines
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    for command, address, said in (
+            (("jobs",), "http://127.0.0.1:{port}", "no answer from a Ray dashboard there"),
+            (("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"),
+             "127.0.0.1:{port}", "something listens there but does not answer as a Ray cluster")):
+        result = {}
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(8)  # accepts connections, never reads or answers
+            address = address.format(port=silent.getsockname()[1])
+            run = threading.Thread(target=lambda c=command, a=address, r=result: r.update(
+                code=run_main(*c, "--address", a)[0]), daemon=True)  # a regression's stuck thread ends with pytest
+            run.start()
+            run.join(timeout=60)
+        assert not run.is_alive(), f"fractune {command[0]} still waiting on a silent address after 60 s"
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert result["code"] == 2 and len(lines) == 1, lines
+        assert f"--address: got '{address}'; {said}" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # no store, no storage
 
 
 def test_a_submitted_sweep_records_the_spec_file_submitted(tmp_path, monkeypatch):
