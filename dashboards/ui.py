@@ -231,9 +231,10 @@ def cmd_ui(args) -> int:
     store.preflight(uri, mode="check")  # nothing is created before every check passed
     if missing and args.sweep:
         raise ConfigError.single("--sweep", args.sweep, f"no sweep of that name: {db} does not exist yet")
+    probe_host = "127.0.0.1" if args.host in LOOPBACK else args.host
     try:
-        port = args.port or free_port("127.0.0.1" if args.host in LOOPBACK else args.host)
-        busy = port_in_use("127.0.0.1" if args.host in LOOPBACK else args.host, port)
+        port = args.port or free_port(probe_host)
+        busy = port_in_use(probe_host, port)
     except OSError as exc:
         raise ConfigError.single("--host", args.host, f"cannot bind there ({exc.strerror or exc}); allowed: an "
                                  "address of one of this machine's interfaces") from None

@@ -57,35 +57,32 @@ def dashboard_address(address: str | None) -> str:
 
 def check_reachable(address: str, timeout: float = 3.0, answer_timeout: float = 10.0) -> None:
     """Fail in seconds, with one line, when nothing listens at the dashboard's address or nothing answers there."""
+    import urllib.error
+    import urllib.request
+
+    from results.store import redact
+
+    shown = redact(address)
     url = urlparse(address)
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
         with socket.create_connection((url.hostname, port), timeout=timeout):
             pass
     except UnicodeError as exc:  # a host name that cannot be encoded (IDNA): too long a label, a control character
-        from results.store import redact
-
-        raise ConfigError.single("--address", redact(address), f"not a valid host name ({exc}); allowed: the Ray "
+        raise ConfigError.single("--address", shown, f"not a valid host name ({exc}); allowed: the Ray "
                                  "dashboard's URL, http://HOST:PORT") from None
     except OSError as exc:
-        from results.store import redact
-
-        raise ConfigError.single("--address", redact(address), f"no Ray dashboard reachable there ({exc.strerror or exc}); "
+        raise ConfigError.single("--address", shown, f"no Ray dashboard reachable there ({exc.strerror or exc}); "
                                  "start the cluster (ray start --head / docker compose up) or give its "
                                  "http://HOST:8265") from None
     # something may listen there and never answer (a hung dashboard, another service): Ray's Jobs client sets no
     # timeout on its requests and would wait forever; any HTTP answer, an error status included, will do here
-    import urllib.error
-    import urllib.request
-
     try:
         urllib.request.urlopen(address.rstrip("/") + "/api/version", timeout=answer_timeout).close()  # noqa: S310
     except urllib.error.HTTPError:
         pass
     except (OSError, ValueError) as exc:
-        from results.store import redact
-
-        raise ConfigError.single("--address", redact(address), f"no answer from a Ray dashboard there within "
+        raise ConfigError.single("--address", shown, f"no answer from a Ray dashboard there within "
                                  f"{answer_timeout:g} s ({getattr(exc, 'reason', exc)}); allowed: the Ray dashboard's "
                                  "URL, http://HOST:8265") from None
 
