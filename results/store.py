@@ -149,7 +149,7 @@ def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
     ``read`` (the store must already exist: the readers ``pareto``, ``report``, ``results``)."""
     import stat
 
-    from engine.errors import ConfigError
+    from engine.errors import ConfigError, cut_middle
 
     check_uri(uri)
     shown = redact(uri)
@@ -168,12 +168,16 @@ def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
         # one call of the tracking API itself, without MLflow's minutes of retries
         try:
             with urllib.request.urlopen(_server_request(uri, API_PROBE), timeout=timeout) as resp:  # noqa: S310
-                json.loads(resp.read(1 << 20))["experiments"]  # noqa: B018  the answer MLflow gives, or fail
+                answer = json.loads(resp.read(1 << 20))
+            # MLflow's answer: an object whose "experiments" is a list, the key left out where none is visible (an
+            # empty list is not written; a user of an authenticated server who may read no experiment gets {})
+            if not isinstance(answer, dict) or not isinstance(answer.get("experiments", []), list):
+                raise TypeError(f"answered {cut_middle(repr(answer), 80)}")
         except urllib.error.HTTPError as exc:
             raise ConfigError.single("--tracking-uri", shown, f"the server answers /health, but its tracking API "
                                      f"answered HTTP {exc.code} (GET {API_PROBE}); allowed: an MLflow tracking server "
                                      "that works") from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, TypeError) as exc:
             reason = _one_line(redact(str(getattr(exc, "reason", exc))))[:200]
             raise ConfigError.single("--tracking-uri", shown, f"the server answers /health, but not as MLflow's "
                                      f"tracking API does (GET {API_PROBE}: {type(exc).__name__} {reason}); allowed: "

@@ -12,16 +12,16 @@ import pytest
 from tests.conftest import run_main
 
 
-def _serve(api_status: int, other_status: int):
+def _serve(api_status: int, other_status: int, api_body: bytes = b'{"experiments": []}'):
     """A real HTTP server on 127.0.0.1: ``/health`` 200, the tracking API's experiment search ``api_status``
-    (200: the JSON MLflow answers), every other path ``other_status`` with an HTML body."""
+    (200: ``api_body``), every other path ``other_status`` with an HTML body."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802  (http.server's name)
             if self.path.startswith("/health"):
                 status, body = 200, b"OK"
             elif "/experiments/search" in self.path:
-                status, body = api_status, b'{"experiments": []}' if api_status == 200 else b"<html>down</html>"
+                status, body = api_status, api_body if api_status == 200 else b"<html>down</html>"
             else:
                 status, body = other_status, b"<html>\nnot here\n</html>"
             self.send_response(status)
@@ -42,8 +42,8 @@ def _serve(api_status: int, other_status: int):
 def serve():
     servers = []
 
-    def start(api_status: int, other_status: int = 404) -> str:
-        servers.append(_serve(api_status, other_status))
+    def start(api_status: int, other_status: int = 404, api_body: bytes = b'{"experiments": []}') -> str:
+        servers.append(_serve(api_status, other_status, api_body))
         return f"http://127.0.0.1:{servers[-1].server_address[1]}"
 
     yield start
@@ -71,3 +71,19 @@ def test_a_store_failing_after_its_check_gives_one_line_and_exit_1(serve, capsys
     err = capsys.readouterr().err.splitlines()
     assert code == 1 and len(err) == 1, err
     assert err[0].startswith("fractune pareto: error: the tracking store failed: ") and "404" in err[0], err
+
+
+def test_the_probe_takes_any_answer_mlflow_gives_and_refuses_any_other(serve):
+    """MLflow leaves an empty list out of its JSON: a server where this user may read no experiment (MLflow's
+    authentication filters them) answers the search with ``{}`` and is a working server; a body that is no such
+    object is not."""
+    from engine.errors import ConfigError
+    from results import store
+
+    for body in (b'{}', b'{"experiments": [{"experiment_id": "0", "name": "Default"}]}'):
+        store.preflight(serve(200, api_body=body), mode="check")
+    for body in (b'[]', b'{"experiments": 3}', b"<html>MLflow</html>", b"null"):
+        uri = serve(200, api_body=body)
+        with pytest.raises(ConfigError) as err:
+            store.preflight(uri, mode="check")
+        assert "the server answers /health, but not as MLflow's tracking API does" in str(err.value), body
