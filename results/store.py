@@ -139,6 +139,27 @@ def _server_request(uri: str, path: str = "/health"):
     return req
 
 
+def _tls_context(uri: str):
+    """The TLS settings MLflow's own client uses for ``uri`` (``MLFLOW_TRACKING_INSECURE_TLS``,
+    ``MLFLOW_TRACKING_SERVER_CERT_PATH``, ``MLFLOW_TRACKING_CLIENT_CERT_PATH``, else the CA bundle ``requests``
+    reads from ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``), so that the preflight passes where MLflow can connect and
+    refuses where it cannot; ``None`` for plain http."""
+    import ssl
+
+    if not uri.lower().startswith("https://"):
+        return None
+    env = os.environ.get
+    if env("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("true", "1"):
+        context = ssl._create_unverified_context()  # noqa: S323  the user turned verification off for MLflow
+    else:
+        cafile = env("MLFLOW_TRACKING_SERVER_CERT_PATH") or env("REQUESTS_CA_BUNDLE") or env("CURL_CA_BUNDLE")
+        folder = bool(cafile) and os.path.isdir(cafile)
+        context = ssl.create_default_context(cafile=None if folder else cafile, capath=cafile if folder else None)
+    if env("MLFLOW_TRACKING_CLIENT_CERT_PATH"):
+        context.load_cert_chain(env("MLFLOW_TRACKING_CLIENT_CERT_PATH"))
+    return context
+
+
 def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
@@ -158,7 +179,13 @@ def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
         import urllib.request
 
         try:
-            with urllib.request.urlopen(_server_request(uri), timeout=timeout) as resp:  # noqa: S310
+            tls = _tls_context(uri)
+        except OSError as exc:  # a certificate file missing, unreadable or no PEM
+            raise ConfigError.single("--tracking-uri", shown, f"its TLS settings cannot be loaded "
+                                     f"({_one_line(str(exc))[:200]}); allowed: MLFLOW_TRACKING_SERVER_CERT_PATH and "
+                                     "MLFLOW_TRACKING_CLIENT_CERT_PATH naming readable PEM files") from None
+        try:
+            with urllib.request.urlopen(_server_request(uri), timeout=timeout, context=tls) as resp:  # noqa: S310
                 if resp.status != 200:
                     raise OSError(f"/health answered {resp.status}")
         except (OSError, urllib.error.URLError, ValueError) as exc:
@@ -167,7 +194,8 @@ def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
         # /health answers on more than MLflow (a proxy, another service) and on a server whose store is broken:
         # one call of the tracking API itself, without MLflow's minutes of retries
         try:
-            with urllib.request.urlopen(_server_request(uri, API_PROBE), timeout=timeout) as resp:  # noqa: S310
+            with urllib.request.urlopen(_server_request(uri, API_PROBE), timeout=timeout,  # noqa: S310
+                                        context=tls) as resp:
                 answer = json.loads(resp.read(1 << 20))
             # MLflow's answer: an object whose "experiments" is a list, the key left out where none is visible (an
             # empty list is not written; a user of an authenticated server who may read no experiment gets {})

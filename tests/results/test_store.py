@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from tests.conftest import run_main
+from tests.conftest import run_main, self_signed_cert
 
 
-def _serve(api_status: int, other_status: int, api_body: bytes = b'{"experiments": []}'):
+def _serve(api_status: int, other_status: int, api_body: bytes = b'{"experiments": []}', tls=None):
     """A real HTTP server on 127.0.0.1: ``/health`` 200, the tracking API's experiment search ``api_status``
     (200: ``api_body``), every other path ``other_status`` with an HTML body."""
 
@@ -34,6 +34,8 @@ def _serve(api_status: int, other_status: int, api_body: bytes = b'{"experiments
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -42,9 +44,9 @@ def _serve(api_status: int, other_status: int, api_body: bytes = b'{"experiments
 def serve():
     servers = []
 
-    def start(api_status: int, other_status: int = 404, api_body: bytes = b'{"experiments": []}') -> str:
-        servers.append(_serve(api_status, other_status, api_body))
-        return f"http://127.0.0.1:{servers[-1].server_address[1]}"
+    def start(api_status: int, other_status: int = 404, api_body: bytes = b'{"experiments": []}', tls=None) -> str:
+        servers.append(_serve(api_status, other_status, api_body, tls))
+        return f"{'https' if tls else 'http'}://127.0.0.1:{servers[-1].server_address[1]}"
 
     yield start
     for server in servers:
@@ -87,3 +89,31 @@ def test_the_probe_takes_any_answer_mlflow_gives_and_refuses_any_other(serve):
         with pytest.raises(ConfigError) as err:
             store.preflight(uri, mode="check")
         assert "the server answers /health, but not as MLflow's tracking API does" in str(err.value), body
+
+
+def test_an_https_server_is_checked_with_the_tls_settings_mlflow_uses(serve, tmp_path, monkeypatch):
+    """MLflow's client trusts a server's certificate through MLFLOW_TRACKING_SERVER_CERT_PATH (or skips the check
+    with MLFLOW_TRACKING_INSECURE_TLS): the preflight passes exactly where MLflow can connect, and a certificate
+    file that cannot be loaded is named in one line."""
+    import ssl
+
+    from engine.errors import ConfigError
+    from results import store
+
+    cert, key = self_signed_cert(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    uri = serve(200, tls=tls)
+    for var in ("MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH", "MLFLOW_TRACKING_CLIENT_CERT_PATH",
+                "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ConfigError, match="MLflow server unreachable .*certificate verify failed"):
+        store.preflight(uri, mode="check")  # no CA of this machine signed it, as MLflow would find too
+    monkeypatch.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", str(cert))
+    store.preflight(uri, mode="check")
+    monkeypatch.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match="its TLS settings cannot be loaded .*MLFLOW_TRACKING_SERVER_CERT_PATH"):
+        store.preflight(uri, mode="check")
+    monkeypatch.delenv("MLFLOW_TRACKING_SERVER_CERT_PATH")
+    monkeypatch.setenv("MLFLOW_TRACKING_INSECURE_TLS", "true")
+    store.preflight(uri, mode="check")
