@@ -57,6 +57,7 @@ def dashboard_address(address: str | None) -> str:
 
 def check_reachable(address: str, timeout: float = 3.0, answer_timeout: float = 10.0) -> None:
     """Fail in seconds, with one line, when nothing listens at the dashboard's address or nothing answers there."""
+    import ssl
     import urllib.error
     import urllib.request
 
@@ -76,15 +77,18 @@ def check_reachable(address: str, timeout: float = 3.0, answer_timeout: float = 
                                  "start the cluster (ray start --head / docker compose up) or give its "
                                  "http://HOST:8265") from None
     # something may listen there and never answer (a hung dashboard, another service): Ray's Jobs client sets no
-    # timeout on its requests and would wait forever; any HTTP answer, an error status included, will do here
+    # timeout on its requests and would wait forever; any HTTP answer, an error status included, will do here, and
+    # so does a TLS handshake this machine's CAs refuse (Ray's client checks certificates with its own settings)
     try:
         urllib.request.urlopen(address.rstrip("/") + "/api/version", timeout=answer_timeout).close()  # noqa: S310
     except urllib.error.HTTPError:
         pass
     except (OSError, ValueError) as exc:
-        raise ConfigError.single("--address", shown, f"no answer from a Ray dashboard there within "
-                                 f"{answer_timeout:g} s ({getattr(exc, 'reason', exc)}); allowed: the Ray dashboard's "
-                                 "URL, http://HOST:8265") from None
+        reason = getattr(exc, "reason", exc)
+        if not isinstance(reason, ssl.SSLError):
+            raise ConfigError.single("--address", shown, f"no answer from a Ray dashboard there within "
+                                     f"{answer_timeout:g} s ({reason}); allowed: the Ray dashboard's URL, "
+                                     "http://HOST:8265") from None
 
 
 def token_mode_from_token() -> None:

@@ -345,6 +345,36 @@ def test_an_address_where_something_listens_but_never_answers_is_refused(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # no store, no storage
 
 
+def test_a_dashboard_behind_tls_this_machine_does_not_trust_is_left_to_rays_client(tmp_path):
+    """The answer check takes a TLS handshake as an answer: the certificate is Ray's Jobs client's to check, with
+    its own settings (``verify``, ``REQUESTS_CA_BUNDLE``), not this machine's default CAs; a listener that never
+    answers the handshake is still refused."""
+    import http.server
+    import ssl
+    import threading
+
+    from engine.errors import ConfigError
+    from orchestrator.cluster import jobs
+    from tests.conftest import self_signed_cert
+
+    cert, key = self_signed_cert(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        jobs.check_reachable(f"https://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        with pytest.raises(ConfigError, match="no answer from a Ray dashboard there within 1 s"):
+            jobs.check_reachable(f"https://127.0.0.1:{silent.getsockname()[1]}", answer_timeout=1)
+
+
 def test_a_submitted_sweep_records_the_spec_file_submitted(tmp_path, monkeypatch):
     """The job runs a copy of the spec (``spec.yaml`` in its working_dir): the file the submitter named reaches
     the sweep in FRACTUNE_SPEC_FILE, for the parent run's ``spec_file`` param."""
