@@ -182,8 +182,9 @@ def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
             tls = _tls_context(uri)
         except OSError as exc:  # a certificate file missing, unreadable or no PEM
             raise ConfigError.single("--tracking-uri", shown, f"its TLS settings cannot be loaded "
-                                     f"({_one_line(str(exc))[:200]}); allowed: MLFLOW_TRACKING_SERVER_CERT_PATH and "
-                                     "MLFLOW_TRACKING_CLIENT_CERT_PATH naming readable PEM files") from None
+                                     f"({_one_line(str(exc))[:200]}); allowed: MLFLOW_TRACKING_SERVER_CERT_PATH (or "
+                                     "REQUESTS_CA_BUNDLE) and MLFLOW_TRACKING_CLIENT_CERT_PATH naming readable PEM "
+                                     "files") from None
         try:
             with urllib.request.urlopen(_server_request(uri), timeout=timeout, context=tls) as resp:  # noqa: S310
                 if resp.status != 200:

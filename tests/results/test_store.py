@@ -115,5 +115,11 @@ def test_an_https_server_is_checked_with_the_tls_settings_mlflow_uses(serve, tmp
     with pytest.raises(ConfigError, match="its TLS settings cannot be loaded .*MLFLOW_TRACKING_SERVER_CERT_PATH"):
         store.preflight(uri, mode="check")
     monkeypatch.delenv("MLFLOW_TRACKING_SERVER_CERT_PATH")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))  # the bundle requests (so MLflow) reads by default
+    store.preflight(uri, mode="check")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match="its TLS settings cannot be loaded .*REQUESTS_CA_BUNDLE"):
+        store.preflight(uri, mode="check")
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
     monkeypatch.setenv("MLFLOW_TRACKING_INSECURE_TLS", "true")
     store.preflight(uri, mode="check")
