@@ -129,7 +129,7 @@ def compare_png(sweeps: list[runs.SweepRuns], path: Path) -> Path:
 
 
 def markdown(sweeps: list[runs.SweepRuns], methods: list[dict], plot: Path, command: str) -> str:
-    from dashboards.results_page import _fmt, table  # the results page's cells and tables
+    from dashboards.markdown import fmt, table
 
     task = sweeps[0].task
     key, first = task.key, sweeps[0].sweep_id
@@ -152,10 +152,10 @@ def markdown(sweeps: list[runs.SweepRuns], methods: list[dict], plot: Path, comm
         cells = [entry["method"]]
         for d in sweeps:
             m = entry["sweeps"][d.sweep_id]
-            cells += [_fmt(m and m[key]), _fmt(m and m["tbitops"], ".4g"), str(m["n"]) if m else "n/a"]
+            cells += [fmt(m and m[key]), fmt(m and m["tbitops"], ".4g"), str(m["n"]) if m else "n/a"]
         for d in sweeps[1:]:
             diff = entry["diff"].get(d.sweep_id)
-            cells += [_fmt(diff and diff[key], "+.4f"), _fmt(diff and diff["tbitops_pct"], "+.1f")]
+            cells += [fmt(diff and diff[key], "+.4f"), fmt(diff and diff["tbitops_pct"], "+.1f")]
         rows.append(cells)
     lines += ["", "Sweeps: " + ", ".join(f"#{i + 1} `{d.sweep_id}`" for i, d in enumerate(sweeps)), ""]
     lines += table(head, rows) + ["", f"![fronts]({plot.name})", ""]
@@ -179,9 +179,9 @@ def build(uri: str, refs: list[str], out: str, command: str) -> dict:
 
 
 def cmd_compare(args) -> int:
-    from dashboards.results_page import shown_path, shown_uri
     from results import store
     from results.output import emit_json
+    from results.provenance import shown_path, shown_uri
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     check_inputs(uri, list(args.sweeps), "--out", args.out)

@@ -1,102 +1,15 @@
-"""A spec's paired test on the results page (docs/sweeps.md, "Paired tests"): each pair's per-seed runs side by
-side, the per-seed differences, their mean with a 95 % t-interval, and the verdict the spec's rule gives.
-
-The rule is the spec's (``search_spaces.spec.Paired``), stated before the numbers: the claim holds when every
-difference of the deciding pairs is >= 0 and their mean > 0; it is refuted when every one is < 0 and their mean is
-below -``refute_margin``; otherwise it is undecided. A difference is the arm's advantage on the task objective:
-accuracy in points (arm minus twin), or how many percent lower the arm's test perplexity is than the twin's.
-"""
+"""A spec's paired test on the results page: the rule stated first, each pair's per-seed runs side by side, the
+differences with their mean and 95 % t-interval, the verdict (decided in results/paired.py), and its plot."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 
-from engine.metrics import TRAIN_BITOPS
-from results.objectives import Direction, Objective
-from search_spaces.spec import Paired, picks
-
-# two-sided 95 % quantiles of Student's t by degrees of freedom (beyond 30: the normal's 1.96)
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-
-def t95(dof: int) -> float:
-    return T95[dof - 1] if 1 <= dof <= len(T95) else 1.96
-
-
-def advantage(arm: dict, twin: dict, task: Objective) -> float:
-    """The arm's advantage over its twin: accuracy in points, or percent lower test perplexity (``relative``)."""
-    key = task.key
-    better = arm[key] - twin[key] if task.direction is Direction.MAX else twin[key] - arm[key]
-    return 100.0 * better / twin[key] if task.relative else task.scale * better
-
-
-def interval(values: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the mean and its 95 % t-interval (NaN bounds with fewer than two values)."""
-    mean = statistics.fmean(values) if values else math.nan
-    if len(values) < 2:
-        return mean, math.nan, math.nan
-    half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
-
-
-def pair_up(rows: list[dict], paired: Paired, objective: Objective) -> list[dict]:
-    """Every pair with its runs matched by seed: ``seeds`` (per seed: the arm's and the twin's objective, BitOPs
-    and the difference), the methods' names, ``mean``/``low``/``high`` of the differences and ``control``. Rows
-    carry ``config`` (their resolved ExperimentConfig) and ``method``."""
-    task = objective.key
-    dumps = [(r, r["config"].to_dict()) for r in rows if r.get("config") is not None]
-    out = []
-    for pair in paired.pairs:
-        arm = {r["seed"]: r for r, tree in dumps if picks(pair.arm, tree)}
-        twin = {r["seed"]: r for r, tree in dumps if picks(pair.twin, tree)}
-        seeds = []
-        for seed in sorted(set(arm) & set(twin)):
-            a, t = arm[seed], twin[seed]
-            seeds.append({"seed": seed, "arm": a[task], "twin": t[task], "arm_bitops": a[TRAIN_BITOPS],
-                          "twin_bitops": t[TRAIN_BITOPS], "arm_cp": a.get("cp_model", math.nan), "twin_cp": t["cp"],
-                          "difference": advantage(a, t, objective)})
-        mean, low, high = interval([s["difference"] for s in seeds])
-        out.append({"arm_method": next(iter(arm.values()))["method"] if arm else "(no run)",
-                    "twin_method": next(iter(twin.values()))["method"] if twin else "(no run)",
-                    "arm": pair.arm, "twin": pair.twin, "control": pair.control, "seeds": seeds,
-                    "mean": mean, "low": low, "high": high})
-    return out
-
-
-def decide(pairs: list[dict], paired: Paired) -> dict:
-    """The spec's rule over the deciding pairs' differences: holds, refuted or undecided, with the figures."""
-    diffs = [s["difference"] for p in pairs if not p["control"] for s in p["seeds"]]
-    mean, low, high = interval(diffs)
-    if not diffs:
-        verdict, why = "undecided", "no pair has runs of both sides"
-    elif all(d >= 0 for d in diffs) and mean > 0:
-        verdict, why = "holds", f"every one of the {len(diffs)} differences is >= 0 and their mean is > 0"
-    elif all(d < 0 for d in diffs) and mean < -paired.refute_margin:
-        verdict, why = "refuted", (f"every one of the {len(diffs)} differences is < 0 and their mean is below "
-                                   f"-{paired.refute_margin:g}")
-    else:
-        above = sum(d >= 0 for d in diffs)
-        verdict, why = "undecided", (f"{above} of the {len(diffs)} differences {'is' if above == 1 else 'are'} >= 0" if 0 < above < len(diffs)
-                                     else f"the mean {mean:+.2f} is within the margin")
-    return {"claim": paired.claim, "verdict": verdict, "why": why, "n": len(diffs), "mean": mean, "low": low,
-            "high": high, "refute_margin": paired.refute_margin}
-
-
-def rule_text(paired: Paired, task: Objective) -> str:
-    better = "lower" if task.direction is Direction.MIN else "higher"
-    unit = f"percent {better} {task.label}" if task.relative else f"points of {task.label}"
-    return (f"**Decision rule** (the spec's, fixed before the runs): per seed, each pair's arm against its twin in "
-            f"{unit} (positive: the arm is better). The claim \"{paired.claim}\" holds when every difference of "
-            f"the deciding pairs is >= 0 and their mean > 0; it is refuted when every difference is < 0 and their "
-            f"mean is below -{paired.refute_margin:g}; otherwise it is undecided. Control pairs are shown and do "
-            f"not count.")
-
-
-def _f(v: float, spec: str) -> str:
-    return "n/a" if not math.isfinite(v) else format(v, spec)
+from dashboards.markdown import fmt
+from results.objectives import Objective
+from results.paired import rule_text
+from search_spaces.spec import Paired
 
 
 def section(pairs: list[dict], verdict: dict, paired: Paired, task: Objective, plot: str | None) -> list[str]:
@@ -113,17 +26,17 @@ def section(pairs: list[dict], verdict: dict, paired: Paired, task: Objective, p
         for s in p["seeds"]:
             lines.append(f"| {name} | {s['seed']} | {y * s['arm']:.2f} | {y * s['twin']:.2f} | "
                          f"{s['difference']:+.2f} | {s['arm_bitops'] / 1e12:.3f} | {s['twin_bitops'] / 1e12:.3f} | "
-                         f"{_f(s['arm_cp'], '.3f')} | {_f(s['twin_cp'], '.3f')} |")
+                         f"{fmt(s['arm_cp'], '.3f')} | {fmt(s['twin_cp'], '.3f')} |")
     lines += ["", "| pair | seeds | mean difference | 95 % interval | every difference >= 0 |",
               "| --- | --- | --- | --- | --- |"]
     for p in pairs:
         name = f"{p['arm_method']} vs {p['twin_method']}" + (" (control)" if p["control"] else "")
         diffs = [s["difference"] for s in p["seeds"]]
-        lines.append(f"| {name} | {len(diffs)} | {_f(p['mean'], '+.2f')} | {_f(p['low'], '+.2f')} .. "
-                     f"{_f(p['high'], '+.2f')} | {'yes' if diffs and all(d >= 0 for d in diffs) else 'no'} |")
+        lines.append(f"| {name} | {len(diffs)} | {fmt(p['mean'], '+.2f')} | {fmt(p['low'], '+.2f')} .. "
+                     f"{fmt(p['high'], '+.2f')} | {'yes' if diffs and all(d >= 0 for d in diffs) else 'no'} |")
     lines += ["", f"**Verdict: {verdict['verdict']}.** Over the {verdict['n']} deciding differences the mean is "
-              f"{_f(verdict['mean'], '+.2f')} (95 % interval {_f(verdict['low'], '+.2f')} .. "
-              f"{_f(verdict['high'], '+.2f')}): {verdict['why']}.", ""]
+              f"{fmt(verdict['mean'], '+.2f')} (95 % interval {fmt(verdict['low'], '+.2f')} .. "
+              f"{fmt(verdict['high'], '+.2f')}): {verdict['why']}.", ""]
     if plot:
         lines += [f"![each pair per seed]({plot})", ""]
     return lines
@@ -153,7 +66,7 @@ def pairs_png(pairs: list[dict], task: Objective, path: Path) -> Path | None:
         ax.plot(mean["twin_bitops"] / 1e12, y * mean["twin"], "s", color="tab:blue", ms=9,
                 label=f"twin: {p['twin_method']}")
         ax.plot(mean["arm_bitops"] / 1e12, y * mean["arm"], "v", color="tab:red", ms=9, label=f"arm: {p['arm_method']}")
-        ax.set_title(("control: " if p["control"] else "") + f"mean difference {_f(p['mean'], '+.2f')}", fontsize=9)
+        ax.set_title(("control: " if p["control"] else "") + f"mean difference {fmt(p['mean'], '+.2f')}", fontsize=9)
         ax.set_xlabel("training TBitOPs")
         ax.legend(fontsize=6, loc="lower right")
     axes[0][0].set_ylabel(f"{task.label}{', ' + task.unit if task.unit else ''}")

@@ -12,13 +12,15 @@ from pathlib import Path
 import matplotlib
 
 from engine.metrics import TRAIN_BITOPS
-from results.objectives import Objective
+from results.objectives import Direction, Objective
+from results.summary import cost_mean
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from dashboards.figures import cost_axis, run_title  # noqa: E402
+from dashboards.markdown import upper_first  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -118,4 +120,60 @@ def allocation_png(allocs: dict[str, dict], names: dict[str, str], path: Path) -
         ax.set_xlabel("epoch")
         ax.set_title(f"{names[rid]}: mean forward bits (0 = skipped)", fontsize=9)
         fig.colorbar(im, ax=ax)
+    return _save(fig, path)
+
+
+def results_png(groups: list[dict], front: list[dict], path: Path, task: Objective, objective: str = "bitops") -> Path:
+    from engine.cost.cost_models import UNITS
+
+    bitops = objective == "bitops"
+    scale, unit = (1e12, "TBitOPs") if bitops else (1.0, UNITS.get(objective, "cost"))
+    key, y = task.key, task.scale  # accuracy in %, or a language model's test perplexity as it is
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    markers = {"fp32": "o", "static": "s", "pfq": "^", "cpt": "D", "dfq": "v", "fractrain": "P"}
+    for i, g in enumerate(groups):  # one colour per method, one marker per kind
+        ax.errorbar(cost_mean(g, objective) / scale, y * g[f"{key}_mean"], yerr=y * g[f"{key}_std"],
+                    xerr=g["train_bitops_std"] / scale if bitops else None, fmt=markers.get(g["kind"], "o"), capsize=3,
+                    color=plt.cm.tab20(i % 20), label=g["method"])
+    if front:
+        ax.step([r["cost"] / scale for r in front], [y * r[key] for r in front], where="post",
+                color="k", lw=1, label="Pareto front (means)")
+    log_x_if_wide(ax, [cost_mean(g, objective) for g in groups])
+    ax.set_xlabel(f"training cost under {objective}, {unit} (mean over seeds)")
+    lower = task.direction is Direction.MIN
+    ax.set_ylabel(f"{task.label}{', ' + task.unit if task.unit else ''} (mean +/- std over seeds"
+                  f"{'; lower is better' if lower else ''})")
+    ax.set_title(f"{upper_first(task.word)} vs training cost ({objective}) per method")
+    ax.legend(fontsize=7, loc="upper right" if lower else "lower right")
+    return _save(fig, path)
+
+
+def seeds_png(groups: list[dict], path: Path, task: Objective) -> Path | None:
+    """One panel per seed: the static rows of that seed joined cheapest first (the static front where they
+    form one), every other method's run of that seed as a point; accuracy against training BitOPs. None for a
+    language model's sweep or one without static rows."""
+    if task.relative or not any(g["kind"] == "static" for g in groups):
+        return None
+    key, y = task.key, task.scale
+    seeds = sorted({seed for g in groups for seed in (g.get("per_seed") or {})})
+    fig, axes = plt.subplots(1, len(seeds), figsize=(5 * len(seeds), 4.8), sharey=True, squeeze=False)
+    markers = {"fp32": "o", "static": "s", "pfq": "^", "cpt": "D", "dfq": "v", "fractrain": "P"}
+    for ax, seed in zip(axes[0], seeds):
+        static = sorted((g["per_seed"][seed][TRAIN_BITOPS], g["per_seed"][seed][key], g["method"])
+                         for g in groups if g["kind"] == "static" and seed in g["per_seed"])
+        ax.plot([c / 1e12 for c, _, _ in static], [y * a for _, a, _ in static], "s-", color="0.4",
+                label="static rows")
+        for c, a, name in static:
+            ax.annotate(name, (c / 1e12, y * a), fontsize=6, xytext=(3, -8), textcoords="offset points")
+        for i, g in enumerate(groups):
+            if g["kind"] == "static" or seed not in g["per_seed"]:
+                continue
+            v = g["per_seed"][seed]
+            ax.plot(v[TRAIN_BITOPS] / 1e12, y * v[key], markers.get(g["kind"], "o"),
+                    color=plt.cm.tab10(i % 10), label=g["method"])
+        log_x_if_wide(ax, [g["per_seed"][seed][TRAIN_BITOPS] for g in groups if seed in g["per_seed"]])
+        ax.set_title(f"seed {seed}")
+        ax.set_xlabel("training TBitOPs")
+    axes[0][0].set_ylabel(f"{task.label}{', ' + task.unit if task.unit else ''}")
+    axes[0][-1].legend(fontsize=6, loc="lower right")
     return _save(fig, path)

@@ -29,6 +29,7 @@ from engine.metrics import TRAIN_BITOPS
 from results.objectives import Direction, Objective
 from results.output import emit_json, info
 from results.store import artifact_json
+from results.summary import delta_column, delta_key, last_stage, summarise, with_configs
 
 MAX_CHOSEN = 6  # runs in the precision figure when none are named
 MAX_GATED = 4  # heatmaps
@@ -57,7 +58,6 @@ def cost_models_of(rows: list[dict]) -> list[str]:
 def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | Path | None = None,
                  runs: list[str] | None = None, log: bool = True, data: SweepData | None = None,
                  objective: str | None = None) -> dict:
-    from dashboards.results_page import last_stage
     from results.ablation_analysis import analyse, importances_by_objective
     from results.runs import check_objective, cost_of, front_quality
 
@@ -188,8 +188,6 @@ def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
     """A staged sweep: the earlier stages' task objective (accuracy, or a language model's perplexity) for
     reference, and the last stage's methods (the rows every figure below compares) with their savings against
     that stage's own FP32 and FW8/BW8 rows."""
-    from dashboards.results_page import delta_column, delta_key, summarise, with_configs
-
     objective = last.task
     task, scale, unit = objective.key, objective.scale, f" {objective.unit}" if objective.unit else ""
     delta = delta_key(objective, "fw8bw8"), delta_column(objective, "FW8/BW8")

@@ -1,4 +1,5 @@
-"""Provenance carried by every run: git sha, package versions, host; a sweep's spec file."""
+"""Provenance carried by every run: git sha, package versions, host; a sweep's spec file; paths and tracking URIs
+as generated pages name them (relative to the repository, never a path of the machine that made the page)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,48 @@ def spec_file(path: str | Path | None) -> str | None:
         return None
     p = Path(path).expanduser().resolve()
     return p.relative_to(PROJECT_ROOT).as_posix() if p.is_relative_to(PROJECT_ROOT) else str(p)
+
+
+def spec_file_of(name: str, params: dict) -> str | None:
+    """The spec file that made the sweep, as its page names it: the parent run's ``spec_file`` param (relative to
+    the project root when the spec was inside it); for a sweep that predates the param, the spec of the sweep's
+    name in this checkout's ``search_spaces/`` or ``docs/studies/``, said to be found by name; else None."""
+    from engine.config.experiment import read_yaml
+    from engine.errors import ConfigError
+
+    if recorded := params.get("spec_file"):
+        return f"`{shown_path(recorded)}`"
+    for folder in SPEC_FOLDERS:
+        path = PROJECT_ROOT / folder / f"{name}.yaml"
+        try:
+            if path.is_file() and read_yaml(path, "spec").get("name") == name:
+                return f"`{folder}/{name}.yaml` (found by the sweep's name: the sweep did not record its spec file)"
+        except ConfigError:
+            continue
+    return None
+
+
+def shown_path(path: str) -> str:
+    """A path as a generated page names it: relative to the repository where it lies inside, else its last two
+    parts after ``.../``, never a path of the machine the page was made on."""
+    if not Path(path).expanduser().is_absolute():
+        return path
+    full = Path(path).expanduser().resolve()
+    try:
+        return str(full.relative_to(PROJECT_ROOT))
+    except ValueError:
+        return ".../" + "/".join(full.parts[-2:])
+
+
+def shown_uri(uri: str) -> str:
+    """A tracking URI as a generated page names it: a sqlite file or a folder by ``shown_path`` (a relative
+    sqlite URI, ``sqlite:///fractune_study/fair/mlflow.db``, opens it from the repository's root); a server's
+    without its credentials."""
+    from results import store
+
+    for scheme in ("sqlite:///", "file://"):
+        if uri.startswith(scheme):
+            return scheme + shown_path(uri.removeprefix(scheme))
+    if "://" not in uri:
+        return shown_path(uri)
+    return store.redact(uri)

@@ -9,10 +9,11 @@ import pytest
 
 from dashboards import figures, report
 from dashboards.data import SweepData
-from dashboards.results_page import front_of, markdown, summarise, trends
+from dashboards.results_page import markdown
 from engine.config.experiment import parse_config
 from results import objectives, runs
 from results.objectives import Direction, Objective
+from results.summary import front_of, summarise, trends
 
 BLEU = Objective("bleu", Direction.MAX, "test BLEU", "BLEU", "BLEU", "bleu", scale=1.0, fmt=".2f", tolerance=0.5)
 
