@@ -38,7 +38,7 @@ def main() -> None:
     from bench._common import machine
     from engine.config.experiment import ExperimentConfig
     from engine.train import train_and_evaluate
-    from orchestrator.sweep.driver import init_ray
+    from orchestrator.sweep.ray_cluster import init_ray
     from trainables.data_parallel import train_data_parallel
 
     torch.set_num_threads(1)

@@ -46,8 +46,9 @@ def main() -> None:
     sequential = time.perf_counter() - t
     torch.set_num_threads(os.cpu_count() or 1)
 
-    from orchestrator.sweep.driver import SweepOptions, init_ray
+    from orchestrator.sweep.driver import SweepOptions
     from orchestrator.sweep.launch import run_sweep
+    from orchestrator.sweep.ray_cluster import init_ray
     from results import store
     from search_spaces.spec import parse_spec
 

@@ -31,13 +31,13 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     from pydantic import ValidationError
 
     from engine.config.experiment import read_yaml
-    from orchestrator.sweep.driver import (
+    from orchestrator.sweep.ray_cluster import (
         check_local_resources,
         check_ray_address,
         check_resources,
         init_ray,
-        storage_root,
     )
+    from orchestrator.sweep.storage import storage_root
     from results import store
     from results.output import check_output_folder
     from search_spaces.ablation import load_ablation, parse_ablation
@@ -66,7 +66,7 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     gather(store.preflight, uri, mode="check")
     root = gather(storage_root, storage, create=False)
     if resume and root is not None and loaded is not None:
-        from orchestrator.sweep.driver import latest_sweep_id
+        from orchestrator.sweep.storage import latest_sweep_id
 
         gather(latest_sweep_id, root, loaded.name)
     for field, value in (outputs or {}).items():

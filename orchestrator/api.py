@@ -151,7 +151,7 @@ def _check_workers(workers: int) -> None:
     """Workers of a local run: one CPU each, on this machine (or the Ray this process runs on)."""
     import ray
 
-    from orchestrator.sweep.driver import local_cpus
+    from orchestrator.sweep.ray_cluster import local_cpus
 
     if ray.is_initialized():
         cpus, where = int(ray.cluster_resources().get("CPU", 0)), "CPUs of the running Ray"
@@ -168,7 +168,7 @@ def _train_on_workers(cfg, ckpt_dir, resume) -> tuple[dict, list[dict]]:
     import shutil
     import tempfile
 
-    from orchestrator.sweep.driver import init_ray
+    from orchestrator.sweep.ray_cluster import init_ray
 
     init_ray(None)
     from trainables.data_parallel import train_data_parallel

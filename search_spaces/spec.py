@@ -2,7 +2,7 @@
 
 A spec names a base experiment (inline, or a YAML path relative to the spec) and parameters over any
 config field by dotted path, each one of ``grid``, ``choice``, ``uniform``, ``loguniform`` or ``int``
-(inclusive bounds). ``seeds`` repeat every point. Two objectives (``orchestrator.sweep.driver.objectives``): the task
+(inclusive bounds). ``seeds`` repeat every point. Two objectives (``orchestrator.sweep.space.objectives``): the task
 objective, final test ``accuracy`` (max), or test ``perplexity`` (min) for a language model, and the total
 training cost (min) under the cost model ``objective`` (``bitops`` by default; any model of
 engine/cost/cost_models.py, e.g. ``energy`` or ``int_units``). ``load_spec`` reports every error at once, before any trial:

@@ -157,14 +157,14 @@ def run_main(*args: str) -> tuple[int, str, dict | None]:
 @pytest.fixture(scope="session")
 def ray_local():
     """A real local Ray (2 CPUs) started once for every test that runs sweeps, configured as fractune's own local
-    Ray (orchestrator/sweep/driver.py ``init_ray``: no metrics exporters, no idle workers started ahead)."""
+    Ray (orchestrator/sweep/ray_cluster.py ``init_ray``: no metrics exporters, no idle workers started ahead)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # Ray Train's controller looks at its workers every 2 s by default, which a run of a few one-second epochs
     # spends mostly waiting on; the processes of this Ray inherit a shorter interval
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
     import ray
 
-    from orchestrator.sweep.driver import RAY_SYSTEM_CONFIG
+    from orchestrator.sweep.ray_cluster import RAY_SYSTEM_CONFIG
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",

@@ -43,7 +43,7 @@ PROBE = r"""
 import json, sys, urllib.request
 import ray
 import psutil  # Ray's vendored copy, on sys.path once ray is imported
-from orchestrator.sweep.driver import init_ray
+from orchestrator.sweep.ray_cluster import init_ray
 init_ray(None, dashboard=True)  # the default's services and the dashboard's
 me = psutil.Process()
 pids = {p.pid for p in me.children(recursive=True)} | {me.pid}

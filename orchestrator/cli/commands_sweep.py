@@ -44,8 +44,8 @@ def cmd_sweep(args) -> int:
                     report_dir=args.report_dir, dashboard=args.dashboard, progress=not args.quiet,
                     verbose=args.verbose)
     except SweepInterrupted as stop:
-        from orchestrator.sweep.driver import storage_root
         from orchestrator.sweep.lifecycle import resume_command
+        from orchestrator.sweep.storage import storage_root
         from results import store
 
         command = resume_command(args.spec, str(storage_root(args.storage, create=False)),

@@ -1,10 +1,11 @@
-"""Run a sweep on Ray Tune: local Ray by default, ``address`` to attach to a running cluster.
+"""Run a sweep on Ray Tune: local Ray by default, ``address`` to attach to a running cluster
+(``orchestrator.sweep.ray_cluster``).
 
-Only ``ray.tune.*`` APIs. Storage is absolute; every sweep invocation gets an id ``<name>-<timestamp>`` of its
-own (``orchestrator.sweep.lifecycle``: a suffix where another start of the same second holds it) so a second run never
-overwrites the first, and ``resume`` restores the latest unfinished one with ``Tuner.restore``; SIGINT and
-SIGTERM stop a sweep gracefully (``SweepInterrupted``). Resources are checked against the cluster before ``fit()`` (a trial larger than every
-node would stay PENDING forever), and after ``fit()`` trial errors are surfaced, not swallowed.
+Only ``ray.tune.*`` APIs. Storage is absolute (``orchestrator.sweep.storage``); every sweep invocation gets an id
+``<name>-<timestamp>`` of its own (``orchestrator.sweep.lifecycle``: a suffix where another start of the same
+second holds it) so a second run never overwrites the first, and ``resume`` restores the latest unfinished one
+with ``Tuner.restore``; SIGINT and SIGTERM stop a sweep gracefully (``SweepInterrupted``). Resources are checked
+against the cluster before ``fit()``, and after ``fit()`` trial errors are surfaced, not swallowed.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from engine.errors import ConfigError, FractuneError
-from engine.metrics import cost_key
 from orchestrator.sweep.lifecycle import (
     SweepInterrupted,
     claim_sweep_id,
@@ -28,18 +27,11 @@ from orchestrator.sweep.lifecycle import (
     interruptible,
     reconcile,
 )
+from orchestrator.sweep.ray_cluster import check_resources, init_ray
+from orchestrator.sweep.space import objectives, param_space, search_algorithm
+from orchestrator.sweep.storage import check_shared_storage, latest_sweep_id, storage_problem, storage_root
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
-
-
-def objectives(loaded: LoadedSpec) -> tuple[tuple[str, str], ...]:
-    """The sweep's two objectives as the trials' metric keys and their directions: the task objective
-    (``results.objectives.of_spec``) and the training cost (min) under the spec's cost model (``objective``:
-    ``train_bitops`` for bitops, ``train_cost_<model>`` otherwise)."""
-    from results import objectives as registry
-
-    task = registry.of_spec(loaded)
-    return (task.key, task.mode), (cost_key(loaded.spec.objective), "min")
 
 
 class SweepError(FractuneError):
@@ -57,49 +49,6 @@ class SweepOptions:
     verbose: bool = False  # Tune's and MLflow's log lines on stderr, else in the sweep's fractune.log
 
 
-def storage_root(storage: str | None, create: bool = True) -> Path:
-    """The absolute storage folder; ``create=False`` only checks that it is (or can become) a writable folder."""
-    field = "--storage"
-    root = Path(storage or os.environ.get("FRACTUNE_STORAGE") or "fractune_runs").expanduser().resolve()
-    if not create:
-        from results.output import check_output_folder
-
-        return check_output_folder(field, str(root))
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError.single(field, str(root), f"must be a writable folder ({exc.strerror})") from None
-    return root
-
-
-def storage_problem(root: Path) -> str | None:
-    """A one-line description when the storage folder is full or no longer writable, else None."""
-    import shutil
-
-    try:
-        free = shutil.disk_usage(root).free
-        probe = root / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        return f"--storage {root}: not writable any more ({exc.strerror}); free space and rerun with --resume"
-    if free < 1 << 20:
-        return (f"--storage {root}: No space left on device ({free} bytes free); free space and rerun with "
-                "--resume")
-    return None
-
-
-def latest_sweep_id(root: Path, name: str) -> str:
-    candidates = sorted(p.name for p in root.glob(f"{name}-*")
-                        if (p / "tuner.pkl").is_file() or (p / "stages.json").is_file())  # staged: stages.json
-    if not candidates:
-        raise ConfigError.single("--resume", name, f"no sweep named {name!r} to resume under {root}")
-    return candidates[-1]
-
-
 def sweep_taken(uri: str, name: str):
     """``taken(sweep_id)`` for ``lifecycle.claim_sweep_id``: whether the tracking store holds a parent run of that
     id (a sweep of the same second with another storage folder); False where the store cannot say."""
@@ -111,235 +60,6 @@ def sweep_taken(uri: str, name: str):
         except Exception:  # noqa: BLE001  an unreadable store: the storage folder's claim stands
             return False
     return taken
-
-
-def check_ray_address(address: str | None, timeout: float = 3.0, answer_timeout: float = 10.0) -> None:
-    """``--address``: auto, local, or HOST:PORT / ray://HOST:PORT of a running cluster that accepts a connection
-    within ``timeout`` seconds and answers as a gRPC server (Ray's GCS and its Ray Client server are) within
-    ``answer_timeout``: Ray itself retries an unreachable address for minutes, and one where something listens but
-    never answers forever."""
-    import os
-    import socket
-    from urllib.parse import urlsplit
-
-    if address is None or address in ("auto", "local"):
-        return
-    allowed = "allowed: auto, or a running cluster's HOST:PORT (its GCS, port 6379 by default) or ray://HOST:PORT"
-    if "://" in address and not address.startswith("ray://"):
-        raise ConfigError.single("--address", address, f"{allowed} (http:// is the dashboard: `fractune submit` "
-                                 "takes that)")
-    try:
-        parts = urlsplit(address if "://" in address else "ray://" + address)
-        host, port = parts.hostname, parts.port
-    except ValueError as exc:
-        raise ConfigError.single("--address", address, f"malformed ({exc}); {allowed}") from None
-    if not host or not port:
-        raise ConfigError.single("--address", address, allowed)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
-    except UnicodeError as exc:  # a host name that cannot be encoded (IDNA): too long a label, a control character
-        raise ConfigError.single("--address", address, f"not a valid host name ({exc}); {allowed}") from None
-    except OSError as exc:
-        raise ConfigError.single("--address", address, f"no Ray cluster reachable there within {timeout:g} s "
-                                 f"({exc.strerror or exc}); start it (ray start --head) or give auto") from None
-    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-        return  # a TLS cluster's handshake needs its certificates; Ray checks those itself
-    import grpc
-
-    channel = grpc.insecure_channel(f"{host}:{port}")
-    try:
-        grpc.channel_ready_future(channel).result(timeout=answer_timeout)
-    except grpc.FutureTimeoutError:
-        raise ConfigError.single("--address", address, f"something listens there but does not answer as a Ray "
-                                 f"cluster within {answer_timeout:g} s; {allowed}") from None
-    finally:
-        channel.close()
-
-
-RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False, "enable_worker_prestart": False,
-                     "prestart_worker_first_driver": False}
-
-
-def init_ray(address: str | None, dashboard: bool = False) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
-    try:
-        if address:
-            ray.init(address=address, **kwargs)  # attaching: never pass CPU/GPU counts
-        elif os.environ.get("RAY_ADDRESS"):  # a Ray job's driver: attach to its cluster (no _system_config there)
-            ray.init(**kwargs)
-        else:
-            # The dashboard (HTTP, Jobs API) binds 127.0.0.1; Ray's gRPC ports are guarded by its token auth.
-            # Metrics collection is off: its Prometheus endpoint would listen on every interface, unauthenticated.
-            # The node's address is loopback: Ray's autoscaler and dashboard metrics servers (fixed ports 44217
-            # and 44227, plain HTTP, no auth) bind every interface unless the node itself is on localhost, and
-            # Ray turns a 127.0.0.1 node address into the machine's address unless "clusters" are disabled (its
-            # macOS/Windows mode: this process's constant, and the environment its processes start with).
-            # No idle workers are started ahead: a sweep's trials are actors, which get processes of their own,
-            # so prestarted workers would only import Ray and exit unused.
-            from ray._private import ray_constants
-
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-            ray_constants.ENABLE_RAY_CLUSTER = False
-            ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
-                     _system_config=RAY_SYSTEM_CONFIG, **kwargs)
-    except Exception as exc:  # ConnectionError, RuntimeError, ValueError from Ray: one line, the cause
-        from results.store import one_line_error
-
-        raise ConfigError.single("--address", address or "(local)", f"Ray could not start or attach "
-                                 f"({one_line_error(exc)[:300]})") from None
-
-
-def check_resources(cpu: float, gpu: float, workers: int = 1) -> None:
-    """Refuse a sweep whose trials fit on no node, or whose workers (``cpu`` and ``gpu`` each) do not fit in the
-    cluster together (Tune or Ray Train would wait for them forever)."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    best_cpu = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
-    best_gpu = max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0)
-    problems = []
-    slots = sum(worker_slots(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0), cpu, gpu) for n in nodes)
-    if workers > 1 and workers > slots:
-        problems.append(("resources.workers", workers, f"allowed: <= {slots:g} (workers of cpu {cpu:g}, gpu "
-                         f"{gpu:g} that this cluster's nodes hold together)"))
-    if cpu > best_cpu:
-        problems.append(("resources.cpu", cpu, f"allowed: <= {best_cpu:g} (CPUs of the largest node of this cluster)"))
-    if gpu > best_gpu:
-        problems.append(("resources.gpu", gpu, f"allowed: <= {best_gpu:g} (GPUs of the largest node of this cluster)"))
-    if problems:
-        raise ConfigError(problems)
-
-
-def worker_slots(node_cpus: float, node_gpus: float, cpu: float, gpu: float) -> float:
-    """How many workers of ``cpu`` CPUs and ``gpu`` GPUs each one node holds."""
-    return min(node_cpus // cpu, node_gpus // gpu if gpu else float("inf"))
-
-
-def local_cpus() -> int:
-    """The CPUs this process may use: what a local Ray started here gets."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def check_local_resources(cpu: float, gpu: float, workers: int = 1) -> None:
-    """``check_resources`` against the local Ray that would start here (this process's CPUs, the GPUs torch
-    sees), without starting it; the check on the started Ray follows."""
-    cpus = local_cpus()
-    gpus = 0
-    if gpu > 0:  # torch only where GPUs are asked for: a CPU sweep's driver never imports it
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    problems = []
-    if cpu > cpus:
-        problems.append(("resources.cpu", cpu, f"allowed: <= {cpus:g} (CPUs of this machine, where a local Ray "
-                         "would start)"))
-    if gpu > gpus:
-        problems.append(("resources.gpu", gpu, f"allowed: <= {gpus:g} (GPUs of this machine, where a local Ray "
-                         "would start)"))
-    slots = worker_slots(cpus, gpus, cpu, gpu)
-    if workers > 1 and workers > slots and not problems:
-        problems.append(("resources.workers", workers, f"allowed: <= {slots:g} (workers of cpu {cpu:g}, gpu {gpu:g} "
-                         "on this machine, where a local Ray would start)"))
-    if problems:
-        raise ConfigError(problems)
-
-
-def check_shared_storage(root: Path, timeout_s: float = 60.0) -> None:
-    """On a multi-node cluster, refuse a storage folder that some node cannot see (Tune syncs nothing since
-    Ray 2.7: a node-local path loses that node's checkpoints). A probe file written here is read on every
-    alive node by a zero-CPU task pinned to it."""
-    import uuid
-
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-    if len(nodes) < 2:
-        return
-    token = uuid.uuid4().hex
-    probe = root / f".shared-probe-{token}"
-    probe.write_text(token)
-
-    @ray.remote(num_cpus=0, max_retries=0)
-    def sees(path: str, expected: str) -> bool:
-        from pathlib import Path
-
-        try:
-            return Path(path).read_text() == expected
-        except OSError:
-            return False
-
-    try:
-        refs = [sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-            str(probe), token) for node in nodes]
-        seen = ray.get(refs, timeout=timeout_s)
-    finally:
-        probe.unlink(missing_ok=True)
-    blind = [node for node, ok in zip(nodes, seen) if not ok]
-    if blind:
-        raise ConfigError.single("--storage", str(root), f"not shared by every node: {len(blind)} of {len(nodes)} "
-                                 f"nodes (e.g. {blind[0][:12]}) cannot see it; give a folder every node mounts "
-                                 "(NFS, the compose volume /shared/fractune_runs)")
-
-
-def domain(param):
-    from ray import tune
-
-    kind = param.kind
-    if kind == "grid":
-        return tune.grid_search(list(param.grid))
-    if kind == "choice":
-        return tune.choice(list(param.choice))
-    if kind == "uniform":
-        return tune.uniform(*param.uniform)
-    if kind == "loguniform":
-        return tune.loguniform(*param.loguniform)
-    return tune.randint(param.int[0], param.int[1] + 1)  # inclusive bounds in the spec
-
-
-def param_space(loaded: LoadedSpec, sweep_id: str, init_runs: dict[str, str] | None = None) -> dict:
-    """The trial dict (``search_spaces.trial``) with Tune's domains: what Tune samples each trial from;
-    ``init_runs``: the checkpoint of every ``init.run_id`` the trials may start from (``results.lineage``)."""
-    from ray import tune
-
-    spec = loaded.spec
-    seeds = spec.seeds
-    points = getattr(loaded, "points", None)  # an ablation: its explicit list of points, one grid over them
-    params = (tune.grid_search([dict(p) for p in points]) if points is not None
-              else {path: domain(p) for path, p in spec.parameters.items()})
-    out = trial.with_init_runs(trial.encode(sweep_id, loaded.base_tree, params,
-                                            tune.grid_search(list(seeds)) if len(seeds) > 1 else seeds[0]),
-                               init_runs)
-    if spec.resources.workers > 1:
-        out = trial.with_workers(out, spec.resources.cpu, spec.resources.gpu, spec.budget.max_failures)
-    return out
-
-
-def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
-    s = loaded.spec.search
-    if s.algorithm == "grid":
-        return None
-    if s.algorithm == "random":
-        from ray.tune.search import BasicVariantGenerator
-
-        return BasicVariantGenerator(random_state=s.seed)
-    import optuna
-    from ray.tune.search.optuna import OptunaSearch
-
-    journal = root / "optuna" / f"{sweep_id}.journal"
-    journal.parent.mkdir(parents=True, exist_ok=True)
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
-    sampler = (optuna.samplers.NSGAIISampler(seed=s.seed) if s.sampler == "nsga2"
-               else optuna.samplers.TPESampler(seed=s.seed))
-    # No metric/mode in TuneConfig with a list metric (it only takes strings): they go here.
-    objs = objectives(loaded)
-    return OptunaSearch(metric=[m for m, _ in objs], mode=[d for _, d in objs], study_name=sweep_id,
-                        storage=storage, sampler=sampler)
 
 
 def start_sweep(loaded: LoadedSpec, opts: SweepOptions):

@@ -28,13 +28,13 @@ from orchestrator.sweep.driver import (
     log_front,
     make_tuner,
     no_auto_loggers,
-    param_space,
     save_summary,
     spec_file_param,
-    storage_problem,
     ui_command,
 )
 from orchestrator.sweep.lifecycle import SweepInterrupted, reconcile
+from orchestrator.sweep.space import param_space
+from orchestrator.sweep.storage import storage_problem
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
