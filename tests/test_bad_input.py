@@ -89,7 +89,7 @@ def snapshot(folder) -> dict:
 
 def test_the_corpus_is_large_enough_and_covers_every_subcommand():
     assert len(BAD) >= 120
-    from orchestrator.cli.main import build_parser
+    from orchestrator.cli.parser import build_parser
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     covered = {argv_of(p)[0] for p in BAD}
@@ -179,7 +179,8 @@ def test_a_refused_path_names_the_argument_it_came_from():
     full disk under it, or a path of no argument: exit 1."""
     import argparse
 
-    from orchestrator.cli.main import build_parser, path_problem
+    from orchestrator.cli.parser import build_parser
+    from orchestrator.cli.problems import path_problem
 
     sweep = build_parser()._subparsers._group_actions[0].choices["sweep"]
     args = argparse.Namespace(command="sweep", spec="s.yaml", storage="runs", report_dir=None,

@@ -1,4 +1,5 @@
-"""The ``fractune`` command line: the parser (``main``) and the commands it dispatches to."""
+"""The ``fractune`` command line: what it accepts (``parser``), the dispatch (``main``), how failures are told
+(``problems``) and the commands it dispatches to."""
 
 from orchestrator.cli.main import main
 
