@@ -278,3 +278,15 @@ def cmd_ui(args) -> int:
         stop(proc)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
+
+
+def ui_command(uri: str, sweep: str | None = None, view: tuple[str, str] | None = None) -> str:
+    """How to look at the sweep: `fractune ui` for a sqlite store; a tracking server's URL of the sweep's view
+    (``view``: experiment id, sweep id) or its home page."""
+    if uri.startswith("http"):
+        if view and "***@" not in uri:
+            from dashboards.mlflow_view import view_url
+
+            return f"open {view_url(uri, *view)}"
+        return f"open {uri}"
+    return f"fractune ui --tracking-uri {uri}" + (f" --sweep {sweep}" if sweep else "")

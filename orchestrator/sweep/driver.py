@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dashboards.ui import ui_command
 from engine.errors import ConfigError, FractuneError
 from orchestrator.sweep.lifecycle import (
     SweepInterrupted,
@@ -389,15 +390,3 @@ def result_row(result, run_ids: dict) -> dict:
                          status="FAILED" if result.error is not None else "FINISHED", schedule=cfg.schedule.kind,
                          metrics=m, seed=cfg.seed, point=trial.swept_values(result.config),
                          planned_epochs=cfg.run_length().epochs, node_id=m.get("node_id"))
-
-
-def ui_command(uri: str, sweep: str | None = None, view: tuple[str, str] | None = None) -> str:
-    """How to look at the sweep: `fractune ui` for a sqlite store; a tracking server's URL of the sweep's view
-    (``view``: experiment id, sweep id) or its home page."""
-    if uri.startswith("http"):
-        if view and "***@" not in uri:
-            from dashboards.mlflow_view import view_url
-
-            return f"open {view_url(uri, *view)}"
-        return f"open {uri}"
-    return f"fractune ui --tracking-uri {uri}" + (f" --sweep {sweep}" if sweep else "")

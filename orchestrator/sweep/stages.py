@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from dashboards.ui import ui_command
 from engine.errors import ConfigError
 from orchestrator.sweep.driver import (
     SweepError,
@@ -30,7 +31,6 @@ from orchestrator.sweep.driver import (
     no_auto_loggers,
     save_summary,
     spec_file_param,
-    ui_command,
 )
 from orchestrator.sweep.lifecycle import SweepInterrupted, reconcile
 from orchestrator.sweep.space import param_space
