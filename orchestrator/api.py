@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import CheckpointError, ConfigError, DataError, FractuneError, TrainingDiverged
+from orchestrator._data_parallel import check_workers, train_on_workers
 from orchestrator._inputs import PathLike, check_resume, experiment_config, load_any, where
 from orchestrator._preflight import load_for_cluster
 from orchestrator._reports import write_report
@@ -46,7 +47,6 @@ __all__ = [
     "FractuneError", "ConfigError", "DataError", "CheckpointError", "TrainingDiverged", "SweepInterrupted",
     "SweepError",  # noqa: F822  loaded on first use (module __getattr__): it lives with the Tune code
 ]
-
 
 
 def __getattr__(name: str):  # SweepError lives with the Tune code, which imports torch: loaded when asked for
@@ -93,7 +93,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     cfg = lineage.resolve_config(experiment_config(config, overrides, data_dir), tracking_uri)
     check_available(cfg.data)
     if cfg.workers > 1:
-        _check_workers(cfg.workers)
+        check_workers(cfg.workers)
     # every output path and the checkpoint to resume from are checked before any work; files are opened only
     # once the first epoch is done (a refused resume leaves the history file as it was); history is appended to
     history_file = check_output_file("--history", history) if history else None
@@ -122,7 +122,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
         info(f"training {cfg.name}: {cfg.model.name} on {cfg.data.dataset}, schedule {cfg.schedule.kind}, "
              f"seed {cfg.seed}" + (f", {cfg.workers} data-parallel workers" if cfg.workers > 1 else ""))
     if cfg.workers > 1:
-        metrics, epochs = _train_on_workers(cfg, ckpt_dir, resume)
+        metrics, epochs = train_on_workers(cfg, ckpt_dir, resume)
         try:
             for m in epochs:  # Ray Train hands the epochs back when the run ends
                 report(m, lambda folder: None)
@@ -139,48 +139,6 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
         for fh in opened:
             fh.close()
     return TrainResult.of(cfg.name, result.metrics, result.history)
-
-
-class TrainingFailed(FractuneError):
-    """A data-parallel run that failed in its workers: one line, exit 1."""
-
-    exit_code = 1
-
-
-def _check_workers(workers: int) -> None:
-    """Workers of a local run: one CPU each, on this machine (or the Ray this process runs on)."""
-    import ray
-
-    from orchestrator.sweep.ray_cluster import local_cpus
-
-    if ray.is_initialized():
-        cpus, where = int(ray.cluster_resources().get("CPU", 0)), "CPUs of the running Ray"
-    else:
-        cpus = local_cpus()
-        where = "one CPU per worker on this machine, where a local Ray starts"
-    if workers > cpus:
-        raise ConfigError.single("workers", workers, f"allowed: <= {cpus} ({where})")
-
-
-def _train_on_workers(cfg, ckpt_dir, resume) -> tuple[dict, list[dict]]:
-    """``cfg`` on its ``workers`` data-parallel workers of a local Ray (Ray Train): refused before anything starts
-    when this machine has too few CPUs for them; the last checkpoint goes to ``ckpt_dir``."""
-    import shutil
-    import tempfile
-
-    from orchestrator.sweep.ray_cluster import init_ray
-
-    init_ray(None)
-    from trainables.data_parallel import train_data_parallel
-
-    with tempfile.TemporaryDirectory(prefix="fractune-train-") as storage:
-        try:
-            metrics, history, result = train_data_parallel(cfg, storage, cfg.name, resume=resume)
-        except RuntimeError as err:  # a worker's error past its restarts: the run failed, not its input
-            raise TrainingFailed(f"the run on {cfg.workers} workers failed: {err}") from None
-        if ckpt_dir is not None and result.checkpoint is not None:
-            shutil.copytree(result.checkpoint.path, ckpt_dir, dirs_exist_ok=True)
-    return metrics, history
 
 
 def sweep(spec: PathLike | Mapping[str, Any], *, tracking_uri: str | None = None, storage: str | None = None,

@@ -1,0 +1,48 @@
+"""``train(workers=N)``: one experiment on N data-parallel workers of a local Ray (Ray Train), refused before
+anything starts where this machine (or the Ray this process runs on) has too few CPUs for them."""
+
+from __future__ import annotations
+
+from engine.errors import ConfigError, FractuneError
+
+
+class TrainingFailed(FractuneError):
+    """A data-parallel run that failed in its workers: one line, exit 1."""
+
+    exit_code = 1
+
+
+def check_workers(workers: int) -> None:
+    """Workers of a local run: one CPU each, on this machine (or the Ray this process runs on)."""
+    import ray
+
+    from orchestrator.sweep.ray_cluster import local_cpus
+
+    if ray.is_initialized():
+        cpus, where = int(ray.cluster_resources().get("CPU", 0)), "CPUs of the running Ray"
+    else:
+        cpus = local_cpus()
+        where = "one CPU per worker on this machine, where a local Ray starts"
+    if workers > cpus:
+        raise ConfigError.single("workers", workers, f"allowed: <= {cpus} ({where})")
+
+
+def train_on_workers(cfg, ckpt_dir, resume) -> tuple[dict, list[dict]]:
+    """``cfg`` on its ``workers`` data-parallel workers of a local Ray (Ray Train): refused before anything starts
+    when this machine has too few CPUs for them; the last checkpoint goes to ``ckpt_dir``."""
+    import shutil
+    import tempfile
+
+    from orchestrator.sweep.ray_cluster import init_ray
+
+    init_ray(None)
+    from trainables.data_parallel import train_data_parallel
+
+    with tempfile.TemporaryDirectory(prefix="fractune-train-") as storage:
+        try:
+            metrics, history, result = train_data_parallel(cfg, storage, cfg.name, resume=resume)
+        except RuntimeError as err:  # a worker's error past its restarts: the run failed, not its input
+            raise TrainingFailed(f"the run on {cfg.workers} workers failed: {err}") from None
+        if ckpt_dir is not None and result.checkpoint is not None:
+            shutil.copytree(result.checkpoint.path, ckpt_dir, dirs_exist_ok=True)
+    return metrics, history
