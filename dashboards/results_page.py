@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dashboards.data import SweepData, load_sweep
 from dashboards.markdown import fmt, pct, table, upper_first
-from dashboards.paired import pairs_png, section
+from dashboards.paired_section import pairs_png, section
 from engine.metrics import TRAIN_BITOPS
 from engine.safe_yaml import read_text
 from results import runs

@@ -179,8 +179,8 @@ def test_a_refused_path_names_the_argument_it_came_from():
     full disk under it, or a path of no argument: exit 1."""
     import argparse
 
+    from orchestrator.cli.failures import path_problem
     from orchestrator.cli.parser import build_parser
-    from orchestrator.cli.problems import path_problem
 
     sweep = build_parser()._subparsers._group_actions[0].choices["sweep"]
     args = argparse.Namespace(command="sweep", spec="s.yaml", storage="runs", report_dir=None,

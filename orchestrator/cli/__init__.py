@@ -1,5 +1,5 @@
 """The ``fractune`` command line: what it accepts (``parser``), the dispatch (``main``), how failures are told
-(``problems``) and the commands it dispatches to."""
+(``failures``) and the commands it dispatches to."""
 
 from orchestrator.cli.main import main
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 
 from engine.errors import FractuneError
+from orchestrator.cli.failures import empty_arguments, path_problem, safe_line
 from orchestrator.cli.parser import build_parser
-from orchestrator.cli.problems import empty_arguments, path_problem, safe_line
 
 
 def main(argv: list[str] | None = None) -> int:

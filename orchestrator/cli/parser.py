@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from orchestrator.cli.problems import safe_line
+from orchestrator.cli.failures import safe_line
 from results.objectives import cost_models_text
 
 MODELS = cost_models_text()  # the registered cost models, as the help names them
