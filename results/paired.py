@@ -15,6 +15,7 @@ import statistics
 from engine.metrics import TRAIN_BITOPS
 from results.objectives import Direction, Objective
 from results.runs import SweepRuns
+from results.store import artifact_json
 from search_spaces.spec import Paired, picks
 
 # two-sided 95 % quantiles of Student's t by degrees of freedom (beyond 30: the normal's 1.96)
@@ -97,7 +98,5 @@ def rule_text(paired: Paired, task: Objective) -> str:
 
 def paired_spec(data: SweepRuns) -> Paired | None:
     """The sweep's paired test (its logged spec's ``paired`` section), or None."""
-    from results.store import artifact_json
-
     spec = artifact_json(data.client, data.parent_run_id, "sweep_spec.yaml") or {}
     return Paired.model_validate(spec["paired"]) if spec.get("paired") else None

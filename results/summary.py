@@ -18,11 +18,14 @@ import json
 import math
 import statistics
 
-from engine.config.experiment import ExperimentConfig
+from engine.config.experiment import ExperimentConfig, parse_config
 from engine.config.schedule import GatedSettings
+from engine.errors import ConfigError
 from engine.metrics import ACCURACY, TRAIN_BITOPS
 from results import runs
 from results.objectives import Direction, Objective
+from results.pareto import pareto_rows
+from results.store import artifact_json
 
 
 def method_label(point: dict, cfg: ExperimentConfig | None) -> str:
@@ -131,8 +134,6 @@ def static_groups(groups: list[dict]) -> dict[tuple[int, int], dict]:
 
 
 def front_of(groups: list[dict], task: Objective, objective: str = "bitops") -> list[dict]:
-    from results.pareto import pareto_rows
-
     key, mode = task.key, task.mode  # accuracy max, or a language model's test perplexity min
     rows = [{key: g[f"{key}_mean"], TRAIN_BITOPS: g["train_bitops_mean"], "cost": cost_mean(g, objective),
              "method": g["method"]} for g in groups]
@@ -185,8 +186,6 @@ def split_seeds(g: dict, task: Objective) -> list[list[float]] | None:
 def static_front(groups: list[dict], task: Objective) -> list[dict]:
     """The static rows' Pareto front of the means (the task objective, e.g. accuracy max; BitOPs min), cheapest
     first; each member's objective mean under ``accuracy`` (the key ``front_at`` and ``cost_at`` read)."""
-    from results.pareto import pareto_rows
-
     rows = [{ACCURACY: g[f"{task.key}_mean"], "cost": g["train_bitops_mean"], "method": g["method"]}
             for g in groups if g["kind"] == "static"]
     return sorted(pareto_rows(rows, acc_key=ACCURACY, cost_key="cost", maximize=task.direction is Direction.MAX),
@@ -305,12 +304,10 @@ def check_delta(task: Objective) -> str:
     return f"{task.key}_delta_{'pct' if task.relative else 'pp'}"
 
 
-
 def cheaper_than(groups: list[dict], model: str) -> dict[str, frozenset[str]]:
     """Per method with a cost under ``model``: the methods strictly cheaper under it."""
     costs = {g["method"]: cost_mean(g, model) for g in groups if math.isfinite(cost_mean(g, model))}
     return {x: frozenset(y for y, c in costs.items() if c < cx) for x, cx in costs.items()}
-
 
 
 # a gated setting added after runs were logged: the value that reproduces the engine before it existed. A logged
@@ -330,10 +327,6 @@ def with_configs(data: runs.SweepRuns) -> list[dict]:
     """The finished rows, each with ``config``: the trial's resolved ``ExperimentConfig``, parsed by the engine
     from the ``config.yaml`` the tracker logged (one read per swept point: the seeds share everything else;
     settings the log predates as its engine ran them, ``as_logged``)."""
-    from engine.config.experiment import parse_config
-    from engine.errors import ConfigError
-    from results.store import artifact_json
-
     cache: dict[str, ExperimentConfig | None] = {}
     rows = []
     for r in data.finished():
