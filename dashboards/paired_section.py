@@ -9,7 +9,7 @@ from pathlib import Path
 from dashboards.markdown import fmt
 from results.objectives import Objective
 from results.paired import rule_text
-from search_spaces.spec import Paired
+from search_spaces.schema import Paired
 
 
 def section(pairs: list[dict], verdict: dict, paired: Paired, task: Objective, plot: str | None) -> list[str]:

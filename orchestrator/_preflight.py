@@ -41,7 +41,8 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     from results import store
     from results.output import check_output_folder
     from search_spaces.ablation import load_ablation, parse_ablation
-    from search_spaces.spec import Resources, load_spec, parse_spec
+    from search_spaces.schema import Resources
+    from search_spaces.spec import load_spec, parse_spec
 
     problems = []
 

@@ -307,7 +307,7 @@ def test_a_paired_study_page_states_its_rule_then_shows_its_evidence(ray_local, 
     rule's verdict, shows what the gate allocated and the pairs' figure, and leaves out the columns that are empty
     in every row (no FP32 or FW8/BW8 row here)."""
     from results.paired import decide
-    from search_spaces.spec import Paired
+    from search_spaces.schema import Paired
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(PAIRED, sort_keys=False))

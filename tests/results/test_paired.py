@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from results.paired import decide, interval
-from search_spaces.spec import Paired
+from search_spaces.schema import Paired
 
 
 def test_the_paired_rule_holds_refutes_or_leaves_undecided():
