@@ -16,8 +16,7 @@ from engine.metrics import TRAIN_BITOPS
 from results.objectives import Direction, Objective
 from results.runs import SweepRuns
 from results.store import artifact_json
-from search_spaces.schema import Paired
-from search_spaces.spec import picks
+from search_spaces.schema import Paired, picks
 
 # two-sided 95 % quantiles of Student's t by degrees of freedom (beyond 30: the normal's 1.96)
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,

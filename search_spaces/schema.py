@@ -7,6 +7,7 @@ point's config, the stages' references, the pairs' selectors) is checked when a 
 from __future__ import annotations
 
 import builtins
+import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -133,6 +134,31 @@ class Pair(Strict):
                 raise PydanticCustomError("pair", "allowed: dotted config paths, e.g. schedule.kind (got {p!r})",
                                           {"p": path})
         return v
+
+
+def config_value(tree: dict, path: str) -> Any:
+    """The value at a dotted ``path`` of a resolved config's dump; ``KeyError`` where it has none."""
+    node: Any = tree
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise KeyError(path)
+        node = node[key]
+    return node
+
+
+def picks(selector: dict[str, Any], tree: dict) -> bool:
+    """Whether a resolved config's dump has every value of a pair's ``selector`` (numbers to 1e-9)."""
+    for path, want in selector.items():
+        try:
+            have = config_value(tree, path)
+        except KeyError:
+            return False
+        if isinstance(want, int | float) and isinstance(have, int | float) and not isinstance(want, bool):
+            if not math.isclose(float(want), float(have), rel_tol=1e-9, abs_tol=1e-12):
+                return False
+        elif want != have:
+            return False
+    return True
 
 
 class Paired(Strict):

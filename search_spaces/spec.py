@@ -23,7 +23,7 @@ from engine.config.experiment import parse_config, read_yaml, set_path
 from engine.config.problems import validation_problems
 from engine.errors import ConfigError
 from search_spaces import trial
-from search_spaces.schema import Stage, SweepSpec
+from search_spaces.schema import Stage, SweepSpec, picks
 
 MAX_CHECKED_POINTS = 2000  # grid points validated one by one (beyond this, each value on its own)
 MAX_TRIALS = 100_000  # planned trials of one sweep (a grid's points x num_samples x seeds)
@@ -271,31 +271,6 @@ def _stage_references(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
             out.append((f"stages[{i}].head", "keep", f"allowed: reset when the data sets differ "
                         f"({there.data.dataset} -> {here.data.dataset})"))
     return out
-
-
-def config_value(tree: dict, path: str) -> Any:
-    """The value at a dotted ``path`` of a resolved config's dump; ``KeyError`` where it has none."""
-    node: Any = tree
-    for key in path.split("."):
-        if not isinstance(node, dict) or key not in node:
-            raise KeyError(path)
-        node = node[key]
-    return node
-
-
-def picks(selector: dict[str, Any], tree: dict) -> bool:
-    """Whether a resolved config's dump has every value of a pair's ``selector`` (numbers to 1e-9)."""
-    for path, want in selector.items():
-        try:
-            have = config_value(tree, path)
-        except KeyError:
-            return False
-        if isinstance(want, int | float) and isinstance(have, int | float) and not isinstance(want, bool):
-            if not math.isclose(float(want), float(have), rel_tol=1e-9, abs_tol=1e-12):
-                return False
-        elif want != have:
-            return False
-    return True
 
 
 def _check_pairs(loaded: LoadedSpec) -> list[tuple[str, object, str]]:

@@ -214,7 +214,7 @@ def test_the_fair_study_gives_each_dfq_arm_its_static_twins_whole_model_cost():
     from engine.config.experiment import parse_config
     from engine.data.catalog import INFO
     from engine.train import prepare
-    from search_spaces.spec import picks
+    from search_spaces.schema import picks
 
     loaded = load_spec(PRESETS_DIR / "study_fmnist_fair.yaml")
     trees = [parse_config(st.point_tree({"schedule": s}, 0)) for st in loaded.stages
