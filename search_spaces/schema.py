@@ -107,9 +107,7 @@ class Stage(Strict):
     @field_validator("seeds")
     @classmethod
     def _distinct(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and len(set(v)) != len(v):
-            raise PydanticCustomError("seeds", "allowed: distinct seeds")
-        return v
+        return _distinct_seeds(v)
 
     @field_validator("parameters")
     @classmethod
@@ -201,9 +199,7 @@ class SweepSpec(Strict):
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, v: list[int]) -> list[int]:
-        if len(set(v)) != len(v):  # each seed's range: ExperimentConfig.seed's type
-            raise PydanticCustomError("seeds", "allowed: distinct seeds")
-        return v
+        return _distinct_seeds(v)
 
     @field_validator("parameters")
     @classmethod
@@ -217,4 +213,11 @@ def _check_paths(v: dict[str, Param]) -> dict[str, Param]:
             raise ValueError("'seed' is swept through 'seeds', not as a parameter")
         if not all(part.isidentifier() for part in path.split(".")):
             raise ValueError(f"parameter path {path!r} must be dotted identifiers, e.g. schedule.fw")
+    return v
+
+
+def _distinct_seeds(v: list[int] | None) -> list[int] | None:
+    """A spec's or a stage's seeds, each once (each seed's range: ExperimentConfig.seed's type)."""
+    if v is not None and len(set(v)) != len(v):
+        raise PydanticCustomError("seeds", "allowed: distinct seeds")
     return v
