@@ -1,7 +1,7 @@
 """A spec's paired test (docs/sweeps.md, "Paired tests"), decided from a sweep's rows: each pair's runs matched by
 seed, the per-seed differences, their mean with a 95 % t-interval, and the verdict the spec's rule gives.
 
-The rule is the spec's (``search_spaces.spec.Paired``), stated before the numbers: the claim holds when every
+The rule is the spec's (``search_spaces.schema.Paired``), stated before the numbers: the claim holds when every
 difference of the deciding pairs is >= 0 and their mean > 0; it is refuted when every one is < 0 and their mean is
 below -``refute_margin``; otherwise it is undecided. A difference is the arm's advantage on the task objective:
 accuracy in points (arm minus twin), or how many percent lower the arm's test perplexity is than the twin's.
