@@ -1,7 +1,8 @@
 """The docs' form: docs/methods.md states the methods as they are (no dated line: measurements and their history
-live, dated, in docs/methods_notes.md), every section the code and docs cite exists, and docs/benchmarks.md
-gives each figure once, with one date per table row."""
+live, dated, in docs/methods_notes.md), every section the code and docs cite exists, every module or name of the
+product they cite is where they say, and docs/benchmarks.md gives each figure once, with one date per table row."""
 
+import importlib
 import re
 from pathlib import Path
 
@@ -89,6 +90,52 @@ def test_every_cited_methods_section_exists():
     assert {"1", "6.3", "6.5", "11.1"} <= cited.keys()
     missing = {number: sorted(files) for number, files in cited.items() if number not in headings}
     assert not missing, missing
+
+
+# a dotted name of the product in backticks: a module, a name inside one (`results.summary.trends`), or a path of
+# the experiment config whose section shares a package's name (`engine.compile`)
+PRODUCT_NAME = re.compile(r"`((?:engine|orchestrator|results|dashboards|search_spaces|trainables)(?:\.[A-Za-z_]\w*)+)"
+                          r"(?:\(\))?`")
+
+
+def _config_path(name: str) -> bool:
+    from pydantic import BaseModel
+
+    from engine.config.experiment import ExperimentConfig
+
+    model = ExperimentConfig
+    for part in name.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return False
+        model = model.model_fields[part].annotation
+    return True
+
+
+def _resolves(name: str) -> bool:
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return _config_path(name)
+            obj = getattr(obj, attr)
+        return True
+    return _config_path(name)
+
+
+def test_every_product_name_the_docs_cite_exists():
+    """A module or function named in the docs (`orchestrator.cli.failures.path_problem`) is where they say: a
+    module that moves takes its mentions with it."""
+    assert _resolves("results.summary.trends") and _resolves("engine.compile")
+    assert not _resolves("results.summary.no_such") and not _resolves("search_spaces.trial.run_name")
+    cited = {(path.name, m.group(1)) for path in [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
+             for m in PRODUCT_NAME.finditer(path.read_text(encoding="utf-8"))
+             if not m.group(1).endswith((".md", ".py", ".yaml", ".json"))}
+    assert len(cited) > 10
+    assert sorted((f, n) for f, n in cited if not _resolves(n)) == []
 
 
 def test_benchmarks_rows_hold_one_date():
