@@ -16,7 +16,6 @@ def check_ray_address(address: str | None, timeout: float = 3.0, answer_timeout:
     within ``timeout`` seconds and answers as a gRPC server (Ray's GCS and its Ray Client server are) within
     ``answer_timeout``: Ray itself retries an unreachable address for minutes, and one where something listens but
     never answers forever."""
-    import os
     import socket
     from urllib.parse import urlsplit
 
