@@ -29,7 +29,7 @@ from orchestrator.sweep.lifecycle import (
     reconcile,
 )
 from orchestrator.sweep.ray_cluster import check_resources, init_ray
-from orchestrator.sweep.space import objectives, param_space, search_algorithm
+from orchestrator.sweep.space import param_space, search_algorithm, tune_metrics
 from orchestrator.sweep.storage import check_shared_storage, latest_sweep_id, storage_problem, storage_root
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
@@ -111,8 +111,7 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
 
     from orchestrator.sweep.progress_lines import ProgressPrinter
     from orchestrator.tracking.tracker import MLflowTracker
-    from results import objectives as registry
-    from results import store
+    from results import objectives, store
     from search_spaces import naming
 
     spec = loaded.spec
@@ -138,7 +137,7 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
                                 variation=naming.variation(loaded))
         callbacks: list = [tracker]
         if opts.progress:
-            callbacks.append(ProgressPrinter(loaded.num_trials(), registry.of_spec(loaded), naming.variation(loaded)))
+            callbacks.append(ProgressPrinter(loaded.num_trials(), objectives.of_spec(loaded), naming.variation(loaded)))
         tuner = make_tuner(loaded, trainable, param_space(loaded, sweep_id, init_runs), sweep_id, sweep_id, root,
                            callbacks)
         print(f"sweep {sweep_id}: {loaded.num_trials()} trials, storage {exp_path}, tracking {store.redact(uri)}", file=sys.stderr)
@@ -261,7 +260,7 @@ def make_tuner(loaded: LoadedSpec, trainable, space: dict, sweep_id: str, name: 
         from ray.tune.schedulers import ASHAScheduler
 
         max_t = trial.decode(loaded.base_trial()).run_length().epochs
-        (metric, mode), _ = objectives(loaded)  # accuracy max, or a language model's test perplexity min
+        (metric, mode), _ = tune_metrics(loaded)  # accuracy max, or a language model's test perplexity min
         scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
                                   grace_period=spec.scheduler.grace_period,
                                   reduction_factor=spec.scheduler.reduction_factor)
@@ -306,8 +305,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
     uses), the front tagged and ``pareto.json`` written beside the experiment and on the parent run; the parent's
     summary metrics, its note and the sweep's view in the MLflow UI (``dashboards.mlflow_view``)."""
     from orchestrator.tracking.tracker import REPORT_FILE
-    from results import objectives as registry
-    from results import runs, store
+    from results import objectives, runs, store
 
     report_file = exp_path / REPORT_FILE
     track = dict(report) if report else (json.loads(report_file.read_text()) if report_file.is_file() else {})
@@ -332,7 +330,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         # a trial MLflow holds as FAILED is an error even where Tune could not write (or read back) its error
         errors += [{"trial_id": r["trial_id"], "run_id": r["run_id"], "error": "the run FAILED (see its "
                     "fractune.error tag)"} for r in rows if r.get("status") == "FAILED" and r["run_id"] not in known]
-    objective, task = loaded.spec.objective, registry.of_spec(loaded)
+    objective, task = loaded.spec.objective, objectives.of_spec(loaded)
     front = runs.front(rows, task, objective)
     quality = runs.front_quality(runs.finished(rows, task, objective), front, task, objective)
     summary = {"objective": objective, "front_quality": quality, "pareto": front, "errors": errors, "trials": rows}

@@ -11,15 +11,14 @@ from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
 
-def objectives(loaded: LoadedSpec) -> tuple[tuple[str, str], ...]:
-    """The sweep's two objectives as the trials' metric keys and their directions: the task objective
-    (``results.objectives.of_spec``) and the training cost (min) under the spec's cost model (``objective``:
-    ``train_bitops`` for bitops, ``train_cost_<model>`` otherwise)."""
-    from results import objectives as registry
+def tune_metrics(loaded: LoadedSpec) -> tuple[tuple[str, str], ...]:
+    """The sweep's two objectives as the trials' metric keys and their directions, what Tune's search and
+    scheduler optimise: the task objective (``results.objectives.of_spec``) and the training cost (min) under the
+    spec's cost model (``objective``: ``train_bitops`` for bitops, ``train_cost_<model>`` otherwise)."""
+    from results import objectives
 
-    task = registry.of_spec(loaded)
+    task = objectives.of_spec(loaded)
     return (task.key, task.mode), (cost_key(loaded.spec.objective), "min")
-
 
 
 def domain(param):
@@ -72,6 +71,6 @@ def search_algorithm(loaded: LoadedSpec, sweep_id: str, root: Path):
     sampler = (optuna.samplers.NSGAIISampler(seed=s.seed) if s.sampler == "nsga2"
                else optuna.samplers.TPESampler(seed=s.seed))
     # No metric/mode in TuneConfig with a list metric (it only takes strings): they go here.
-    objs = objectives(loaded)
+    objs = tune_metrics(loaded)
     return OptunaSearch(metric=[m for m, _ in objs], mode=[d for _, d in objs], study_name=sweep_id,
                         storage=storage, sampler=sampler)

@@ -51,16 +51,16 @@ def test_pareto_rows_minimising_the_objective():
 
 
 def test_sweep_objectives_default_from_the_task():
-    assert space.objectives(load_spec("search_spaces/lm_demo.yaml")) == (("perplexity", "min"), ("train_bitops", "min"))
-    assert space.objectives(load_spec("search_spaces/demo.yaml")) == (("accuracy", "max"), ("train_bitops", "min"))
+    assert space.tune_metrics(load_spec("search_spaces/lm_demo.yaml")) == (("perplexity", "min"), ("train_bitops", "min"))
+    assert space.tune_metrics(load_spec("search_spaces/demo.yaml")) == (("accuracy", "max"), ("train_bitops", "min"))
 
 
 def test_task_and_cost_objectives_combine():
     lm = load_spec("search_spaces/lm_demo.yaml").with_objective("energy")
-    assert space.objectives(lm) == (("perplexity", "min"), ("train_cost_energy", "min"))
+    assert space.tune_metrics(lm) == (("perplexity", "min"), ("train_cost_energy", "min"))
     assert objectives.of_spec(lm) is PPL
     classifier = load_spec("search_spaces/demo.yaml").with_objective("int_units")
-    assert space.objectives(classifier) == (("accuracy", "max"), ("train_cost_int_units", "min"))
+    assert space.tune_metrics(classifier) == (("accuracy", "max"), ("train_cost_int_units", "min"))
 
 
 def test_language_model_front_under_another_cost_model():
