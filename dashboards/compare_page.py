@@ -4,7 +4,8 @@ A researcher runs a study, changes a default or a seed, runs it again, and reads
 with each sweep's finished trials and its Pareto front (the task objective against training TBitOPs), and one
 table with each method's (its label: FW4/BW8, PFQ auto ...) task objective and training TBitOPs in every sweep,
 means over its finished trials (``results.runs.finished``: trials stopped early or failed are left out, as
-everywhere), with the differences from the first sweep named. A sweep is named by its name (its latest run) or
+everywhere; a staged sweep's compared stages, ``results.runs.compared_rows``), with the differences from the
+first sweep named. A sweep is named by its name (its latest run) or
 by a sweep id (``NAME-YYYYMMDD-HHMMSS``, as ``fractune sweeps`` lists them). Sweeps of different task
 objectives (a classifier's accuracy, a language model's perplexity) are refused: their numbers do not compare.
 """
@@ -139,7 +140,8 @@ def markdown(sweeps: list[runs.SweepRuns], methods: list[dict], plot: Path, comm
              f"epochs (n); the differences are each sweep's minus the first's (`{first}`). Do not edit by hand: "
              "rerun the command.", ""]
     lines += table(["sweep", "trials", "finished", "on the front", "status"],
-                   [[f"`{d.sweep_id}`", str(len(d.rows)), str(len(d.finished())), str(len(d.front())), d.status]
+                   [[f"`{d.sweep_id}`", str(len(d.rows)), str(len(runs.finished(d.rows, d.task))), str(len(d.front())),
+                     d.status]
                     for d in sweeps])
     head = ["method"]
     for i in range(len(sweeps)):
@@ -171,7 +173,8 @@ def build(uri: str, refs: list[str], out: str, command: str) -> dict:
     plot = compare_png(sweeps, page.with_name(page.stem + "_fronts.png"))
     page.write_text(markdown(sweeps, methods, plot, command))
     key = sweeps[0].task.key
-    return {"sweeps": [{"sweep": d.name, "sweep_id": d.sweep_id, "trials": len(d.rows), "finished": len(d.finished()),
+    return {"sweeps": [{"sweep": d.name, "sweep_id": d.sweep_id, "trials": len(d.rows),
+                        "finished": len(runs.finished(d.rows, d.task)),
                         "status": d.status, "pareto": [runs.front_entry(r, d.task) for r in d.front()]}
                        for d in sweeps],
             "task": str(sweeps[0].task), "objective": key, "methods": methods, "markdown": str(page.resolve()),

@@ -10,13 +10,16 @@ named by ``?viewStateShareKey=<key>`` in the page's URL (the UI's own "share vie
   model's test perplexity, lowest first; a sort by a metric also lists the nested trials flat, no parent row to
   expand), with the swept parameters, that objective, training TBitOPs (``train_tbitops``), cp (``cp_pct``) and
   a gated trial's cp (``cp_gated_pct``), the readable companions of ``train_bitops``, ``cum_cp`` and ``cp_gated`` (``engine.metrics.readable_companions``;
-  a sweep logged before them has the exact values), the ``pareto`` tag and, where a scheduler or the time limit
-  stopped trials, their ``stopped_early`` tag as columns, every trial in the charts,
+  a sweep logged before them has the exact values), a staged sweep's ``fractune.stage`` tag, the ``pareto`` tag
+  and, where a scheduler or the time limit stopped trials, their ``stopped_early`` tag as columns, every trial in
+  the charts,
   and a first chart section "sweep" with the objective against training BitOPs on a log scale
   (``train_bitops_log10``: MLflow's scatter axes are linear only), the swept parameters and objectives in parallel
   coordinates, and the objective per epoch of every trial;
 - the parent run's summary metrics (``sweep/trials``, ``sweep/finished``, ``sweep/stopped_early``, ``sweep/errored``,
-  ``sweep/best_accuracy``, or a language model's ``sweep/best_perplexity``, ``sweep/front_size``);
+  ``sweep/best_accuracy``, or a language model's ``sweep/best_perplexity``, ``sweep/front_size``: the best and the
+  front over the trials the sweep compares, ``results.runs.compared_rows``, which leaves out a staged sweep's
+  pretrain);
 - the parent run's description (``mlflow.note.content``, markdown): the front as a table, each row linking to its
   run, links to the two views and to the report artifact once it is logged.
 
@@ -49,6 +52,7 @@ NOTE_TAG = "mlflow.note.content"
 NAME_WIDTH = 260  # pixels: the run name column shows names like "pfq auto fw3-4-6-8/bw6-6-8-8 s0" (naming.py)
 MAX_RUNS = 1000  # runs each chart draws (the UI's default is 10 for lines, 100 for scatters)
 REPORT = "report/report.html"
+STAGE_TAG = "fractune.stage"
 # MLflow 3.17's UI takes an experiment's mode (GenAI or model training) from this URL parameter, else from the
 # browser's last choice of its sidebar switch (local storage "mlflow.workflowType_v1", GenAI at first); the
 # experiment's kind tag (store.KIND_TAG) is read only with its workflow-based navigation flag off, and it ships on
@@ -132,8 +136,10 @@ def metric_columns(rows: list[dict], task: Objective) -> list[str]:
 def view_state(sweep_id: str, rows: list[dict], factors: list[str], task: Objective) -> dict:
     """The page's state as the UI reads it from a shared-view tag (its search facets and UI state keys)."""
     params, metrics = param_columns(rows, factors), metric_columns(rows, task)
-    # the front's tag, and the stopped trials' where a scheduler or the time limit stopped any
-    tags = ["pareto", *([runs.STOPPED_TAG] if any(r.get("stopped") for r in rows) else [])]
+    # a staged sweep's stage of each trial, the front's tag, and the stopped trials' where a scheduler or the time
+    # limit stopped any
+    tags = [*([STAGE_TAG] if any(r.get("stage") for r in rows) else []), "pareto",
+            *([runs.STOPPED_TAG] if any(r.get("stopped") for r in rows) else [])]
     key, mode, word = task.key, task.mode, task.word
     cost = cost_axis(rows)
     axis_title = {TRAIN_BITOPS_LOG10: "log10 training BitOPs", TRAIN_TBITOPS: "training TBitOPs"}.get(
@@ -178,12 +184,14 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str], task: Object
 
 
 def summary_metrics(rows: list[dict], task: Objective) -> dict[str, float]:
-    """The sweep's summary as the parent run's metrics (read from the trial rows MLflow holds)."""
-    done = runs.finished(rows, task)
-    out = {"sweep/trials": float(len(rows)), "sweep/finished": float(len(done)),
+    """The sweep's summary as the parent run's metrics (read from the trial rows MLflow holds): counts over every
+    trial, the front and the best over the trials it compares (``results.runs.compared_rows``)."""
+    compared = runs.compared_rows(rows)
+    done = runs.finished(compared, task)
+    out = {"sweep/trials": float(len(rows)), "sweep/finished": float(len(runs.finished(rows, task))),
            "sweep/errored": float(sum(r["status"] == "FAILED" for r in rows)),
            "sweep/stopped_early": float(sum(bool(r.get("stopped")) for r in rows)),
-           "sweep/front_size": float(len(runs.front(rows, task)))}
+           "sweep/front_size": float(len(runs.front(compared, task)))}
     if done:  # a language model's sweep: its best (lowest) test perplexity
         out[f"sweep/best_{task.key}"] = task.direction.best(r[task.key] for r in done)
     return out
@@ -192,13 +200,15 @@ def summary_metrics(rows: list[dict], task: Objective) -> dict[str, float]:
 def note(experiment_id: str, sweep_id: str, rows: list[dict], task: Objective, metrics: dict[str, float],
          report_run: str | None) -> str:
     """The parent run's description (markdown): the numbers, the front with links, the views and the report."""
-    front = runs.front(rows, task)
+    compared = runs.compared_rows(rows)
+    front = runs.front(compared, task)
     key, mode = task.key, task.mode
     base = f"#/experiments/{experiment_id}"
+    over = runs.compared_stages(rows)  # a staged sweep's front is over the stages no other starts from
     lines = [f"**Sweep `{sweep_id}`**: {len(rows)} trials, {int(metrics['sweep/finished'])} finished, "
              + (f"{int(metrics['sweep/stopped_early'])} stopped early, " if metrics.get("sweep/stopped_early") else "")
              + f"{int(metrics['sweep/errored'])} errored, {len(front)} on the Pareto front "
-             f"({key} {mode}, training BitOPs min).", "",
+             + (f"of stage{'s' if len(over) > 1 else ''} {', '.join(over)} " if over else "") + f"({key} {mode}, training BitOPs min).", "",
              f"[All trials, sorted by {task.label}]"
              f"({view_url('', experiment_id, sweep_id)}) · "
              f"[Charts of every trial]({view_url('', experiment_id, sweep_id, charts=True)})"

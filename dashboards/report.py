@@ -28,8 +28,16 @@ from engine.errors import ConfigError
 from engine.metrics import TRAIN_BITOPS
 from results.objectives import Direction, Objective
 from results.output import emit_json, info
+from results.runs import compared_stages
 from results.store import artifact_json
-from results.summary import delta_column, delta_key, last_stage, summarise, with_configs
+from results.summary import (
+    compared_what,
+    delta_column,
+    delta_key,
+    staged_comparison,
+    summarise,
+    with_configs,
+)
 
 MAX_CHOSEN = 6  # runs in the precision figure when none are named
 MAX_GATED = 4  # heatmaps
@@ -63,7 +71,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
 
     started = time.perf_counter()
     whole = data or load_sweep(uri, sweep, sweep_id)
-    data, stage_refs = last_stage(whole)  # a staged sweep: the front, figures and importance are its last stage's
+    data, stage_refs = staged_comparison(whole)  # a staged sweep: the front, figures and importance are its compared stages'
     objective, task = check_objective(objective or data.objective, data.rows), data.task
     c = data.client
     done = data.finished(objective)
@@ -186,12 +194,14 @@ def _trials_table(data: SweepData) -> str:
 
 def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
     """A staged sweep: the earlier stages' task objective (accuracy, or a language model's perplexity) for
-    reference, and the last stage's methods (the rows every figure below compares) with their savings against
-    that stage's own FP32 and FW8/BW8 rows."""
+    reference, and the compared stages' methods (the rows every figure below compares) with their savings against
+    those stages' own FP32 and FW8/BW8 rows."""
     objective = last.task
     task, scale, unit = objective.key, objective.scale, f" {objective.unit}" if objective.unit else ""
     delta = delta_key(objective, "fw8bw8"), delta_column(objective, "FW8/BW8")
-    stage = next((r.get("stage") for r in last.rows if r.get("stage")), "last")
+    names = compared_stages(last.rows, last.stages) or ["last"]
+    methods_of, own = ((f"The {names[0]} stage's methods", "this stage's own") if len(names) == 1
+                       else (f"The methods of the stages {', '.join(names)}", "their own"))
     ref_rows = [{"stage": r["stage"], "runs": r["n"], f"{task}{unit}": scale * r[f"{task}_mean"],
                  "std": scale * r[f"{task}_std"]} for r in refs]
     methods = [{"method": g["method"], "seeds": g["n"], f"{task}{unit}": scale * g[f"{task}_mean"],
@@ -199,10 +209,10 @@ def _stages_html(whole: SweepData, last: SweepData, refs: list[dict]) -> str:
                 "savings vs FP32 %": 100 * g["savings_vs_fp32"], "savings vs FW8/BW8 %": 100 * g["savings_vs_fw8bw8"],
                 delta[1]: g.get(delta[0])} for g in summarise(with_configs(last), objective)]
     return (H.note(f"A staged sweep: {len(whole.rows)} trials over its stages. The front, the parallel coordinates "
-                   f"and the importance below are over the last stage ({stage}); each of its runs started from "
+                   f"and the importance below are over {compared_what(last)}; each of its runs started from "
                    "the earlier stage's run of the same seed (column \"from\" in the trials table).")
-            + H.table(ref_rows) + H.note(f"The {stage} stage's methods (mean over seeds); savings against this "
-                                          "stage's own FP32 and FW8/BW8 rows (nan: the sweep has no such row).")
+            + H.table(ref_rows) + H.note(f"{methods_of} (mean over seeds); savings against {own} FP32 "
+                                          "and FW8/BW8 rows (nan: the sweep has no such row).")
             + H.table(methods))
 
 

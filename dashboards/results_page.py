@@ -31,14 +31,15 @@ from results.summary import (
     cheaper_than,
     check_delta,
     comparable_rule,
+    compared_what,
     cost_mean,
     delta_column,
     delta_key,
     front_of,
-    last_stage,
     mean_over_seeds,
     rankings,
     split_seeds,
+    staged_comparison,
     summarise,
     trends,
     with_configs,
@@ -289,7 +290,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
     from dashboards import pngs  # matplotlib: loaded once the inputs are checked
     from results.runs import check_objective
 
-    data, stage_refs = last_stage(load_sweep(uri, sweep, sweep_id))
+    data, stage_refs = staged_comparison(load_sweep(uri, sweep, sweep_id))
     objective = check_objective(objective or data.objective, data.rows)
     done = with_configs(data)
     task = data.task
@@ -314,11 +315,11 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
         paired_lines = section(pairs, test, paired, task, pairs_plot.name if pairs_plot else None)
     text = markdown(data, groups, checks, front, plot.name, cmd, notes_text, setup_of(data),
                     per_seed.name if per_seed else None, paired_lines)
-    if stage_refs:  # a staged sweep: the table is its last stage; the earlier stages for reference
+    if stage_refs:  # a staged sweep: the tables are its compared stages'; the stages they started from for reference
         y, column, key = task.scale, task.column, task.key
         text = text.replace(section_title(task), "\n".join(
-            ["## Earlier stages (reference)", "", "The tables below compare the last stage's methods; each of its runs "
-             "started from the earlier stage's run of the same seed.", "", f"| stage | runs | {column} |",
+            ["## Earlier stages (reference)", "", f"The tables below compare {compared_what(data, 'methods')}; "
+             "each of its runs started from the earlier stage's run of the same seed.", "", f"| stage | runs | {column} |",
              "| --- | --- | --- |"] + [f"| {r['stage']} | {r['n']} | {y * r[f'{key}_mean']:.2f} +/- "
                                        f"{y * r[f'{key}_std']:.2f} |" for r in stage_refs]
             + ["", section_title(task)]), 1)

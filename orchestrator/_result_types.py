@@ -69,6 +69,7 @@ class SweepResult(_Result):
     pareto: list[dict[str, Any]] = []  # the front, cheapest first, as `fractune pareto --json` gives it
     stopped: list[dict[str, Any]] = []  # {run_id, name, at} per trial stopped before its planned epochs
     stages: dict[str, Any] | None = None  # a staged sweep: per stage its trials, errors and runs
+    compared_stages: list[str] = []  # a staged sweep: the stages the front compares (not those others start from)
     storage: str | None = None  # the sweep's Tune folder
     storage_problem: str | None = None
     tracking_uri: str  # credentials replaced by ***
@@ -124,7 +125,7 @@ class ParetoFront(_Result):
     experiment_id: str
     parent_run_id: str
     trials: int
-    finished: int  # trials that ran their planned epochs with both objectives
+    finished: int  # trials that ran their planned epochs with both objectives (of every stage)
     status: str  # the parent run's: FINISHED, RUNNING, KILLED, ...
     planned: int | None = None
     partial: bool  # the sweep is running or was interrupted: the front of the trials done so far
@@ -133,6 +134,7 @@ class ParetoFront(_Result):
     diverged_trials: list[dict[str, Any]] = []  # {run_id, name, epoch} of each
     stopped: list[str] = []  # run ids of trials stopped before their planned epochs (ASHA, the time limit)
     stopped_trials: list[dict[str, Any]] = []  # {run_id, name, at: "epoch E of P"} of each
+    compared_stages: list[str] = []  # a staged sweep: the stages the front compares (not those others start from)
     objective: str
     task: str  # "accuracy max", or "perplexity min" for language models
     pareto: list[dict[str, Any]]

@@ -309,7 +309,8 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
     stopped = runs.stopped_trials(data.rows)
     return ParetoFront(sweep=name, sweep_id=data.sweep_id, experiment_id=data.experiment_id,
                        parent_run_id=data.parent_run_id, trials=len(data.rows),
-                       finished=len(data.finished(objective)), status=data.status, planned=data.planned,
+                       finished=len(runs.finished(data.rows, data.task, objective)), status=data.status,
+                       planned=data.planned, compared_stages=runs.compared_stages(data.rows, data.stages),
                        partial=progress is not None, progress=progress, diverged=[r["run_id"] for r in diverged],
                        diverged_trials=[{"run_id": r["run_id"], "name": r["name"], "epoch": r["diverged"]}
                                         for r in diverged],

@@ -6,7 +6,12 @@ metric (``results.objectives``: ``accuracy``, a language model's test ``perplexi
 ``cp`` (the run's cumulative cp), ``cp_gated`` (DFQ/FracTrain: the mean of the per-epoch gated
 cp the papers report, else NaN), ``seed``, ``wall_seconds``, ``point`` (the swept values, typed), ``epochs``
 (the last epoch logged), ``planned_epochs``, ``complete``, ``stopped`` (``stopped_early``), ``node_id``,
-``pareto`` (the front's tag) and ``costs`` (the run's training cost under every cost model it logged: ``bitops`` and each ``train_cost_<model>``).
+``pareto`` (the front's tag) and ``costs`` (the run's training cost under every cost model it logged: ``bitops`` and each ``train_cost_<model>``);
+a staged sweep's ``stage``, and ``init_run`` and ``init_stage`` where the trial started from an earlier stage's run.
+
+The trials a sweep compares (``compared_rows``: its front, its statistics, its methods) are all its trials but
+those of a stage another stage starts from: a staged sweep's pretrain runs are where its retrain trials start, not
+methods of the comparison. Stages side by side (a control stage) are all compared.
 
 The cost axis of a front is any cost model (``objective``: ``bitops`` by default, the sweep spec's
 ``objective`` at sweep time, ``--objective`` for the readers); the sweep records its own in the parent run's
@@ -67,12 +72,20 @@ class SweepRuns:
     status: str = "FINISHED"  # the parent run's: RUNNING while the sweep runs, KILLED when it was interrupted
     planned: int | None = None  # the trials the sweep planned (parent param planned_trials)
     task: Objective = objectives.DEFAULT  # the task objective, resolved once from the rows (``load``)
+    stages: tuple[str, ...] = ()  # a staged sweep's stages in order (parent param ``stages``)
+
+    @property
+    def compared(self) -> list[dict]:
+        """The trials the sweep compares (``compared_rows``): all but a staged sweep's start stages'."""
+        return compared_rows(self.rows)
 
     def finished(self, objective: str = "bitops") -> list[dict]:
-        return finished(self.rows, self.task, objective)
+        """The compared trials that finished (``finished``)."""
+        return finished(self.compared, self.task, objective)
 
     def front(self, objective: str = "bitops") -> list[dict]:
-        return front(self.rows, self.task, objective)
+        """The sweep's Pareto front: over its compared trials, as the sweep itself tagged it."""
+        return front(self.compared, self.task, objective)
 
     def progress(self) -> str | None:
         """A line saying the sweep is not done (running, or interrupted) and how far it got; None when done."""
@@ -99,7 +112,7 @@ def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
     return SweepRuns(uri, name, parent.data.tags.get(store.SWEEP_TAG, ""), parent.info.experiment_id,
                      parent.info.run_id, rows, factors, c, parent.data.tags.get(OBJECTIVE_TAG, "bitops"),
                      parent.info.status, int(planned) if planned and planned.isdigit() else None,
-                     objectives.of_rows(rows))
+                     objectives.of_rows(rows), tuple(s for s in parent.data.params.get("stages", "").split(",") if s))
 
 
 def trial_rows(c, parent) -> tuple[list[dict], list[str]]:
@@ -135,6 +148,7 @@ def _row(c, run, swept: list[str], record: set[str] | None) -> dict:
                    cp_gated=cp_gated, pareto=tags.get("pareto") == "true")
     row["method"] = tags.get(store.METHOD_TAG, schedule)  # the method's label (runs logged before it: the kind)
     row["stage"], row["init_run"] = tags.get("fractune.stage"), tags.get("fractune.init_run")  # staged sweeps
+    row["init_stage"] = tags.get("fractune.init_stage")
     row["diverged"] = tags.get("fractune.diverged")  # the epoch its loss passed the engine's bound, or None
     row["init_accuracy"] = float(m.get("init_accuracy", math.nan))  # from a pretrained model: before any step
     row["cp_model"] = gated.get("cp_model", math.nan)
@@ -190,6 +204,27 @@ def check_objective(objective: str, rows: list[dict] | None = None, field_name: 
         raise ConfigError.single(field_name, objective, "no trial logged it (metric "
                                  f"{cost_key(objective)}); allowed here: {', '.join(logged) or 'none'}")
     return objective
+
+
+def start_stages(rows: list[dict]) -> list[str]:
+    """The stages other stages' trials start from (``init_stage``), in the order the rows first name them."""
+    return list(dict.fromkeys(r["init_stage"] for r in rows if r.get("init_stage")))
+
+
+def compared_rows(rows: list[dict]) -> list[dict]:
+    """The trials a sweep compares: every row but those of a stage another stage starts from (a staged sweep's
+    pretrain); a sweep without stages, or with stages side by side, is compared whole."""
+    starts = start_stages(rows)
+    return [r for r in rows if r.get("stage") not in starts] if starts else rows
+
+
+def compared_stages(rows: list[dict], order: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The stages whose trials a staged sweep compares (``compared_rows``), in the sweep's ``order``; empty where
+    the sweep compares every trial."""
+    if not start_stages(rows):
+        return []
+    seen = list(dict.fromkeys(r["stage"] for r in compared_rows(rows) if r.get("stage")))
+    return [s for s in order if s in seen] + [s for s in seen if s not in order]
 
 
 def finished(rows: list[dict], task: Objective, objective: str = "bitops") -> list[dict]:

@@ -7,7 +7,7 @@ On those groups: the front of the means under any cost model (``front_of``), the
 method's place against it (``static_front``, ``beats_static``), the cost rankings per model, and the papers'
 trends checked one by one (``trends``) under the rule ``comparable_rule`` states (the worst seed within the
 objective's ``tolerance``: accuracy 1 point, perplexity 2 percent). ``with_configs`` gives each row the resolved
-config its trial ran; ``last_stage`` the methods of a staged sweep. ``fractune results`` and ``fractune report``
+config its trial ran; ``staged_comparison`` the methods of a staged sweep. ``fractune results`` and ``fractune report``
 render these figures (dashboards/); nothing here draws or writes.
 """
 
@@ -340,23 +340,36 @@ def with_configs(data: runs.SweepRuns) -> list[dict]:
     return rows
 
 
-def last_stage(data: runs.SweepRuns) -> tuple[runs.SweepRuns, list[dict]]:
-    """A staged sweep whose stages chain (a stage starts from an earlier one's runs): its last stage's rows (the
-    methods compared) and a reference row per earlier stage (the task objective's mean/std over its finished
-    runs: ``accuracy_mean``, or a language model's ``perplexity_mean``); any other sweep as it is."""
-    if not any(r.get("stage") for r in data.rows) or not any(r.get("init_run") for r in data.rows):
+def staged_comparison(data: runs.SweepRuns) -> tuple[runs.SweepRuns, list[dict]]:
+    """A staged sweep whose stages chain (a stage starts from an earlier one's runs): the trials it compares
+    (``runs.compared_rows``: the stages no other starts from) and a reference row per stage they started from (the
+    task objective's mean/std over its finished runs: ``accuracy_mean``, or a language model's
+    ``perplexity_mean``) and for their accuracy before any step (``init_accuracy``); any other sweep as it is."""
+    starts = runs.start_stages(data.rows)
+    if not starts:
         return data, []  # not staged, or stages that start from none of each other: one comparison
-    order = [s for s in data.client.get_run(data.parent_run_id).data.tags.get("fractune.stages", "").split(",") if s]
-    order = order or list(dict.fromkeys(r["stage"] for r in data.rows if r.get("stage")))
+    order = [s for s in data.stages if s in starts] + [s for s in starts if s not in data.stages]
     task = data.task.key
     refs = []
-    for stage in order[:-1]:
+    for stage in order:
         acc = [r[task] for r in runs.finished([r for r in data.rows if r.get("stage") == stage], data.task)]
         refs.append({"stage": stage, "n": len(acc), f"{task}_mean": sum(acc) / len(acc) if acc else math.nan,
                      f"{task}_std": _std(acc)})
-    last = [r for r in data.rows if r.get("stage") == order[-1]]
-    init = [r["init_accuracy"] for r in runs.finished(last, data.task) if math.isfinite(r.get("init_accuracy", math.nan))]
+    compared = data.compared
+    init = [r["init_accuracy"] for r in runs.finished(compared, data.task)
+            if math.isfinite(r.get("init_accuracy", math.nan))]
     if init and task == ACCURACY:  # the engine measures a loaded model's accuracy only (no perplexity)
-        refs.append({"stage": f"{order[-1]} before any step (init_accuracy)", "n": len(init),
+        started = ", ".join(dict.fromkeys(r["stage"] for r in compared if r.get("init_stage")))
+        refs.append({"stage": f"{started} before any step (init_accuracy)", "n": len(init),
                      "accuracy_mean": sum(init) / len(init), "accuracy_std": _std(init)})
-    return dataclasses.replace(data, rows=last), refs
+    return dataclasses.replace(data, rows=compared), refs
+
+
+def compared_what(compared: runs.SweepRuns, of: str | None = None) -> str:
+    """The stages ``staged_comparison`` kept, in words: "the last stage (retrain)", or "the stages retrain, control"
+    where a stage no other starts from runs beside the last; with ``of`` ("methods"): "the last stage's methods",
+    or "the methods of the stages retrain, control"."""
+    names = runs.compared_stages(compared.rows, compared.stages)
+    if len(names) <= 1 and (not compared.stages or not names or compared.stages[-1] == names[0]):
+        return f"the last stage's {of}" if of else f"the last stage ({', '.join(names) or 'last'})"
+    return (f"the {of} of " if of else "") + f"the stages {', '.join(names)}"

@@ -57,7 +57,8 @@ def cmd_sweep(args) -> int:
         return stop.exit_code
     out = res.raw
     print(f"\nsweep {out['sweep_id']}: {out['trials']} trials, {out['errored']} errored, "
-          f"{len(out['pareto'])} on the Pareto front ({res.task}, training cost min under {out['objective']})")
+          f"{len(out['pareto'])} on the Pareto front{of_stages(out.get('compared_stages'))} ({res.task}, training "
+          f"cost min under {out['objective']})")
     pareto_table(out["pareto"], res.task)
     if out.get("stopped"):
         info(stopped_line(out["stopped"]))
@@ -106,12 +107,18 @@ def stopped_line(stopped: list[dict]) -> str:
             + ", ".join(f"{r['name']} ({r['at']})" for r in stopped))
 
 
+def of_stages(stages: list[str] | None) -> str:
+    """" of stage retrain" where a staged sweep's front leaves out the stages its trials started from."""
+    return f" of stage{'s' if len(stages) > 1 else ''} {', '.join(stages)}" if stages else ""
+
+
 def cmd_pareto(args) -> int:
     from orchestrator.api import pareto_front
 
     f = pareto_front(args.sweep, sweep_id=args.sweep_id, tracking_uri=args.tracking_uri, objective=args.objective)
     print(f"sweep {f.sweep_id}: {f.trials} trials, {f.finished} finished their planned epochs, "
-          f"{len(f.pareto)} on the Pareto front ({f.task}, training cost min under {f.objective})")
+          f"{len(f.pareto)} on the Pareto front{of_stages(f.compared_stages)} ({f.task}, training cost min under "
+          f"{f.objective})")
     if f.progress:  # a sweep still running (or interrupted): the front of the trials done so far
         info(f.progress)
     for r in f.diverged_trials:
@@ -123,5 +130,6 @@ def cmd_pareto(args) -> int:
         emit_json({"sweep": args.sweep, "sweep_id": f.sweep_id, "experiment_id": f.experiment_id,
                    "parent_run_id": f.parent_run_id, "trials": f.trials, "finished": f.finished,
                    "status": f.status, "planned": f.planned, "partial": f.partial, "diverged": f.diverged,
-                   "stopped": f.stopped, "objective": f.objective, "pareto": f.pareto})
+                   "stopped": f.stopped, "compared_stages": f.compared_stages, "objective": f.objective,
+                   "pareto": f.pareto})
     return 0

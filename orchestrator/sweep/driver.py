@@ -299,6 +299,28 @@ def log_front(c, parent_id: str, summary: dict) -> None:
     c.log_dict(parent_id, summary, "pareto.json")
 
 
+def close_parent(c, parent, sweep_id: str, summary: dict, quality: dict, factors: list[str], task,
+                 tags: dict[str, str]) -> None:
+    """The sweep's outcome on its parent run, for a plain and a staged sweep alike: the front (``log_front``),
+    ``tags`` and the cost model, the front's hypervolume with its reference point, the sweep's view in the MLflow
+    UI with the summary metrics and the note (``dashboards.mlflow_view``); then FINISHED."""
+    from results import runs
+
+    parent_id, objective, rows = parent.info.run_id, summary["objective"], summary["trials"]
+    log_front(c, parent_id, summary)
+    for key, value in {**tags, runs.OBJECTIVE_TAG: objective}.items():
+        c.set_tag(parent_id, key, value)
+    if math.isfinite(quality["hypervolume"]):
+        key = "hypervolume_" + objective.replace(":", "_")
+        c.log_metric(parent_id, key, quality["hypervolume"])
+        c.set_tag(parent_id, f"fractune.{key}.reference", quality["rule"][:5000])
+    if factors or rows:
+        from dashboards.mlflow_view import publish
+
+        publish(c, parent.info.experiment_id, parent_id, sweep_id, rows, factors, task)
+    c.set_terminated(parent_id, "FINISHED")
+
+
 def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wall: float,
            report: dict | None = None) -> dict:
     """The sweep's outcome: its trial rows as MLflow holds them (``results.runs``, the loader every reader
@@ -337,19 +359,8 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
     save_summary(exp_path, summary, track)
     if parent is not None:
         try:
-            log_front(c, parent_id, summary)
-            c.set_tag(parent_id, "fractune.errored", str(len(errors)))
-            c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)
-            if math.isfinite(quality["hypervolume"]):  # the front's quality, with its reference point
-                key = "hypervolume_" + objective.replace(":", "_")
-                c.log_metric(parent_id, key, quality["hypervolume"])
-                c.set_tag(parent_id, f"fractune.{key}.reference", quality["rule"][:5000])
-            c.set_tag(parent_id, "fractune.trials", str(len(grid)))
-            if factors or rows:  # the UI's view of the sweep, the summary metrics and the note (dashboards)
-                from dashboards.mlflow_view import publish
-
-                publish(c, parent.info.experiment_id, parent_id, sweep_id, rows, factors, task)
-            c.set_terminated(parent_id, "FINISHED")
+            close_parent(c, parent, sweep_id, summary, quality, factors, task,
+                         {"fractune.errored": str(len(errors)), "fractune.trials": str(len(grid))})
         except Exception as exc:  # the summary is on disk
             track["pending"] = track.get("pending", 0) + 1
             track["final_error"] = store.one_line_error(exc)

@@ -9,8 +9,9 @@ fails at once with the reason (``trainables.tune_trainable.DependencyFailed``), 
 
 ``--resume`` restores the latest staged sweep of the name: a stage recorded in ``stages.json`` is not run again,
 an unfinished stage is restored with ``Tuner.restore`` (finished trials kept, the others resumed from their last
-checkpoint), a stage never started starts. The outcome is the sweep's: its Pareto front over the last stage's
-trials, every stage's errors, ``pareto.json`` beside the experiment and on the parent run.
+checkpoint), a stage never started starts. The outcome is the sweep's: its Pareto front over the trials it
+compares (``results.runs.compared_rows``: every stage but those another starts from), every stage's errors,
+``pareto.json`` beside the experiment and on the parent run, and the sweep's view in the MLflow UI.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from engine.errors import ConfigError
 from orchestrator.sweep.driver import (
     SweepError,
     SweepOptions,
+    close_parent,
     fit,
-    log_front,
     make_tuner,
     no_auto_loggers,
     save_summary,
@@ -153,8 +154,9 @@ def stage_record(name: str, grid, report: dict) -> dict:
 
 
 def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, exp_root: Path, wall: float) -> dict:
-    """The outcome: every stage's trials and errors; the Pareto front of the last stage's finished trials,
-    tagged and written as ``pareto.json`` beside the experiment and on the parent run, which is then closed."""
+    """The outcome: every stage's trials and errors; the Pareto front of the compared trials that finished,
+    tagged and written as ``pareto.json`` beside the experiment and on the parent run, which is then closed
+    (``close_parent``)."""
     from results import objectives, runs, store
 
     stages = [sub.stage.name for sub in loaded.stages]
@@ -163,28 +165,26 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
     parent_id = next((records[s].get("parent_run_id") for s in stages if records[s].get("parent_run_id")), None)
     track: dict = {}
     c = parent = rows = None
+    factors: list[str] = []
     try:
         c = store.client(uri)
         parent = c.get_run(parent_id) if parent_id else None
-        rows = runs.trial_rows(c, parent)[0] if parent is not None else None
+        rows, factors = runs.trial_rows(c, parent) if parent is not None else (None, [])
     except Exception as exc:  # the store went away at the very end: the record on disk still holds the outcome
         track["final_error"] = store.one_line_error(exc)
     rows = rows or []
-    last = [r for r in rows if r.get("stage") == stages[-1]]
+    compared = runs.compared_rows(rows)  # the stages no other starts from (a pretrain is where trials start)
     objective, task = loaded.spec.objective, objectives.of_spec(loaded)
-    front = runs.front(last, task, objective)
-    quality = runs.front_quality(runs.finished(last, task, objective), front, task, objective)
+    front = runs.front(compared, task, objective)
+    quality = runs.front_quality(runs.finished(compared, task, objective), front, task, objective)
     summary = {"stages": stages, "objective": objective, "pareto": front, "errors": errors, "trials": rows}
     save_summary(exp_root, summary, track)
     if parent is not None:
         try:
-            log_front(c, parent_id, summary)
             c.log_dict(parent_id, manifest, "stages.json")
-            c.set_tag(parent_id, "fractune.stages", ",".join(stages))
-            c.set_tag(parent_id, runs.OBJECTIVE_TAG, objective)
-            c.set_tag(parent_id, "fractune.errored", str(len(errors)))
-            c.set_tag(parent_id, "fractune.trials", str(sum(records[s]["trials"] for s in stages)))
-            c.set_terminated(parent_id, "FINISHED")
+            close_parent(c, parent, sweep_id, summary, quality, factors, task,
+                         {"fractune.stages": ",".join(stages), "fractune.errored": str(len(errors)),
+                          "fractune.trials": str(sum(records[s]["trials"] for s in stages))})
         except Exception as exc:
             track["pending"] = 1
             track["final_error"] = store.one_line_error(exc)
@@ -202,9 +202,12 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
         "objective": objective,
         "hypervolume": quality["hypervolume"],
         "pareto": [runs.front_entry(r, task, objective) for r in front],
+        "compared_stages": runs.compared_stages(rows, stages),
+        "stopped": runs.stopped_trials(rows),
         "tracking": track,
         "storage": str(exp_root),
         "tracking_uri": store.redact(uri),
         "wall_seconds": wall,
-        "ui": ui_command(store.redact(uri), loaded.name),
+        "ui": ui_command(store.redact(uri), loaded.name,
+                         (parent.info.experiment_id, sweep_id) if parent is not None and rows else None),
     }

@@ -109,6 +109,21 @@ def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pr
     assert errors == {("pretrain", 1), ("retrain", 1)}
     # the front is the retrain stage's (finished trials of seed 0)
     assert {e["run_id"] for e in result["pareto"]} <= {r.info.run_id for r in retrain}
+    assert result["compared_stages"] == ["retrain"]
+    # `fractune pareto` reads the same front back from MLflow alone, over the same stage
+    code, out, front = run_main("pareto", "lineage", "--tracking-uri", sqlite_uri, "--json")
+    assert code == 0 and front["compared_stages"] == ["retrain"], out
+    assert [e["run_id"] for e in front["pareto"]] == [e["run_id"] for e in result["pareto"]]
+    assert front["trials"] == 6 and front["finished"] == 3  # seed 0's pretrain and its two retrain trials
+    # the parent run as the MLflow UI shows it: the sweep's view, the front's hypervolume, a summary and a note
+    # whose front is the retrain stage's
+    c = store.client(sqlite_uri)
+    parent = c.get_run(result["parent_run_id"])
+    assert parent.data.metrics["sweep/front_size"] == len(result["pareto"])
+    assert parent.data.metrics["sweep/trials"] == 6 and "hypervolume_bitops" in parent.data.metrics
+    assert f"{len(result['pareto'])} on the Pareto front of stage retrain" in parent.data.tags["mlflow.note.content"]
+    view = c.get_experiment(parent.info.experiment_id).tags[f"mlflow.sharedViewState.fractune-{result['sweep_id']}"]
+    assert "tags.`fractune.stage`" in json.loads(view)["selectedColumns"]
     # `fractune results` compares the retrain stage's methods, with the pretrain's accuracy for reference
     from dashboards.results_page import build_results
 
