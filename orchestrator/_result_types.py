@@ -195,6 +195,22 @@ class CompareResult(_Result):
                    markdown=Path(out["markdown"]), plot=Path(out["plot"]), raw=out)
 
 
+class SweepList(_Result):
+    """The sweeps a tracking store holds (``sweeps``): the fields of ``fractune sweeps --json``."""
+
+    tracking_uri: str  # credentials replaced by ***
+    # per sweep, newest first: sweep (its experiment's name), sweep_id, kind (sweep, staged, ablation), status,
+    # started (UTC), planned, trials, errored, front_size, best ({task objective: value}), objective,
+    # experiment_id, parent_run_id; trials to best are None until the sweep ends
+    sweeps: list[dict[str, Any]]
+
+    def frame(self) -> pd.DataFrame:
+        """The sweeps as a DataFrame, one row each."""
+        import pandas as pd
+
+        return pd.DataFrame(self.sweeps)
+
+
 class ValidationResult(_Result):
     """What ``validate`` found valid: the kind of file, its name and, for a sweep or ablation, its trials."""
 

@@ -28,6 +28,7 @@ from orchestrator._result_types import (
     CompareResult,
     ParetoFront,
     ReportResult,
+    SweepList,
     SweepResult,
     TrainResult,
     ValidationResult,
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
     from engine.config.experiment import ExperimentConfig
 
 __all__ = [
-    "train", "sweep", "ablate", "validate", "results", "pareto", "pareto_front", "report", "compare",
-    "TrainResult", "SweepResult", "AblationResult", "ParetoFront", "ReportResult", "CompareResult",
+    "train", "sweep", "ablate", "validate", "sweeps", "results", "pareto", "pareto_front", "report", "compare",
+    "TrainResult", "SweepResult", "AblationResult", "SweepList", "ParetoFront", "ReportResult", "CompareResult",
     "ValidationResult",
     "FractuneError", "ConfigError", "DataError", "CheckpointError", "TrainingDiverged", "SweepInterrupted",
     "SweepError",  # noqa: F822  loaded on first use (module __getattr__): it lives with the Tune code
@@ -395,6 +396,29 @@ def compare(sweeps: Sequence[str], *, tracking_uri: str | None = None, out: str 
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
     check_inputs(uri, list(sweeps), "out", out)
     return CompareResult.of(build(uri, list(sweeps), out, "orchestrator.api.compare"))
+
+
+def sweeps(name: str | None = None, *, tracking_uri: str | None = None) -> SweepList:
+    """The sweeps a tracking store holds, newest first, as ``fractune sweeps`` lists them: each one's name and
+    sweep id (what ``results``, ``pareto``, ``report`` and ``compare`` take), kind, status, start, trials,
+    errored trials, front size and best task objective, read from its parent run alone.
+
+    Args:
+        name: only the sweeps of this name (its MLflow experiment); default every sweep in the store.
+        tracking_uri: the MLflow tracking URI (default: ``$MLFLOW_TRACKING_URI`` or ``sqlite:///$PWD/mlflow.db``).
+
+    Returns:
+        A ``SweepList``: ``sweeps`` (``frame()`` as a DataFrame) and the store's URI without credentials.
+
+    Raises:
+        ConfigError: a bad name or URI, a store that cannot be read, no sweep of that name.
+    """
+    from results import listing, store
+
+    uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
+    ConfigError.check_all(lambda: store.check_names(name) if name is not None else None,
+                          lambda: store.check_uri(uri))
+    return SweepList(tracking_uri=store.redact(uri), sweeps=listing.sweeps(uri, name))
 
 
 # -- validate --------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Commands of the sweep service: ``sweep``, ``pareto``, ``validate`` (``ablate``: commands_ablate): each calls
-its function of ``orchestrator.api`` and prints the outcome."""
+"""Commands of the sweep service: ``sweep``, ``sweeps``, ``pareto``, ``validate`` (``ablate``: commands_ablate):
+each calls its function of ``orchestrator.api`` and prints the outcome."""
 
 from __future__ import annotations
 
@@ -110,6 +110,24 @@ def stopped_line(stopped: list[dict]) -> str:
 def of_stages(stages: list[str] | None) -> str:
     """" of stage retrain" where a staged sweep's front leaves out the stages its trials started from."""
     return f" of stage{'s' if len(stages) > 1 else ''} {', '.join(stages)}" if stages else ""
+
+
+def cmd_sweeps(args) -> int:
+    from orchestrator.api import sweeps
+
+    listed = sweeps(args.sweep, tracking_uri=args.tracking_uri)
+    rows = [{"sweep id": s["sweep_id"], "kind": s["kind"], "status": s["status"],
+             "trials": f"{s['trials'] if s['trials'] is not None else '-'}/{s['planned'] or '-'}",
+             "errored": s["errored"] if s["errored"] is not None else "-",
+             "front": s["front_size"] if s["front_size"] is not None else "-",
+             "best": ", ".join(f"{k} {v:.4f}" for k, v in s["best"].items()) or "-",
+             "started (UTC)": (s["started"] or "-").replace("T", " ").rstrip("Z")} for s in listed.sweeps]
+    print(f"{len(rows)} sweep(s) in {listed.tracking_uri}" + (f" named {args.sweep}" if args.sweep else ""))
+    if rows:
+        table(rows)
+    if args.json:
+        emit_json(listed.model_dump())
+    return 0
 
 
 def cmd_pareto(args) -> int:

@@ -180,6 +180,17 @@ def _add_pareto(sub) -> None:
     p.set_defaults(func="orchestrator.cli.commands_sweep:cmd_pareto")
 
 
+def _add_sweeps(sub) -> None:
+    p = sub.add_parser("sweeps", help="list the sweeps in the tracking store, newest first",
+                       description="List the sweeps (and ablations) in the tracking store, newest first: each one's "
+                       "sweep id (what --sweep-id and `fractune compare` take), kind, status, trials done of those "
+                       "planned, errored trials, the size of its Pareto front, its best task objective and its "
+                       "start; read from each sweep's parent run alone.")
+    p.add_argument("sweep", nargs="?", help="only the sweeps of this name (the MLflow experiment)")
+    _shared(p, "tracking_uri", "json")
+    p.set_defaults(func="orchestrator.cli.commands_sweep:cmd_sweeps")
+
+
 def _add_validate(sub) -> None:
     p = sub.add_parser("validate", help="check a sweep spec, ablation spec or experiment config; all errors, exit 2",
                        description="Validate a sweep spec (every grid point and range end), an ablation spec (every "
@@ -280,7 +291,8 @@ def _add_cluster(sub) -> None:
     p.set_defaults(func="orchestrator.cli.commands_cluster:cmd_stop")
 
 
-BUILDERS = [_add_train, _add_cost, _add_schedule, _add_prt, _add_sweep, _add_ablate, _add_pareto, _add_report,
+BUILDERS = [_add_train, _add_cost, _add_schedule, _add_prt, _add_sweep, _add_ablate, _add_sweeps, _add_pareto,
+            _add_report,
             _add_ui, _add_validate, _add_results, _add_compare, _add_cluster]
 
 

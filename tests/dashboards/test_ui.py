@@ -103,6 +103,15 @@ def test_a_sweep_opens_in_training_mode_with_its_summary(served_sweep, mlflow_se
     assert scatter["xaxis"]["key"] == "train_bitops_log10" and [ch["type"] for ch in view["compareRunCharts"]] == [
         "SCATTER", "PARALLEL", "LINE"]
     assert view["runsHiddenMode"] == "SHOW_ALL"  # every trial in the charts, not the first ten
+    # `fractune sweeps` lists it from the server with the same summary, the best accuracy and its kind
+    from tests.conftest import run_main
+
+    code, out, listed = run_main("sweeps", "--tracking-uri", mlflow_server["uri"], "--json")
+    (row,) = [s for s in listed["sweeps"] if s["sweep_id"] == served_sweep["sweep_id"]]
+    assert code == 0 and served_sweep["sweep_id"] in out
+    assert (row["kind"], row["status"], row["trials"], row["errored"], row["front_size"]) == (
+        "sweep", "FINISHED", 4, 0, len(served_sweep["pareto"]))
+    assert row["best"] == {"accuracy": m["sweep/best_accuracy"]} and row["parent_run_id"] == parent.info.run_id
 
 
 def test_ui_brings_an_earlier_sweep_to_the_same_view(mlflow_server):

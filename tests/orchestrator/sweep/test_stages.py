@@ -146,6 +146,16 @@ def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pr
     assert again["sweep_id"] == result["sweep_id"] and again["trials"] == 6
     assert len(child_runs(sqlite_uri, "lineage")) == 6
     check_starting_from_a_run_id(tmp_path, sqlite_uri, pre, capsys)
+    # `fractune sweeps`: both sweeps of this store, newest first, each as its parent run records it
+    code, out, listed = run_main("sweeps", "--tracking-uri", sqlite_uri, "--json")
+    assert code == 0 and [s["sweep"] for s in listed["sweeps"]] == ["from_run", "lineage"], out
+    staged_row = listed["sweeps"][1]
+    assert staged_row["sweep_id"] == result["sweep_id"] and staged_row["kind"] == "staged"
+    assert (staged_row["trials"], staged_row["errored"], staged_row["planned"]) == (6, 3, 6)
+    assert staged_row["front_size"] == len(result["pareto"]) and staged_row["status"] == "FINISHED"
+    assert listed["sweeps"][0]["kind"] == "sweep" and result["sweep_id"] in out
+    code, out, one = run_main("sweeps", "lineage", "--tracking-uri", sqlite_uri, "--json")
+    assert [s["sweep_id"] for s in one["sweeps"]] == [result["sweep_id"]]
 
 
 def check_starting_from_a_run_id(tmp_path, sqlite_uri, pre, capsys):
@@ -216,6 +226,11 @@ def test_a_killed_driver_resumes_the_retrain_stage_without_repeating_the_pretrai
         proc.wait(timeout=30)
     pretrain_before = {r.info.run_id: r.info.end_time for r in before if r.data.tags["fractune.stage"] == "pretrain"}
     assert len(pretrain_before) == 1
+    # the killed sweep is listed as it was left: not FINISHED, its trials planned, its outcome not yet written
+    from orchestrator import api
+
+    (left,) = api.sweeps("kill_staged", tracking_uri=uri).sweeps
+    assert left["status"] != "FINISHED" and left["planned"] == 3 and left["trials"] is None, left
     capsys.readouterr()
     code, text, out = run_main(*args, "--resume", "--json")
     err = capsys.readouterr().err
@@ -231,3 +246,5 @@ def test_a_killed_driver_resumes_the_retrain_stage_without_repeating_the_pretrai
             assert r.info.status == "FINISHED" and r.data.tags["fractune.init_run"] == pre[0].info.run_id
             assert [m.step for m in c.get_metric_history(r.info.run_id, "accuracy")] == [1, 2, 3]
     assert out["trials"] == 3 and out["errored"] == 0
+    (done,) = api.sweeps("kill_staged", tracking_uri=uri).sweeps
+    assert (done["sweep_id"], done["status"], done["trials"], done["errored"]) == (out["sweep_id"], "FINISHED", 3, 0)
