@@ -12,7 +12,7 @@ from engine.errors import ConfigError
 from results import store
 from results.runs import OBJECTIVE_TAG
 
-MAX_SWEEPS = 1000  # rows a listing reads at the most (the newest)
+MAX_SWEEPS = 1000  # rows a listing reads at the most (the newest): `fractune sweeps` says when it reached it
 BEST_PREFIX = "sweep/best_"  # the parent's best task objective (``dashboards.mlflow_view.summary_metrics``)
 
 
@@ -28,8 +28,14 @@ def sweeps(uri: str, name: str | None = None) -> list[dict]:
         if exp is None:
             raise ConfigError.single("sweep", name, f"no sweep of that name in {store.redact(uri)}")
         experiments = [exp]
-    else:
-        experiments = c.search_experiments(max_results=MAX_SWEEPS)
+    else:  # every experiment, page by page: a store may hold more than one page of them
+        experiments, token = [], None
+        while True:
+            page = c.search_experiments(max_results=1000, page_token=token)
+            experiments += list(page)
+            token = page.token
+            if not token:
+                break
     names = {e.experiment_id: e.name for e in experiments}
     if not names:
         return []
