@@ -8,14 +8,20 @@ costs each training process, a trial actor included, seconds of CPU before its f
 its optimizer eagerly, outside any compiled region, and needs none of it.
 
 The surface is what the engine uses: ``param_groups`` (the training loop sets each group's ``lr`` every
-iteration), ``zero_grad``, ``step``, ``state_dict`` and ``load_state_dict``.
+iteration, ``lr_at``), ``zero_grad``, ``step``, ``state_dict`` and ``load_state_dict``; ``for_config`` builds
+the one a config asks for.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.config.experiment import ExperimentConfig
 
 
 class Optimizer:
@@ -136,3 +142,26 @@ class Adam(Optimizer):
                 bias_correction2_sqrt = (1 - beta2**step) ** 0.5
                 denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
                 p.addcdiv_(exp_avg, denom, value=-(lr / bias_correction1))
+
+
+def lr_at(cfg: ExperimentConfig, iteration: int, total: int) -> float:
+    """The learning rate of ``iteration`` of ``total``: warm-up, then constant, cosine to ``lr * lr_floor``, or
+    piecewise (times ``gamma`` at each milestone, a fraction of the run)."""
+    o = cfg.optim
+    if iteration < o.warmup_iters:
+        return o.warmup_lr
+    if o.lr_schedule == "constant":
+        return o.lr
+    if o.lr_schedule == "cosine":  # from lr down to lr * lr_floor, as the reference's anneal_cosine
+        low = o.lr * o.lr_floor
+        return low + 0.5 * (o.lr - low) * (1.0 + math.cos(math.pi * iteration / total))
+    drops = sum(1 for m in o.milestones if iteration >= round(m * total))
+    return o.lr * (o.gamma ** drops)
+
+
+def for_config(cfg: ExperimentConfig, model: torch.nn.Module) -> SGD | Adam:
+    """The optimizer of ``cfg.optim``: SGD (momentum, weight decay, Nesterov) or Adam."""
+    o = cfg.optim
+    if o.optimizer == "adam":  # the Transformer's (methods.md §11); weight decay as L2, as SGD's
+        return Adam(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    return SGD(model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, nesterov=o.nesterov)

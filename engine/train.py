@@ -35,20 +35,13 @@ from engine.dfq.gated_runner import GatedRunner
 from engine.errors import CheckpointError, ConfigError, TrainingDiverged
 from engine.metrics import (
     ACCURACY,
-    COST_PREFIX,
     CUM_CP,
-    EPOCH_COST_PREFIX,
-    FP32_BITOPS,
-    FW8BW8_BITOPS,
-    PERPLEXITY,
     TRAIN_BITOPS,
     VAL_ACCURACY,
-    VAL_PERPLEXITY,
-    Task,
-    cost_key,
 )
-from engine.models import build_model, task_of
+from engine.models import build_model
 from engine.numerics.precision import FP32
+from engine.run_metrics import cost_metrics, summarize, task_role
 from engine.schedules.curves import PrecisionTrace, build_schedule
 from engine.schedules.static_runner import StaticRunner, make_step
 
@@ -62,19 +55,6 @@ DIVERGENCE_FACTOR = 3.0
 class RunResult:
     metrics: dict
     history: list[dict] = field(default_factory=list)
-
-
-def lr_at(cfg: ExperimentConfig, iteration: int, total: int) -> float:
-    o = cfg.optim
-    if iteration < o.warmup_iters:
-        return o.warmup_lr
-    if o.lr_schedule == "constant":
-        return o.lr
-    if o.lr_schedule == "cosine":  # from lr down to lr * lr_floor, as the reference's anneal_cosine
-        low = o.lr * o.lr_floor
-        return low + 0.5 * (o.lr - low) * (1.0 + math.cos(math.pi * iteration / total))
-    drops = sum(1 for m in o.milestones if iteration >= round(m * total))
-    return o.lr * (o.gamma ** drops)
 
 
 def pick_device(name: str) -> torch.device:
@@ -119,11 +99,6 @@ def evaluate(model, logits_fn, split, batch_size: int, device: torch.device) -> 
     return (correct / n if n else float("nan")), (loss_sum / n if n else float("nan"))
 
 
-def perplexity(mean_ce: float) -> float:
-    """exp of the mean token cross entropy (nats); inf past exp's range, NaN stays NaN."""
-    return math.exp(mean_ce) if mean_ce < 700 else (mean_ce if math.isnan(mean_ce) else math.inf)
-
-
 def _rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
     if torch.cuda.is_available():
@@ -144,21 +119,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_optimizer(cfg: ExperimentConfig, model: torch.nn.Module) -> optim.SGD | optim.Adam:
-    o = cfg.optim
-    if o.optimizer == "adam":  # the Transformer's (methods.md §11); weight decay as L2, as SGD's
-        return optim.Adam(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    return optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum,
-                           weight_decay=cfg.optim.weight_decay, nesterov=cfg.optim.nesterov)
-
-
 def run_prt(cfg: ExperimentConfig, data, device: torch.device):
     """CPT's precision range test on a fresh model (seeded like the run); its BitOPs count in the run."""
     from engine.schedules.prt import precision_range_test
 
     seed_everything(cfg.seed)
     model, counter = prepare(cfg, data.info, device)
-    opt = make_optimizer(cfg, model)
+    opt = optim.for_config(cfg, model)
     sched = cfg.schedule
 
     def batches():
@@ -203,59 +170,6 @@ def resolve_fw_min(cfg: ExperimentConfig, data: DataSplits, device: torch.device
     return result.as_dict()
 
 
-class ClassifierRole:
-    """What the training loop does differently for each task (engine.metrics.Task), decided once per run: a
-    classifier's sample is one prediction and its metrics are accuracies."""
-
-    task = Task.CLASSIFIER
-    predictions_per_sample = 1
-
-    def __init__(self, cfg: ExperimentConfig, data: DataSplits):
-        self.cfg, self.data = cfg, data
-
-    def eval_batch_size(self, batch: int) -> int:
-        return batch
-
-    def epoch_metrics(self, seen: int, loop_seconds: float, epoch_cost: CostTotals) -> dict:
-        return {}
-
-    def eval_metrics(self, val_loss: float, test_loss: float) -> dict:
-        return {}
-
-    def summary(self, history: list[dict], counter: BitOpsCounter, summary: dict) -> dict:
-        return {}
-
-
-class LanguageModelRole(ClassifierRole):
-    """A language model's sample is a sequence of predicted tokens (its accuracy is next-token accuracy); it
-    also reports perplexity = exp(mean CE), tokens per second and BitOPs per token."""
-
-    task = Task.LANGUAGE_MODEL
-
-    def __init__(self, cfg: ExperimentConfig, data: DataSplits):
-        super().__init__(cfg, data)
-        self.predictions_per_sample = cfg.data.seq_len
-
-    def eval_batch_size(self, batch: int) -> int:
-        # at most 2^28 logits (1 GiB) a batch: WikiText-103's vocabulary is 267,735
-        return max(1, min(batch, 2**28 // (self.cfg.data.seq_len * self.data.info.classes)))
-
-    def epoch_metrics(self, seen: int, loop_seconds: float, epoch_cost: CostTotals) -> dict:
-        # seen counts predicted tokens (y is flattened)
-        return {"tokens": seen, "train_seconds": loop_seconds, "tokens_per_second": seen / max(loop_seconds, 1e-9),
-                "bitops_per_token": epoch_cost.bitops / max(seen, 1)}
-
-    def eval_metrics(self, val_loss: float, test_loss: float) -> dict:
-        return {VAL_PERPLEXITY: perplexity(val_loss), PERPLEXITY: perplexity(test_loss)}
-
-    def summary(self, history: list[dict], counter: BitOpsCounter, summary: dict) -> dict:
-        return lm_summary(history, self.data, counter, summary)
-
-
-def task_role(cfg: ExperimentConfig, data: DataSplits) -> ClassifierRole:
-    return (LanguageModelRole if task_of(cfg.model.name) is Task.LANGUAGE_MODEL else ClassifierRole)(cfg, data)
-
-
 class Trainer:
     """The state of one run between epochs: model, optimizer, runner, BitOPs totals, history, position."""
 
@@ -268,7 +182,7 @@ class Trainer:
         self.model, self.counter = prepare(cfg, data.info, device)
         self.role = task_role(cfg, data)
         self.run = cfg.run_length(len(data.train))
-        self.opt = make_optimizer(cfg, self.model)
+        self.opt = optim.for_config(cfg, self.model)
         if cfg.gated:
             self.runner = GatedRunner(cfg.schedule, self.model, self.counter, self.opt, self.run, cfg.model.name,
                                       self.role.predictions_per_sample)
@@ -337,7 +251,7 @@ class Trainer:
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
         """One iteration at the scheduled learning rate (with the config's fault injection, if any)."""
-        lr = lr_at(self.cfg, self.iteration, self.run.total_iterations)
+        lr = optim.lr_at(self.cfg, self.iteration, self.run.total_iterations)
         for group in self.opt.param_groups:
             group["lr"] = lr
         debug = self.cfg.debug
@@ -385,7 +299,7 @@ class Trainer:
         metrics = {
             "epoch": self.epoch,
             "iteration": self.iteration,
-            "lr": lr_at(cfg, self.iteration - 1, self.run.total_iterations),
+            "lr": optim.lr_at(cfg, self.iteration - 1, self.run.total_iterations),
             "loss": loss_sum / max(seen, 1),
             "train_accuracy": correct / max(seen, 1),
             **self.evaluate(),
@@ -470,74 +384,3 @@ def _train(cfg: ExperimentConfig, report: Reporter | None, resume_from, progress
         if report is not None:
             report(dict(metrics), trainer.snapshot)
     return trainer.result()
-
-
-def lm_summary(history: list[dict], data: DataSplits, counter: BitOpsCounter, summary: dict) -> dict:
-    """A language model's figures: test and validation perplexity (last epoch), the best validation perplexity,
-    the unigram baseline, vocabulary, tokens per second of training and training BitOPs per token (a "sample"
-    of the counter is one predicted token)."""
-    last = history[-1] if history else {}
-    val = [h[VAL_PERPLEXITY] for h in history if not math.isnan(h.get(VAL_PERPLEXITY, math.nan))]
-    trained = sum(h.get("tokens", 0) for h in history)
-    seconds = sum(h.get("train_seconds", 0.0) for h in history)
-    return {
-        "task": Task.LANGUAGE_MODEL.value,
-        PERPLEXITY: last.get(PERPLEXITY, math.nan),
-        VAL_PERPLEXITY: last.get(VAL_PERPLEXITY, math.nan),
-        "best_val_perplexity": min(val) if val else math.nan,
-        "test_loss": last.get("test_loss", math.nan),
-        "unigram_perplexity": data.unigram_perplexity,
-        "vocab_size": data.info.classes,
-        "seq_len": data.train.seq_len,
-        "train_tokens": trained,
-        "tokens_per_second": trained / seconds if seconds else math.nan,  # the training loops, evaluation excluded
-        "bitops_per_token": summary[TRAIN_BITOPS] / trained if trained else math.nan,
-        "forward_macs_per_token": counter.forward_macs,
-    }
-
-
-def cost_metrics(epoch: CostTotals, totals: CostTotals) -> dict:
-    """Every cost model's cumulative (``train_cost_<model>``) and per-epoch (``epoch_cost_<model>``) training
-    cost, the flat numeric metrics the tracker logs (BitOPs keep their own keys: ``train_bitops``...)."""
-    out = {}
-    for name, (run, _, _) in totals.models.items():
-        if name != "bitops":
-            key = cost_key(name)
-            out[key] = float(run)
-            out[EPOCH_COST_PREFIX + key.removeprefix(COST_PREFIX)] = float(epoch.models.get(name, [0])[0])
-    return out
-
-
-def summarize(cfg: ExperimentConfig, history: list[dict], totals: CostTotals, counter: BitOpsCounter,
-              wall: float) -> dict:
-    last = history[-1] if history else {}
-    units = {m.name: m.unit for m in counter.models}
-    val = [h[VAL_ACCURACY] for h in history if not math.isnan(h[VAL_ACCURACY])]
-    best_epoch = (max(range(len(history)), key=lambda i: history[i][VAL_ACCURACY]) + 1) if val else None
-    return {
-        "name": cfg.name,
-        "seed": cfg.seed,
-        "workers": cfg.workers,
-        "model": cfg.model.name,
-        "dataset": cfg.data.dataset,
-        "schedule": cfg.schedule.kind,
-        ACCURACY: last.get(ACCURACY, float("nan")),
-        VAL_ACCURACY: last.get(VAL_ACCURACY, float("nan")),
-        "best_val_accuracy": max(val) if val else float("nan"),
-        "best_epoch": best_epoch,
-        "epochs": last.get("epoch", 0),
-        "iterations": last.get("iteration", 0),
-        TRAIN_BITOPS: float(totals.bitops),
-        FP32_BITOPS: float(totals.fp32),
-        FW8BW8_BITOPS: float(totals.fw8bw8),
-        "train_gbitops": totals.bitops / 1e9,
-        "savings_vs_fp32": totals.savings_vs_fp32,
-        "savings_vs_fw8bw8": totals.savings_vs_fw8bw8,
-        "cp": totals.cp,
-        "forward_macs_per_sample": counter.forward_macs,
-        "wall_seconds": wall,
-        "cpu_seconds": last.get("cpu_seconds", float("nan")),
-        **{k: v for k, v in (history[0] if history else {}).items() if k.startswith("init_")},
-        **{cost_key(n): v["total"] for n, v in totals.model_summary().items() if n != "bitops"},
-        "costs": {n: {**v, "unit": units.get(n, "")} for n, v in totals.model_summary().items()},
-    }

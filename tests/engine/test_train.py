@@ -10,7 +10,8 @@ import torch
 from engine import checkpoint
 from engine.config.experiment import parse_config
 from engine.errors import CheckpointError
-from engine.train import lr_at, train_and_evaluate
+from engine.optim import lr_at
+from engine.train import train_and_evaluate
 
 BASE = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 3}}
 

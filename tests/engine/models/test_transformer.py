@@ -20,7 +20,8 @@ from engine.models.transformer import causal_attention
 from engine.numerics import autograd, quant
 from engine.numerics.layers import QLinear, QMatmul
 from engine.numerics.precision import FP32, Precision
-from engine.train import evaluate, perplexity, train_and_evaluate
+from engine.run_metrics import perplexity
+from engine.train import evaluate, train_and_evaluate
 from tests.conftest import run_main
 
 P48 = Precision.fwbw(4, 8)
