@@ -26,14 +26,13 @@ from engine.errors import ConfigError
 from orchestrator.sweep.driver import (
     SweepError,
     SweepOptions,
-    close_parent,
     fit,
     make_tuner,
     no_auto_loggers,
-    save_summary,
     spec_file_param,
 )
 from orchestrator.sweep.lifecycle import SweepInterrupted, reconcile
+from orchestrator.sweep.outcome import close_parent, save_summary
 from orchestrator.sweep.space import param_space
 from orchestrator.sweep.storage import storage_problem
 from search_spaces import trial
