@@ -34,6 +34,16 @@ def log_front(c, parent_id: str, summary: dict) -> None:
     c.log_dict(parent_id, summary, "pareto.json")
 
 
+def sweep_front(rows: list[dict], task, objective: str) -> tuple[list[dict], dict]:
+    """The sweep's Pareto front over the trials it compares (``results.runs.compared_rows``: a staged sweep's
+    stages that none starts from) and the front's quality."""
+    from results import runs
+
+    compared = runs.compared_rows(rows)
+    front = runs.front(compared, task, objective)
+    return front, runs.front_quality(runs.finished(compared, task, objective), front, task, objective)
+
+
 def close_parent(c, parent, sweep_id: str, summary: dict, quality: dict, factors: list[str], task,
                  tags: dict[str, str]) -> None:
     """The sweep's outcome on its parent run, for a plain and a staged sweep alike: the front (``log_front``),
@@ -88,8 +98,7 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         errors += [{"trial_id": r["trial_id"], "run_id": r["run_id"], "error": "the run FAILED (see its "
                     "fractune.error tag)"} for r in rows if r.get("status") == "FAILED" and r["run_id"] not in known]
     objective, task = loaded.spec.objective, objectives.of_spec(loaded)
-    front = runs.front(rows, task, objective)
-    quality = runs.front_quality(runs.finished(rows, task, objective), front, task, objective)
+    front, quality = sweep_front(rows, task, objective)
     summary = {"objective": objective, "front_quality": quality, "pareto": front, "errors": errors, "trials": rows}
     save_summary(exp_path, summary, track)
     if parent is not None:

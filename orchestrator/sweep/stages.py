@@ -32,7 +32,7 @@ from orchestrator.sweep.driver import (
     spec_file_param,
 )
 from orchestrator.sweep.lifecycle import SweepInterrupted, reconcile
-from orchestrator.sweep.outcome import close_parent, save_summary
+from orchestrator.sweep.outcome import close_parent, save_summary, sweep_front
 from orchestrator.sweep.space import param_space
 from orchestrator.sweep.storage import storage_problem
 from search_spaces import trial
@@ -172,11 +172,10 @@ def finish_staged(loaded: LoadedSpec, manifest: dict, uri: str, sweep_id: str, e
     except Exception as exc:  # the store went away at the very end: the record on disk still holds the outcome
         track["final_error"] = store.one_line_error(exc)
     rows = rows or []
-    compared = runs.compared_rows(rows)  # the stages no other starts from (a pretrain is where trials start)
     objective, task = loaded.spec.objective, objectives.of_spec(loaded)
-    front = runs.front(compared, task, objective)
-    quality = runs.front_quality(runs.finished(compared, task, objective), front, task, objective)
-    summary = {"stages": stages, "objective": objective, "pareto": front, "errors": errors, "trials": rows}
+    front, quality = sweep_front(rows, task, objective)  # a pretrain is where trials start, not compared
+    summary = {"stages": stages, "objective": objective, "front_quality": quality, "pareto": front,
+               "errors": errors, "trials": rows}
     save_summary(exp_root, summary, track)
     if parent is not None:
         try:
