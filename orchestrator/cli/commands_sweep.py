@@ -114,6 +114,7 @@ def of_stages(stages: list[str] | None) -> str:
 
 def cmd_sweeps(args) -> int:
     from orchestrator.api import sweeps
+    from results.listing import MAX_SWEEPS
 
     listed = sweeps(args.sweep, tracking_uri=args.tracking_uri)
     rows = [{"sweep id": s["sweep_id"], "kind": s["kind"], "status": s["status"],
@@ -123,8 +124,6 @@ def cmd_sweeps(args) -> int:
              "best": ", ".join(f"{k} {v:.4f}" for k, v in s["best"].items()) or "-",
              "started (UTC)": (s["started"] or "-").replace("T", " ").rstrip("Z")} for s in listed.sweeps]
     print(f"{len(rows)} sweep(s) in {listed.tracking_uri}" + (f" named {args.sweep}" if args.sweep else ""))
-    from results.listing import MAX_SWEEPS
-
     if len(rows) >= MAX_SWEEPS:
         info(f"the newest {MAX_SWEEPS} shown; there may be more (name one sweep to list only its runs)")
     if rows:
