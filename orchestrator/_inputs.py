@@ -20,13 +20,8 @@ PathLike = str | os.PathLike
 
 def experiment_config(config, overrides: Sequence[str], data_dir: str | None) -> ExperimentConfig:
     """The validated experiment config of a file, a mapping or a config, with the overrides applied."""
-    from engine.config.experiment import (
-        ExperimentConfig,
-        apply_overrides,
-        check_path,
-        load_config,
-        parse_config,
-    )
+    from engine.config.experiment import ExperimentConfig, apply_overrides, load_config, parse_config
+    from engine.config.sections import check_path
 
     overrides = list(overrides)
     if data_dir is not None:  # checked naming the flag, then an override of data.data_dir

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.config.experiment import NAME_PATTERN, Head
+from engine.config.experiment import NAME_PATTERN
+from engine.config.sections import Head
 from engine.config.types import Seed, Strict
 from engine.errors import ConfigError
 

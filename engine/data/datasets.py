@@ -24,7 +24,7 @@ from engine.data.files import fashion_mnist_arrays, imagenet_dir
 from engine.errors import DataError
 
 if TYPE_CHECKING:  # the config's types name the arguments; engine.config.experiment reads this module's table
-    from engine.config.experiment import DataConfig, SplitConfig
+    from engine.config.sections import DataConfig, SplitConfig
 
 class TensorSplit:
     """An in-memory split: uint8 images (N, C, H, W) and int64 labels."""

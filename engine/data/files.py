@@ -16,7 +16,7 @@ from engine.data.catalog import INFO
 from engine.errors import DataError
 
 if TYPE_CHECKING:
-    from engine.config.experiment import DataConfig
+    from engine.config.sections import DataConfig
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 

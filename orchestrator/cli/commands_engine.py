@@ -16,7 +16,7 @@ LM_KEYS = (PERPLEXITY, VAL_PERPLEXITY, "best_val_perplexity", "unigram_perplexit
 
 def config_overrides(args) -> list[str]:
     """``--set`` values, then ``--data-dir`` (checked, naming the flag) as the override of ``data.data_dir``."""
-    from engine.config.experiment import check_path
+    from engine.config.sections import check_path
 
     if not args.data_dir:
         return list(args.overrides)
@@ -59,8 +59,8 @@ def cost_config(args):
     """The cost models of ``--int-widths`` and ``--table`` (validated like a config's ``cost`` section)."""
     from pydantic import ValidationError
 
-    from engine.config.experiment import CostConfig
     from engine.config.problems import validation_problems
+    from engine.config.sections import CostConfig
 
     tree = {}
     if getattr(args, "int_widths", None):
@@ -84,8 +84,8 @@ def cost_flags(args):
     by its flag; the ``DataConfig`` they give."""
     from pydantic import ValidationError
 
-    from engine.config.experiment import DataConfig, ModelConfig
     from engine.config.problems import validation_problems
+    from engine.config.sections import DataConfig, ModelConfig
 
     flags = {"name": "--model", "dataset": "--dataset", "seq_len": "--seq-len", "batch_size": "--batch-size"}
     problems, data_cfg = [], None

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from engine import checkpoint
-from engine.config.experiment import DataConfig, SplitConfig, parse_config
+from engine.config.experiment import parse_config
+from engine.config.sections import DataConfig, SplitConfig
 from engine.data.datasets import load_data, part_indices
 from engine.errors import CheckpointError, ConfigError
 from engine.train import train_and_evaluate

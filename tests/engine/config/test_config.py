@@ -39,7 +39,7 @@ def _problems(tree):
 
 def test_a_path_no_file_name_can_hold_is_refused_in_one_line_naming_its_field(tmp_path):
     """An unpaired surrogate (YAML's "\\ud800" escape) in any path field or path flag: the field, what is allowed."""
-    from engine.config.experiment import check_path
+    from engine.config.sections import check_path
 
     for tree, field in (({"data": {"data_dir": "d\ud800"}}, "data.data_dir"),
                         ({"init": {"checkpoint": "\ud800"}}, "init.checkpoint"),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config.experiment import DataConfig
+from engine.config.sections import DataConfig
 from engine.data.catalog import INFO
 from engine.data.datasets import _augment, load_data
 from engine.data.files import FASHION_MNIST_DIR
@@ -79,7 +79,7 @@ def test_digits_read_from_the_shipped_csv_equal_load_digits(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no file to read: the fallback
     images, target = data._digits_arrays()
     assert np.array_equal(images, ref.images) and np.array_equal(target, ref.target)
-    code = ("import sys; from engine.config.experiment import DataConfig; from engine.data.datasets import load_data; "
+    code = ("import sys; from engine.config.sections import DataConfig; from engine.data.datasets import load_data; "
             "load_data(DataConfig(dataset='digits')); print('sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
