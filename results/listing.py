@@ -49,7 +49,8 @@ def sweeps(uri: str, name: str | None = None) -> list[dict]:
 def row(parent, experiment: str) -> dict:
     """A sweep as its parent run records it. ``trials``, ``errored``, ``front_size`` and ``best`` are written when
     the sweep ends: None while it runs or after it was stopped (``status`` RUNNING or KILLED; ``planned`` says how
-    many trials it plans)."""
+    many trials it plans). An ablation is ``kind`` ablation once it has ended (its tag is written then), a
+    sweep until then."""
     tags, params, m = parent.data.tags, parent.data.params, parent.data.metrics
     kind = "ablation" if tags.get("fractune.ablation") else "staged" if params.get("stages") else "sweep"
     return {"sweep": experiment, "sweep_id": tags.get(store.SWEEP_TAG, ""), "kind": kind,
