@@ -78,7 +78,7 @@ def test_a_bad_staged_sweep_starts_nothing(run_cli, tmp_path):
 
 @pytest.mark.slow
 def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pretrain_fails_only_its_own(
-        ray_local, tmp_path, sqlite_uri, capsys):
+        ray_local, tmp_path, sqlite_uri, capsys, monkeypatch):
     # seed 1's pretrain run diverges at iteration 3: its two retrain trials fail naming it, seed 0's finish
     spec = staged("lineage", pretrain_set={"debug": {"nan_loss_at_iteration": 3, "nan_loss_seeds": [1]}})
     args = ("sweep", str(write(tmp_path, spec)), "--storage", str(tmp_path / "runs"), "--tracking-uri", sqlite_uri,
@@ -156,6 +156,14 @@ def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pr
     assert listed["sweeps"][0]["kind"] == "sweep" and result["sweep_id"] in out
     code, out, one = run_main("sweeps", "lineage", "--tracking-uri", sqlite_uri, "--json")
     assert [s["sweep_id"] for s in one["sweeps"]] == [result["sweep_id"]]
+    # a store of more sweeps than a listing reads: the newest, and a line saying the list is cut
+    from results import listing
+
+    monkeypatch.setattr(listing, "MAX_SWEEPS", 1)
+    capsys.readouterr()
+    code, out, cut = run_main("sweeps", "--tracking-uri", sqlite_uri, "--json")
+    assert [s["sweep"] for s in cut["sweeps"]] == ["from_run"]
+    assert "the newest 1 shown; there may be more" in capsys.readouterr().err
 
 
 def check_starting_from_a_run_id(tmp_path, sqlite_uri, pre, capsys):
