@@ -108,7 +108,7 @@ def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: 
     import torch
     import torch.nn.functional as F
 
-    from engine.config.schedule import (
+    from engine.config.gated_schedule import (
         OPTION_PRESETS,
         default_option_state,
         default_routed_sample_fraction,

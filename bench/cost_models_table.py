@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config.experiment import parse_config  # noqa: E402
-from engine.config.schedule import OPTION_PRESETS, parse_option  # noqa: E402
+from engine.config.gated_schedule import OPTION_PRESETS, parse_option  # noqa: E402
 from engine.cost.cost_models import build_models  # noqa: E402
 from engine.numerics.precision import Precision  # noqa: E402
 from engine.preview import precision_series, price_schedule  # noqa: E402

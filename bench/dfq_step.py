@@ -27,7 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench._common import dfq_train_step, emit, fused_off, host_syncs, interleaved, machine, plain_train_step  # noqa: E402
-from engine.config.schedule import OPTION_PRESETS, default_routed_sample_fraction, default_routed_statistics  # noqa: E402
+from engine.config.gated_schedule import (  # noqa: E402
+    OPTION_PRESETS,
+    default_routed_sample_fraction,
+    default_routed_statistics,
+)
 from engine.numerics import fused  # noqa: E402
 from engine.numerics.precision import FP32  # noqa: E402
 

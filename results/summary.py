@@ -19,7 +19,7 @@ import math
 import statistics
 
 from engine.config.experiment import ExperimentConfig, parse_config
-from engine.config.schedule import GatedSettings
+from engine.config.gated_schedule import GatedSettings
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, TRAIN_BITOPS
 from results import runs

@@ -17,15 +17,9 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine import safe_yaml
+from engine.config.gated_schedule import DFQSchedule, FracTrainSchedule
 from engine.config.problems import validation_problems
-from engine.config.schedule import (
-    CPTSchedule,
-    DFQSchedule,
-    FP32Schedule,
-    FracTrainSchedule,
-    PFQSchedule,
-    StaticSchedule,
-)
+from engine.config.schedule import CPTSchedule, FP32Schedule, PFQSchedule, StaticSchedule
 from engine.config.sections import (
     MAX_ITERATIONS,
     CostConfig,

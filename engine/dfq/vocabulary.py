@@ -1,5 +1,5 @@
 """The words of a gated run's settings, defined once and free of torch (methods.md §6.3, §6.4): the config
-(engine.config.schedule) takes its Literal types from these without importing the gated model, so reading and
+(engine.config.gated_schedule) takes its Literal types from these without importing the gated model, so reading and
 checking a config or a sweep spec never loads torch; the gated model and the cost bases hold their arguments to
 the same tuples."""
 

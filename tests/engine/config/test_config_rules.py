@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.config.experiment import parse_config
-from engine.config.schedule import GatedSettings
+from engine.config.gated_schedule import GatedSettings
 from engine.dfq import gated
 from engine.errors import ConfigError
 from engine.models import build_model
@@ -108,7 +108,7 @@ ONE_PLACE = [
     (r"\bin MODELS\b", "engine/models/__init__.py"),
     (r"num_cycles\s*>", "engine/schedules/curves.py"),
     (r"2\s*\*\*\s*31\s*-\s*1", "engine/config/types.py"),
-    (r"execution\s*!=\s*\"masked\"", "engine/config/schedule.py"),
+    (r"execution\s*!=\s*\"masked\"", "engine/config/gated_schedule.py"),
     (r"\bis_text\b\s*[!=]=|[!=]=\s*\w*is_text\b", "engine/config/experiment.py"),
     (r"MODEL_NAMES\s+and|not in MODEL_NAMES|not in allowed and", "engine/cost/cost_models.py"),
 ]
@@ -124,7 +124,7 @@ def test_each_rule_is_written_in_one_place(pattern, home):
 
 
 def test_the_gated_model_writes_no_rule_message_of_its_own():
-    """GatedModel's settings are refused with (field, value, allowed) by engine.config.schedule's GatedSettings at
+    """GatedModel's settings are refused with (field, value, allowed) by engine.config.gated_schedule's GatedSettings at
     the boundary, never by a copy of its rules in engine/dfq; the choices themselves are defined once, in dfq."""
     for path in sorted((ROOT / "engine" / "dfq").glob("*.py")):
         texts = [n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from engine.config.schedule import DFQSchedule, FracTrainSchedule
+from engine.config.gated_schedule import DFQSchedule, FracTrainSchedule
 from engine.dfq.controller import DualController, ReferenceController, build_controller
 from engine.dfq.gate import gated_cp, normalised_cost, option_kappa
 from engine.dfq.gated import GatedModel

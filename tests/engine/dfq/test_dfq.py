@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.config.experiment import parse_config
-from engine.config.schedule import cp0_for_total
+from engine.config.gated_schedule import cp0_for_total
 from engine.cost.bitops import BitOpsCounter
 from engine.dfq import gated as gated_module
 from engine.dfq.gate import (
