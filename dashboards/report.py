@@ -28,7 +28,7 @@ from engine.errors import ConfigError
 from engine.metrics import TRAIN_BITOPS
 from results.objectives import Direction, Objective
 from results.output import emit_json, info
-from results.runs import compared_stages
+from results.runs import check_objective, compared_stages, cost_of, front_quality, log_quality
 from results.store import artifact_json
 from results.summary import (
     compared_what,
@@ -67,7 +67,6 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
                  runs: list[str] | None = None, log: bool = True, data: SweepData | None = None,
                  objective: str | None = None) -> dict:
     from results.ablation_analysis import analyse, importances_by_objective
-    from results.runs import check_objective, cost_of, front_quality
 
     started = time.perf_counter()
     whole = data or load_sweep(uri, sweep, sweep_id)
@@ -143,10 +142,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     (folder / "report.json").write_text(json.dumps(summary, default=str, indent=1))
     artifact = None
     if log:
-        if math.isfinite(quality["hypervolume"]):
-            c.log_metric(data.parent_run_id, f"hypervolume_{objective.replace(':', '_')}", quality["hypervolume"])
-            c.set_tag(data.parent_run_id, f"fractune.hypervolume_{objective.replace(':', '_')}.reference",
-                      quality["rule"][:5000])
+        log_quality(c, data.parent_run_id, quality)
         c.log_artifacts(data.parent_run_id, str(folder), artifact_path="report")
         artifact = c.get_run(data.parent_run_id).info.artifact_uri.rstrip("/") + "/report/report.html"
         publish_sweep(whole)  # the parent's note now links to the report
@@ -171,7 +167,6 @@ def _view_links(data: SweepData) -> str:
 
 
 def _front_rows(front: list[dict], task: Objective, objective: str = "bitops") -> list[dict]:
-    from results.runs import cost_of
 
     key = task.key  # a language model's front: perplexity
     return [{"run": r["name"], "run_id": r["run_id"], key: r[key], "train_gbitops": r[TRAIN_BITOPS] / 1e9,

@@ -270,3 +270,12 @@ def front_quality(done: list[dict], front: list[dict], task: Objective, objectiv
             "rule": f"area dominated by the front in the (cost / reference cost, {axis}) unit square, from the "
                     f"reference point {task.key} {origin} at the dearest finished trial's cost under {objective} "
                     f"({ref:.6g}); 1 = {task.key} 1 at no cost", "front_size": len(front)}
+
+
+def log_quality(c, run_id: str, quality: dict) -> None:
+    """A front's hypervolume (``front_quality``) on the sweep's parent run, where it is finite: the metric
+    ``hypervolume_<cost model>`` and its reference point in words (tag ``fractune.hypervolume_<model>.reference``)."""
+    if math.isfinite(quality["hypervolume"]):
+        key = "hypervolume_" + quality["objective"].replace(":", "_")
+        c.log_metric(run_id, key, quality["hypervolume"])
+        c.set_tag(run_id, f"fractune.{key}.reference", quality["rule"][:5000])

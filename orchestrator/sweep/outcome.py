@@ -6,7 +6,6 @@ MLflow UI, its summary metrics and note (``close_parent``)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from dashboards.ui import ui_command
@@ -55,10 +54,7 @@ def close_parent(c, parent, sweep_id: str, summary: dict, quality: dict, factors
     log_front(c, parent_id, summary)
     for key, value in {**tags, runs.OBJECTIVE_TAG: objective}.items():
         c.set_tag(parent_id, key, value)
-    if math.isfinite(quality["hypervolume"]):
-        key = "hypervolume_" + objective.replace(":", "_")
-        c.log_metric(parent_id, key, quality["hypervolume"])
-        c.set_tag(parent_id, f"fractune.{key}.reference", quality["rule"][:5000])
+    runs.log_quality(c, parent_id, quality)
     if factors or rows:
         from dashboards.mlflow_view import publish
 
