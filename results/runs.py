@@ -223,8 +223,13 @@ def compared_stages(rows: list[dict], order: tuple[str, ...] | list[str] = ()) -
     the sweep compares every trial."""
     if not start_stages(rows):
         return []
-    seen = list(dict.fromkeys(r["stage"] for r in compared_rows(rows) if r.get("stage")))
-    return [s for s in order if s in seen] + [s for s in seen if s not in order]
+    return in_order(dict.fromkeys(r["stage"] for r in compared_rows(rows) if r.get("stage")), order)
+
+
+def in_order(stages, order: tuple[str, ...] | list[str]) -> list[str]:
+    """``stages`` in the sweep's ``order`` of stages, any it does not name after them as given."""
+    stages = list(stages)
+    return [s for s in order if s in stages] + [s for s in stages if s not in order]
 
 
 def finished(rows: list[dict], task: Objective, objective: str = "bitops") -> list[dict]:

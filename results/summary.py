@@ -348,7 +348,7 @@ def staged_comparison(data: runs.SweepRuns) -> tuple[runs.SweepRuns, list[dict]]
     starts = runs.start_stages(data.rows)
     if not starts:
         return data, []  # not staged, or stages that start from none of each other: one comparison
-    order = [s for s in data.stages if s in starts] + [s for s in starts if s not in data.stages]
+    order = runs.in_order(starts, data.stages)
     task = data.task.key
     refs = []
     for stage in order:
