@@ -52,7 +52,6 @@ NOTE_TAG = "mlflow.note.content"
 NAME_WIDTH = 260  # pixels: the run name column shows names like "pfq auto fw3-4-6-8/bw6-6-8-8 s0" (naming.py)
 MAX_RUNS = 1000  # runs each chart draws (the UI's default is 10 for lines, 100 for scatters)
 REPORT = "report/report.html"
-STAGE_TAG = "fractune.stage"
 # MLflow 3.17's UI takes an experiment's mode (GenAI or model training) from this URL parameter, else from the
 # browser's last choice of its sidebar switch (local storage "mlflow.workflowType_v1", GenAI at first); the
 # experiment's kind tag (store.KIND_TAG) is read only with its workflow-based navigation flag off, and it ships on
@@ -138,7 +137,7 @@ def view_state(sweep_id: str, rows: list[dict], factors: list[str], task: Object
     params, metrics = param_columns(rows, factors), metric_columns(rows, task)
     # a staged sweep's stage of each trial, the front's tag, and the stopped trials' where a scheduler or the time
     # limit stopped any
-    tags = [*([STAGE_TAG] if any(r.get("stage") for r in rows) else []), "pareto",
+    tags = [*([store.STAGE_TAG] if any(r.get("stage") for r in rows) else []), "pareto",
             *([runs.STOPPED_TAG] if any(r.get("stopped") for r in rows) else [])]
     key, mode, word = task.key, task.mode, task.word
     cost = cost_axis(rows)

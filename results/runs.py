@@ -147,7 +147,7 @@ def _row(c, run, swept: list[str], record: set[str] | None) -> dict:
                    planned_epochs=int(planned) if planned else None, node_id=tags.get("fractune.node_id"),
                    cp_gated=cp_gated, pareto=tags.get("pareto") == "true")
     row["method"] = tags.get(store.METHOD_TAG, schedule)  # the method's label (runs logged before it: the kind)
-    row["stage"], row["init_run"] = tags.get("fractune.stage"), tags.get("fractune.init_run")  # staged sweeps
+    row["stage"], row["init_run"] = tags.get(store.STAGE_TAG), tags.get("fractune.init_run")  # staged sweeps
     row["init_stage"] = tags.get("fractune.init_stage")
     row["diverged"] = tags.get("fractune.diverged")  # the epoch its loss passed the engine's bound, or None
     row["init_accuracy"] = float(m.get("init_accuracy", math.nan))  # from a pretrained model: before any step

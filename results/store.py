@@ -17,6 +17,7 @@ TRIAL_TAG = "ray_trial_id"
 SWEEP_TAG = "fractune.sweep_id"
 POINT_TAG = "fractune.point"  # JSON of the trial's swept values {dotted path: value} (search_spaces.trial)
 METHOD_TAG = "fractune.method"  # the trial's method label (its schedule's ``label()``: FW4/BW8, PFQ auto ...)
+STAGE_TAG = "fractune.stage"  # a staged sweep's trial: the stage it ran in (search_spaces.trial.staged)
 PLANNED_TAG = "fractune.planned_epochs"  # the engine's run_length(cfg).epochs of the trial's resolved config
 # An experiment's kind: "custom_model_development" is model training (runs table, metric charts). MLflow 3.17.2's
 # UI does not read it to pick an experiment's first page: its switch (GenAI / Model training, the URL's

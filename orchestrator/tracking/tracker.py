@@ -45,6 +45,7 @@ from results.store import (
     PARENT_TAG,
     PLANNED_TAG,
     POINT_TAG,
+    STAGE_TAG,
     SWEEP_TAG,
     TRIAL_TAG,
     client,
@@ -219,7 +220,7 @@ class MLflowTracker(tune.Callback):
         if planned is not None:
             tags[PLANNED_TAG] = str(planned)
         names = self.state.setdefault("names", {})
-        name = naming.unique_name(self.run_name(config, point, tags.get("fractune.stage")), set(names.values()))
+        name = naming.unique_name(self.run_name(config, point, tags.get(STAGE_TAG)), set(names.values()))
         run = self.c.create_run(self.state["experiment_id"], run_name=name, tags=tags)
         params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
         for i in range(0, len(params), 100):
@@ -332,7 +333,7 @@ def lineage_tags(config: dict) -> dict[str, str]:
     that starts from ``init.run_id``: that run (``fractune.init_run``)."""
     tags = {}
     if config.get(trial_dict.STAGE):
-        tags["fractune.stage"] = str(config[trial_dict.STAGE])
+        tags[STAGE_TAG] = str(config[trial_dict.STAGE])
     source = trial_dict.init_source(config)
     if source:
         if source.get("run_id"):
