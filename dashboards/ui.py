@@ -91,7 +91,7 @@ def prepare(uri: str, sweep: str | None) -> dict:
         exps = [c.get_experiment(exp_id)]
     else:  # every experiment holding a fractune sweep
         exps = [e for e in c.search_experiments(max_results=1000)
-                if c.search_runs([e.experiment_id], "tags.`fractune.kind` = 'sweep'", max_results=1)]
+                if c.search_runs([e.experiment_id], store.PARENTS_FILTER, max_results=1)]
     from dashboards.mlflow_view import VIEW_TAG, publish_sweep, view_key
 
     try:  # writes: a store that refuses them (a read-only server) still gets its UI, as the sweep left it

@@ -39,7 +39,7 @@ def sweeps(uri: str, name: str | None = None) -> list[dict]:
     names = {e.experiment_id: e.name for e in experiments}
     if not names:
         return []
-    parents = c.search_runs(list(names), "tags.`fractune.kind` = 'sweep'", order_by=["attributes.start_time DESC"],
+    parents = c.search_runs(list(names), store.PARENTS_FILTER, order_by=["attributes.start_time DESC"],
                             max_results=MAX_SWEEPS)
     if name is not None and not parents:
         raise ConfigError.single("sweep", name, f"no sweep of that name in {store.redact(uri)}")

@@ -17,6 +17,7 @@ TRIAL_TAG = "ray_trial_id"
 SWEEP_TAG = "fractune.sweep_id"
 POINT_TAG = "fractune.point"  # JSON of the trial's swept values {dotted path: value} (search_spaces.trial)
 METHOD_TAG = "fractune.method"  # the trial's method label (its schedule's ``label()``: FW4/BW8, PFQ auto ...)
+PARENTS_FILTER = "tags.`fractune.kind` = 'sweep'"  # MLflow's filter of the sweeps' parent runs
 STAGE_TAG = "fractune.stage"  # a staged sweep's trial: the stage it ran in (search_spaces.trial.staged)
 PLANNED_TAG = "fractune.planned_epochs"  # the engine's run_length(cfg).epochs of the trial's resolved config
 # An experiment's kind: "custom_model_development" is model training (runs table, metric charts). MLflow 3.17.2's
@@ -321,7 +322,7 @@ def sweep_parent(c, experiment: str, sweep_id: str | None = None):
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    flt = "tags.`fractune.kind` = 'sweep'"
+    flt = PARENTS_FILTER
     if sweep_id:
         flt += f" and tags.`{SWEEP_TAG}` = '{sweep_id}'"
     runs = c.search_runs([exp.experiment_id], filter_string=flt, order_by=["attributes.start_time DESC"],

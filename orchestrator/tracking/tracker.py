@@ -43,6 +43,7 @@ from results.runs import STOPPED_TAG, stopped_early
 from results.store import (
     METHOD_TAG,
     PARENT_TAG,
+    PARENTS_FILTER,
     PLANNED_TAG,
     POINT_TAG,
     STAGE_TAG,
@@ -184,7 +185,7 @@ class MLflowTracker(tune.Callback):
 
         exp_id = ensure_experiment(self.c, self.experiment)
         found = self.c.search_runs([exp_id], filter_string=f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and "
-                                   "tags.`fractune.kind` = 'sweep'", max_results=1)
+                                   f"{PARENTS_FILTER}", max_results=1)
         if found:  # a resumed sweep whose saved state predates the parent run
             self.state.update(experiment_id=exp_id, parent_run_id=found[0].info.run_id)
             return
