@@ -120,8 +120,11 @@ class ExperimentConfig(Strict):
 def set_path(tree: dict, dotted: str, value: Any) -> dict:
     """The one dotted-path setter (``--set`` overrides, a sweep's ``set:`` and its parameters): sets
     ``tree[a][b][c] = value`` for ``a.b.c``, creating missing or null sections; a deep copy of ``value`` is
-    stored, so later changes to the tree never reach the caller's object."""
+    stored, so later changes to the tree never reach the caller's object. A path may be no deeper than a YAML
+    file may nest (``safe_yaml.MAX_DEPTH``): deeper trees would exhaust Python's recursion while validated."""
     keys = dotted.split(".")
+    if len(keys) > safe_yaml.MAX_DEPTH:
+        raise ConfigError.single(dotted, value, f"allowed: a dotted path of at most {safe_yaml.MAX_DEPTH} keys")
     node = tree
     for key in keys[:-1]:
         child = node.get(key)
