@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from engine.config.experiment import NAME_PATTERN
 from engine.config.sections import Head
-from engine.config.types import Seed, Strict
+from engine.config.types import Items, Seed, Strict
 from engine.errors import ConfigError
 
 MAX_VALUES = 10_000  # values of one grid/choice parameter, seeds of one sweep
@@ -27,9 +27,9 @@ class Param(Strict):
 
     grid: list[Any] | None = None
     choice: list[Any] | None = None
-    uniform: tuple[float, float] | None = None
-    loguniform: tuple[float, float] | None = None
-    int: tuple[builtins.int, builtins.int] | None = None  # inclusive bounds
+    uniform: Items(tuple[float, float] | None) = None
+    loguniform: Items(tuple[float, float] | None) = None
+    int: Items(tuple[builtins.int, builtins.int] | None) = None  # inclusive bounds
 
     @model_validator(mode="after")
     def _one_kind(self) -> Param:

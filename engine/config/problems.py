@@ -30,6 +30,8 @@ def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: st
             field = f"{field}.{ctx.get('discriminator', 'kind').strip(chr(39))}"
             value = ctx.get("tag")
             msg = f"allowed: {ctx.get('expected_tags', '')}"
+        elif kind in _TYPES:
+            msg = f"allowed: {_TYPES[kind]}"
         elif kind.startswith("greater_than") or kind.startswith("less_than"):
             msg = _bounds_msg(holder, loc) or err["msg"]
         else:
@@ -37,6 +39,11 @@ def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: st
             msg = msg[0].lower() + msg[1:] if msg else msg
         problems.append((field, value, msg))
     return problems
+
+
+# strict types (engine.config.types.Strict): what a value of each kind is written as
+_TYPES = {"int_type": "a whole number (not true/false, not text)", "float_type": "a number (not true/false, not text)",
+          "bool_type": "true or false", "string_type": "text"}
 
 
 def _walk(loc: tuple, model: type[BaseModel]) -> tuple[list[str], Any]:

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.config.types import Bits, Strict
+from engine.config.types import Bits, Items, Strict
 from engine.data.catalog import INFO
 from engine.errors import ConfigError
 from engine.models.catalog import unknown_model
@@ -166,7 +166,7 @@ class DataConfig(Strict):
 
 class OptimConfig(Strict):
     optimizer: Literal["sgd", "adam"] = "sgd"  # adam: the Transformer's (betas, eps below; no momentum/nesterov)
-    betas: tuple[float, float] = (0.9, 0.98)
+    betas: Items(tuple[float, float]) = (0.9, 0.98)
     eps: float = Field(1e-9, gt=0.0, le=1.0)
     epochs: int = Field(1, ge=1, le=100000)
     iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)  # a budget in optimizer steps; overrides epochs
@@ -177,7 +177,7 @@ class OptimConfig(Strict):
     lr_schedule: Literal["piecewise", "cosine", "constant"] = "piecewise"
     # cosine: the learning rate anneals from lr to lr * lr_floor (the reference's anneal_cosine: lr * 0.1^2)
     lr_floor: float = Field(0.01, ge=0.0, lt=1.0)
-    milestones: tuple[float, ...] = (0.5, 0.75)  # fractions of the run (paper: epochs 80 and 120 of 160)
+    milestones: Items(tuple[float, ...]) = (0.5, 0.75)  # fractions of the run (paper: epochs 80 and 120 of 160)
     gamma: float = Field(0.1, gt=0.0, le=1.0)
     warmup_iters: int = Field(0, ge=0, le=MAX_ITERATIONS)  # reference --warm_up: a constant lr for the first iterations
     warmup_lr: float = Field(0.01, gt=0.0, le=100.0)
@@ -252,7 +252,7 @@ class InitConfig(Strict):
 class CostConfig(Strict):
     """The hardware cost models every run reports (engine/cost/cost_models.py; docs/methods.md §10)."""
 
-    int_widths: tuple[int, ...] = (4, 8, 16, 32)  # the int_units model's integer unit widths
+    int_widths: Items(tuple[int, ...]) = (4, 8, 16, 32)  # the int_units model's integer unit widths
     table: str | None = None  # a user's YAML table (width pair -> cost per MAC), reported as table:NAME
 
     @field_validator("int_widths")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from annotated_types import Ge, Le
-from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from engine.numerics.precision import BITS_ALLOWED, valid_bits
@@ -22,10 +22,31 @@ SEED_MAX = 2**31 - 1
 Seed = Annotated[int, Ge(0), Le(SEED_MAX)]  # a run's seed: ExperimentConfig.seed and a sweep's seeds
 
 
-class Strict(BaseModel):
-    """Frozen, unknown keys forbidden, no infinite or NaN numbers: every config section derives from this."""
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+def Items(annotation: Any) -> Any:  # noqa: N802 (a type, spelled as one)
+    """A tuple field a YAML list fills: strict validation takes only tuples, so a list is turned into one first
+    (its items stay strictly checked)."""
+    return Annotated[annotation, BeforeValidator(_as_tuple)]
+
+
+class Strict(BaseModel):
+    """Frozen, unknown keys forbidden, no infinite or NaN numbers, and strict types: a number only where a
+    number is written (``true`` is no batch size, ``"64"`` no seed), true/false only for a switch. Pydantic's lax
+    mode would run a slip in a YAML file or a ``--set`` (``batch_size=true``: one sample a step) with a value
+    nobody wrote. Every config section derives from this."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_scalars(cls, data: Any) -> Any:
+        """NumPy scalars (a search algorithm's samples, a notebook's values) as the Python numbers they hold."""
+        if isinstance(data, dict) and any(_is_numpy(v) or isinstance(v, list | tuple) for v in data.values()):
+            return {k: _plain(v) for k, v in data.items()}
+        return data
 
     @field_validator("*", mode="after")
     @classmethod
@@ -35,6 +56,18 @@ class Strict(BaseModel):
         if _has_nul(v):
             raise PydanticCustomError("nul", "allowed: text without NUL bytes")
         return v
+
+
+def _is_numpy(v: Any) -> bool:
+    return type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "ndim", None) == 0
+
+
+def _plain(v: Any) -> Any:
+    if _is_numpy(v):
+        return v.item()
+    if isinstance(v, list | tuple) and any(_is_numpy(x) for x in v):
+        return type(v)(x.item() if _is_numpy(x) else x for x in v)
+    return v
 
 
 def _has_nul(v: Any, depth: int = 0) -> bool:

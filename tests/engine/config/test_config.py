@@ -92,7 +92,7 @@ def test_bad_override_syntax(tmp_path):
     p = write_yaml(tmp_path / "c.yaml", "{}\n")
     with pytest.raises(ConfigError, match="--set"):
         load_config(p, ["no_equals_sign"])
-    with pytest.raises(ConfigError, match="seed: got {'x': 1}; input should be a valid integer"):
+    with pytest.raises(ConfigError, match="seed: got {'x': 1}; allowed: a whole number"):
         load_config(p, ["seed.x=1"])
 
 
@@ -130,3 +130,27 @@ def test_each_schedule_kind_names_itself_and_says_whether_it_is_gated():
     routed = parse_config({"schedule": {"kind": "dfq", "execution": "routed", "block_floor": 0.5,
                                         "routed_sample_fraction": 1.0}})
     assert routed.schedule.label() == "DFQ cp 3% routed (sampled, whole batch) floor 0.5"
+
+
+@pytest.mark.parametrize("tree, field", [
+    ({"data": {"batch_size": True}}, "data.batch_size"),
+    ({"optim": {"lr": False}}, "optim.lr"),
+    ({"seed": "7"}, "seed"),
+    ({"optim": {"epochs": 3.0}}, "optim.epochs"),
+    ({"data": {"augment": 1}}, "data.augment"),
+    ({"optim": {"betas": [0.9, True]}}, "optim.betas.1"),
+    ({"schedule": {"kind": "pfq", "fw": [3, 4], "bw": [6, "8"]}}, "schedule.bw.1"),
+])
+def test_values_are_taken_as_written_not_coerced(tree, field):
+    """Strict types: true is no batch size, "7" no seed, 1 no switch (lax validation ran them as 1, 7, true)."""
+    with pytest.raises(ConfigError, match=rf"^{field}: got .*; allowed: "):
+        parse_config(tree)
+
+
+def test_numpy_scalars_from_a_search_algorithm_are_taken_as_the_numbers_they_hold():
+    np = pytest.importorskip("numpy")
+    cfg = parse_config({"seed": np.int64(3), "data": {"batch_size": np.int64(32)},
+                        "optim": {"lr": np.float32(0.5), "betas": [np.float64(0.8), 0.9]},
+                        "schedule": {"kind": "pfq", "fw": [np.int64(3), 4], "bw": [6, 8]}})
+    assert (cfg.seed, cfg.data.batch_size, cfg.optim.lr, cfg.optim.betas) == (3, 32, 0.5, (0.8, 0.9))
+    assert cfg.schedule.fw == [3, 4] and type(cfg.seed) is int and type(cfg.schedule.fw[0]) is int
