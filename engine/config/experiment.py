@@ -21,7 +21,6 @@ from engine.config.gated_schedule import DFQSchedule, FracTrainSchedule
 from engine.config.problems import validation_problems
 from engine.config.schedule import CPTSchedule, FP32Schedule, PFQSchedule, StaticSchedule
 from engine.config.sections import (
-    MAX_ITERATIONS,
     CostConfig,
     DataConfig,
     DebugConfig,
@@ -31,7 +30,7 @@ from engine.config.sections import (
     OptimConfig,
     QuantConfig,
 )
-from engine.config.types import Seed, Strict
+from engine.config.types import MAX_ITERATIONS, Seed, Strict
 from engine.data.catalog import INFO
 from engine.errors import ConfigError
 from engine.models.catalog import LayerMap, is_language_model

@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine.config.schedule import IndicatorSettings
+from engine.config.schedule import MAX_STAGES, IndicatorSettings
 from engine.config.types import Bits, Strict
 from engine.dfq.vocabulary import COST_BASES, EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, ROUTED_STATISTICS
 from engine.models.catalog import is_language_model
@@ -209,7 +209,7 @@ class FracTrainSchedule(GatedSettings, IndicatorSettings):
     cp0: float | None = Field(None, gt=0.0, le=100.0)  # first-stage target (--target_ratio); None: 1.5 (README)
     cp_total: float | None = Field(None, gt=0.0, le=100.0, validate_default=True)  # or the overall cp (eq. 1)
     cp_step: float = Field(0.5, ge=0.0, le=100.0)  # --target_ratio_step
-    num_turning_points: int = Field(3, ge=0, le=100)
+    num_turning_points: int = Field(3, ge=0, le=MAX_STAGES)
     band: float = Field(0.0, ge=0.0, le=100.0)  # --target_ratio_range: s = 0 inside [T, T + band)
     loss: Literal["ce", "total"] = "ce"  # what the indicator reads; total = CE + cost term (the reference)
     eval_every: int = Field(390, ge=1)  # the reference's FracTrain window

@@ -8,12 +8,13 @@ code; the options it lacks are fields that default to its behaviour.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
+from annotated_types import Ge, Le
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.config.types import Bits, Strict, increasing_fractions
+from engine.config.types import MAX_ITERATIONS, Bits, Strict, increasing_fractions
 from engine.numerics.precision import Precision
 
 
@@ -48,6 +49,8 @@ class StaticSchedule(Strict):
     def label(self) -> str:
         return f"FW{self.fw}/BW{self.bw}{_weights(self.weight_bits)}"
 
+MAX_STAGES = 100  # PFQ's stages, and so its turning points (FracTrain's: GatedSettings)
+
 
 class IndicatorSettings(Strict):
     """PFQ's loss indicator (engine.schedules.indicator), shared by pfq and fractrain."""
@@ -56,8 +59,10 @@ class IndicatorSettings(Strict):
     alpha: float = Field(0.4, gt=0.0, le=1.0)  # threshold decay (--decay; README 0.3)
     window: int = Field(5, ge=2, le=1000)  # K: the current window loss against the K-1 before it
     scale_windows: int = Field(10, ge=1, le=10000)  # S = mean loss of the first windows, then frozen
-    decay_after: list[int] = Field(default_factory=lambda: [1, 2])  # turning points after which eps *= alpha
-    eval_every: int = Field(400, ge=1)  # the indicator's "epoch": 400 iterations in PFQ, 390 in FracTrain
+    # the turning points after which eps *= alpha
+    decay_after: list[Annotated[int, Ge(1), Le(MAX_STAGES)]] = Field(default_factory=lambda: [1, 2],
+                                                                     max_length=MAX_STAGES)
+    eval_every: int = Field(400, ge=1, le=MAX_ITERATIONS)  # the indicator's "epoch": 400 iterations in PFQ, 390 in FracTrain
     eval_unit: Literal["iterations", "epochs"] = "iterations"
     # or the run split into this many windows, whatever its length (the reference: 160 in 64,000 iterations)
     eval_windows: int | None = Field(None, ge=1, le=100000)
@@ -86,8 +91,8 @@ class PFQSchedule(IndicatorSettings):
     """
 
     kind: Literal["pfq"] = "pfq"
-    fw: list[Bits] = Field(default_factory=lambda: [3, 4, 6, 8], min_length=1)  # FW bits per stage
-    bw: list[Bits] = Field(default_factory=lambda: [6, 6, 8, 8], min_length=1)  # BW bits per stage
+    fw: list[Bits] = Field(default_factory=lambda: [3, 4, 6, 8], min_length=1, max_length=MAX_STAGES)  # FW per stage
+    bw: list[Bits] = Field(default_factory=lambda: [6, 6, 8, 8], min_length=1, max_length=MAX_STAGES)  # BW per stage
     weight_bits: Bits | None = None  # None: weights at the stage's FW bits (the reference)
     mode: Literal["auto", "manual"] = "auto"
     switch_at: list[float] | None = None  # manual: where stages 2.. start (fractions); None: uniform stages
@@ -138,7 +143,7 @@ class PRTConfig(Strict):
     one exceeds ``threshold``."""
 
     candidates: list[Bits] = Field(default_factory=lambda: [2, 3, 4, 5, 6, 7, 8], min_length=2)
-    iterations_per_bit: int = Field(50, ge=1)
+    iterations_per_bit: int = Field(50, ge=1, le=MAX_ITERATIONS)
     window: int = Field(20, ge=1)  # iterations averaged at the end of each bit width
     threshold: float = Field(0.01, ge=0.0, le=1.0)  # accuracy gain that marks the switching point
     bw: Bits = 8  # gradient bits during the test
@@ -148,6 +153,15 @@ class PRTConfig(Strict):
     def _ascending(cls, v: list[int]) -> list[int]:
         if list(v) != sorted(set(v)):
             raise PydanticCustomError("prt", "allowed: strictly increasing bit widths")
+        return v
+
+    @field_validator("iterations_per_bit")
+    @classmethod
+    def _run_length(cls, v: int, info: ValidationInfo) -> int:
+        bits = len(info.data.get("candidates") or ())
+        if bits and bits * v > MAX_ITERATIONS:
+            raise PydanticCustomError("prt", f"allowed: <= {MAX_ITERATIONS // bits} (a test of at most "
+                                             f"{MAX_ITERATIONS:.0e} iterations over {bits} candidates)")
         return v
 
     @field_validator("window")

@@ -8,24 +8,25 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
+from annotated_types import Ge, Lt
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine.config.types import Bits, Items, Strict
+from engine.config.types import MAX_ITERATIONS, Bits, Items, Seed, Strict
 from engine.data.catalog import INFO
 from engine.errors import ConfigError
 from engine.models.catalog import unknown_model
 
-MAX_ITERATIONS = 10**9  # a run's iterations (ImageNet, 90 epochs at batch 256: 4.5e5)
+Fraction = Annotated[float, Ge(0.0), Lt(1.0)]
 
 
 class DebugConfig(Strict):
     """Fault injection, for testing a deployment's failure handling (docs/reliability.md). Leave unset."""
 
-    nan_loss_at_iteration: int | None = Field(None, ge=0)  # the loss becomes NaN at this iteration
-    nan_loss_seeds: list[int] | None = None  # ... only in runs of these seeds (null: every seed)
+    nan_loss_at_iteration: int | None = Field(None, ge=0, le=MAX_ITERATIONS)  # the loss becomes NaN at this iteration
+    nan_loss_seeds: list[Seed] | None = Field(None, max_length=10000)  # ... only in runs of these seeds (null: every seed)
     sleep_per_iteration: float = Field(0.0, ge=0.0, le=10.0)  # slow a run down (to kill it mid-epoch)
 
 
@@ -60,7 +61,7 @@ class SplitConfig(Strict):
     by: Literal["classes", "samples"]
     part: int = Field(0, ge=0)
     parts: int = Field(2, ge=2, le=1000)
-    seed: int = Field(0, ge=0)  # fixed: every run of a scenario sees the same parts
+    seed: int = Field(0, ge=0, le=2**32 - 1)  # fixed: every run of a scenario sees the same parts
     shuffle_classes: bool = False  # classes: shuffle the class order by seed (false: 0..C-1 in order)
 
     @model_validator(mode="after")
@@ -166,7 +167,7 @@ class DataConfig(Strict):
 
 class OptimConfig(Strict):
     optimizer: Literal["sgd", "adam"] = "sgd"  # adam: the Transformer's (betas, eps below; no momentum/nesterov)
-    betas: Items(tuple[float, float]) = (0.9, 0.98)
+    betas: Items(tuple[Fraction, Fraction]) = (0.9, 0.98)  # Adam's decay rates, each in [0, 1)
     eps: float = Field(1e-9, gt=0.0, le=1.0)
     epochs: int = Field(1, ge=1, le=100000)
     iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)  # a budget in optimizer steps; overrides epochs

@@ -18,6 +18,7 @@ def _bits(value: Any) -> int:
 
 
 Bits = Annotated[int, BeforeValidator(_bits)]
+MAX_ITERATIONS = 10**9  # a run's iterations (ImageNet, 90 epochs at batch 256: 4.5e5)
 SEED_MAX = 2**31 - 1
 Seed = Annotated[int, Ge(0), Le(SEED_MAX)]  # a run's seed: ExperimentConfig.seed and a sweep's seeds
 
