@@ -29,6 +29,7 @@ per-MAC models).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,9 +102,14 @@ class CostTable:
 TABLE_KEYS = ("name", "unit", "fp32", "costs")
 
 
+MAX_MAC_COST = 1e30  # a run's MACs (about 1e18 for ImageNet) times a MAC's price stays a finite float
+
+
 def _number(value, where: str, source: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ConfigError.single(f"{source}: {where}", value, "allowed: a finite number >= 0")
+    """A MAC's price: above zero, since every ratio and saving is taken against the FP32 and FW8/BW8 prices."""
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+            or not 0 < value <= MAX_MAC_COST):
+        raise ConfigError.single(f"{source}: {where}", value, f"allowed: a number > 0 and <= {MAX_MAC_COST:.0e}")
     return float(value)
 
 
@@ -118,8 +124,9 @@ def parse_cost_table(tree, source: str = "cost table") -> CostTable:
     if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
         raise ConfigError.single(f"{source}: name", name, "allowed: letters, digits, '_' and '-'")
     unit = tree.get("unit", "cost")
-    if not isinstance(unit, str):
-        raise ConfigError.single(f"{source}: unit", unit, "allowed: a string (e.g. pJ)")
+    if not isinstance(unit, str) or not unit or len(unit) > 32 or not unit.isprintable():
+        # printed in tables and on figures: no newline or terminal escape may ride along
+        raise ConfigError.single(f"{source}: unit", unit, "allowed: 1 to 32 printable characters (e.g. pJ)")
     if "fp32" not in tree:
         raise ConfigError.single(f"{source}: fp32", None, "required: the cost of a MAC with an fp32 operand")
     fp32 = _number(tree["fp32"], "fp32", source)
@@ -127,16 +134,19 @@ def parse_cost_table(tree, source: str = "cost table") -> CostTable:
     if not isinstance(raw, dict) or not raw:
         raise ConfigError.single(f"{source}: costs", raw, "expected a mapping of width pairs 'XxY' (e.g. 8x8: 0.3)")
     costs: dict[tuple[int, int], float] = {}
+    spelled: dict[tuple[int, int], str] = {}
     for key, value in raw.items():
-        parts = str(key).lower().split("x")
-        try:
-            x, y = (int(p) for p in parts)
-        except ValueError:
-            x = y = 0
+        m = re.fullmatch(r"([0-9]+)x([0-9]+)", str(key).lower())
+        x, y = (int(m[1]), int(m[2])) if m else (0, 0)
         if not (1 <= x < FULL_BITS and 1 <= y < FULL_BITS):
             raise ConfigError.single(f"{source}: costs.{key}", key, "allowed: 'XxY' with integer widths 1..31 "
                                      "(fp32 is priced by the fp32 key)")
-        costs[(min(x, y), max(x, y))] = _number(value, f"costs.{key}", source)
+        pair = (min(x, y), max(x, y))
+        if pair in spelled:  # pairs are unordered: 4x8 and 8x4 are one price
+            raise ConfigError.single(f"{source}: costs.{key}", key, f"allowed: each pair once (also given as "
+                                     f"{spelled[pair]}; pairs are unordered)")
+        spelled[pair] = str(key)
+        costs[pair] = _number(value, f"costs.{key}", source)
     return CostTable(name, unit, fp32, costs)
 
 
