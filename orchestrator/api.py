@@ -449,7 +449,10 @@ def validate(file: PathLike, *, tracking_uri: str | None = None) -> ValidationRe
         return ValidationResult(file=str(file), kind="sweep" if kind == "spec" else "ablation", name=obj.name,
                                 trials=obj.num_trials(), stages=stages)
     from engine.data.files import check_available
+    from engine.reach import exact_target_problems
 
+    if problems := exact_target_problems(obj):  # what the built network can reach, where the config cannot tell
+        raise ConfigError(problems, str(file))
     if obj.device == "cuda":  # where no GPU is visible it would fail at the first step (auto and cpu never do)
         from engine.train import pick_device
 

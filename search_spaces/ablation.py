@@ -25,10 +25,11 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from engine.config.experiment import parse_config, read_yaml
+from engine.config.experiment import read_yaml
 from engine.config.problems import validation_problems
 from engine.config.types import Strict
 from engine.errors import ConfigError
+from engine.reach import parse_checked
 from search_spaces.spec import MAX_CHECKED_POINTS, MAX_TRIALS, LoadedSpec, dedupe_problems, parse_spec
 
 
@@ -209,7 +210,7 @@ def _point_problems(loaded: LoadedSpec, ab: Ablation) -> list[tuple[str, object,
 
     def check(values: dict[str, Any], where: str) -> None:
         try:
-            parse_config(loaded.point_tree(values, seed))
+            parse_checked(loaded.point_tree(values, seed))
         except ConfigError as err:
             out.extend((f"{where}: {f}", v, a) for f, v, a in err.problems)
 

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from engine.config.experiment import parse_config, read_yaml, set_path
 from engine.config.problems import validation_problems
 from engine.errors import ConfigError
+from engine.reach import parse_checked
 from search_spaces import trial
 from search_spaces.schema import Stage, SweepSpec, picks
 
@@ -336,8 +337,7 @@ def _check_points(loaded: LoadedSpec) -> list[tuple[str, object, str]]:
 
     def check(values: dict[str, Any], label: str) -> None:
         try:
-            tree = loaded.point_tree(values, seed)
-            parse_config(tree)
+            parse_checked(loaded.point_tree(values, seed))
         except ConfigError as err:
             out.extend((f"{label}: {f}", v, a) for f, v, a in err.problems)
 

@@ -250,6 +250,22 @@ def target_problems(cfg: ExperimentConfig, reach: tuple[float, float] | None = N
     return [(field, value, f"stage targets {bad} unreachable; {allowed}")] if bad else []
 
 
+def target_undecided(cfg: ExperimentConfig) -> bool:
+    """Whether the config alone cannot tell that a gated run's cp targets are reachable, so that only the built
+    network can (``engine.reach``): on the whole-model basis always; on the gated blocks a target below the
+    cheapest option that computes, which only skips reach, at what their paths cost (a downsampling block's
+    fp32 projection). Between the cheapest and the dearest computing option every target is reachable."""
+    sched = cfg.schedule
+    if not cfg.gated:
+        return False
+    if sched.cost_basis == "model":
+        return True
+    cheapest = min(100 * o.bitops_per_mac() / 1024.0 / 3 for o in sched.option_precisions(cfg.model.name)
+                   if not o.skip)
+    targets = [sched.target_cp] if sched.kind == "dfq" else sched.targets()
+    return any(t < cheapest - 1e-9 for t in targets)
+
+
 def parse_config(tree: dict, source: str | None = None) -> ExperimentConfig:
     try:
         cfg = ExperimentConfig.model_validate(tree)

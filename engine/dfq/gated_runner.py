@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from engine import distributed
 from engine.cost.bitops import BitOpsCounter, layer_cost
-from engine.dfq.basis import build_bases
+from engine.dfq.basis import CpBasis, build_bases
 from engine.dfq.controller import PRICE_LIMIT, build_controller
 from engine.dfq.gate import cost_per_sample
 from engine.dfq.gated import GatedModel
@@ -177,6 +177,18 @@ class StagedTarget:
         self.stage_cp = {int(k): list(v) for k, v in state["stage_cp"].items()}
 
 
+def cost_bases(sched, model: GatedModel, counter: BitOpsCounter, model_name: str,
+               tokens: int = 1) -> tuple[BlockCosts, dict[str, CpBasis]]:
+    """The prices of a gated model's choices and the cp bases built on them (both, by name). ``tokens``: the
+    counter's samples per decision (a language model's sequence), which share one gate run."""
+    costs = BlockCosts(counter, model.options, len(model.blocks), model.gate_macs())
+    macs = torch.tensor(costs.block_macs, dtype=torch.float64)
+    omega = macs / macs.mean() if sched.omega_kind(model_name) == "macs" else torch.ones(len(macs),
+                                                                                         dtype=torch.float64)
+    return costs, build_bases(model.options, costs.table, costs.block_macs, costs.fixed, costs.gate / tokens,
+                              counter.fp32_per_sample(), omega, model.gate.allowed.cpu())
+
+
 class GatedRunner:
     """One training iteration of DFQ / FracTrain, and their per-epoch statistics."""
 
@@ -185,13 +197,7 @@ class GatedRunner:
         self.sched, self.model, self.counter, self.opt = sched, model, counter, opt
         self.options = model.options
         self.option_names = sched.option_names(model_name)
-        self.costs = BlockCosts(counter, self.options, len(model.blocks), model.gate_macs())
-        macs = torch.tensor(self.costs.block_macs, dtype=torch.float64)
-        omega = macs / macs.mean() if sched.omega_kind(model_name) == "macs" else torch.ones(len(macs),
-                                                                                             dtype=torch.float64)
-        # ``tokens``: the counter's samples per decision (a language model's sequence), which share one gate run
-        self.bases = build_bases(self.options, self.costs.table, self.costs.block_macs, self.costs.fixed,
-                                 self.costs.gate / tokens, counter.fp32_per_sample(), omega, model.gate.allowed.cpu())
+        self.costs, self.bases = cost_bases(sched, model, counter, model_name, tokens)
         self.basis = self.bases[sched.cost_basis]  # the one the target names and the controller steers
         self.kappa, self.omega = self.basis.kappa, self.basis.omega
         # a host copy for the price search, in the model buffer's float32, which the decisions use
