@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, PERPLEXITY, VAL_ACCURACY, VAL_PERPLEXITY
 from results.output import PLOT_SUFFIXES, check_output_file, emit_json, info, table
@@ -101,17 +103,26 @@ def cost_flags(args):
 
 
 def parse_precision(text: str, weight_bits: int | None):
-    from engine.numerics.precision import FP32, Precision
+    """``--precision`` and ``--weight-bits``, each refused by its own flag: FW/BW in ASCII digits (``int`` would
+    read other scripts' digits too), or fp32, which takes no weight bits of its own."""
+    from engine.numerics.precision import FP32, Precision, valid_bits
 
+    problems = []
+    if weight_bits is not None and not valid_bits(weight_bits):
+        problems.append(("--weight-bits", weight_bits, "allowed: integer bits 1..32"))
     if text.lower() == "fp32":
+        if weight_bits is not None:
+            problems.append(("--weight-bits", weight_bits, "allowed: only with an FW/BW --precision (fp32 runs "
+                             "every operand at 32 bits)"))
+        if problems:
+            raise ConfigError(problems[-1:])
         return FP32
-    parts = text.split("/")
-    try:
-        fw, bw = (int(p) for p in parts)
-        return Precision.fwbw(fw, bw, weight_bits)
-    except (ValueError, ConfigError):
-        raise ConfigError.single("--precision", text, "expected FW/BW with integer bits 1..32 (e.g. 8/8), or fp32; "
-                                 "--weight-bits 1..32") from None
+    m = re.fullmatch(r"([0-9]{1,2})/([0-9]{1,2})", text)
+    if not m or not (valid_bits(int(m[1])) and valid_bits(int(m[2]))):
+        problems.insert(0, ("--precision", text, "allowed: FW/BW with integer bits 1..32 (e.g. 8/8), or fp32"))
+    if problems:
+        raise ConfigError(problems)
+    return Precision.fwbw(int(m[1]), int(m[2]), weight_bits)
 
 
 def cmd_cost(args) -> int:
