@@ -2,21 +2,27 @@
 
 ``validation_problems(exc, model, prefix)`` walks each error's location through the config models (discriminated
 union tags dropped: ``schedule.static.fw`` -> ``schedule.fw``), names unknown keys with the allowed ones, literal
-and bound errors with their allowed values, and leaves every other message as pydantic wrote it.
+and bound errors with their allowed values, and leaves every other message as pydantic wrote it. A value no member
+of a plain union takes (``fw_min: 3`` or ``auto``; ``options``: a preset or a list) is one problem, not one per
+member: the members of the value's own shape (a list's, for a list) speak, their allowed values joined.
 """
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+_CONTAINER_TAGS = ("list[", "tuple[", "dict[", "set[")
+
 
 def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[tuple[str, object, str]]:
     """Turn pydantic errors into ``(field, value, allowed)`` triples."""
-    problems = []
+    problems, tagged = [], []
     for err in exc.errors(include_url=False):
-        loc, holder = _walk(err["loc"], model)
+        loc, holder, tag = _walk(err["loc"], model)
         field = ".".join([prefix] + loc if prefix else loc) or "config"
         value = err.get("input")
         kind = err["type"]
@@ -37,8 +43,37 @@ def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: st
         else:
             msg = err["msg"].removeprefix("Value error, ")
             msg = msg[0].lower() + msg[1:] if msg else msg
-        problems.append((field, value, msg))
-    return problems
+        if tag is None:
+            problems.append((field, value, msg))
+        else:
+            tagged.append((field, value, msg, tag))
+    return problems + _one_per_union(tagged)
+
+
+def _one_per_union(tagged: list[tuple[str, object, str, tuple[str, str]]]) -> list[tuple[str, object, str]]:
+    """The errors of a plain union's members (``tag``: the union's field and the member's name) as the problems
+    of the members shaped like the value (a list's members for a list), one line per field and value."""
+    by_union: dict[str, list] = {}
+    for item in tagged:
+        by_union.setdefault(item[3][0], []).append(item)
+    out: list[tuple[str, object, str]] = []
+    for union_field, items in by_union.items():
+        whole = [v for f, v, _, _ in items if f == union_field]
+        if whole:
+            shaped = isinstance(whole[0], list | tuple | dict | set)
+            mine = [i for i in items if i[3][1].startswith(_CONTAINER_TAGS) == shaped]
+            items = mine or items
+        merged: dict[tuple[str, str], tuple[str, object, list[str]]] = {}
+        for field, value, msg, _ in items:
+            key = (field, repr(value))
+            if key not in merged:
+                merged[key] = (field, value, [])
+            if msg not in merged[key][2]:
+                merged[key][2].append(msg)
+        for field, value, msgs in merged.values():
+            rest = [m.removeprefix("allowed: ") for m in msgs[1:]]
+            out.append((field, value, "; or ".join([msgs[0], *rest])))
+    return out
 
 
 # strict types (engine.config.types.Strict): what a value of each kind is written as
@@ -46,13 +81,18 @@ _TYPES = {"int_type": "a whole number (not true/false, not text)", "float_type":
           "bool_type": "true or false", "string_type": "text"}
 
 
-def _walk(loc: tuple, model: type[BaseModel]) -> tuple[list[str], Any]:
+def _walk(loc: tuple, model: type[BaseModel]) -> tuple[list[str], Any, tuple[str, str] | None]:
     """The location without discriminator tags (``schedule.static.fw`` -> ``schedule.fw``; list indices kept)
-    and the model that holds its last field (None when the location leaves the models)."""
+    and without a plain union's member name (``options.list[str].1`` -> ``options.1``), the model that holds its
+    last field (None when the location leaves the models), and the plain union's field and member, if any."""
     out: list[str] = []
     node: Any = model  # a model, a list of union members (awaiting their tag), or None
     holder: Any = model
+    member_next, tag = False, None
     for part in loc:
+        if member_next and isinstance(part, str):  # the member of a plain union that raised this error
+            member_next, tag = False, (".".join(out), part)
+            continue
         if isinstance(part, int) or node is None:
             out.append(str(part))
             continue
@@ -73,7 +113,17 @@ def _walk(loc: tuple, model: type[BaseModel]) -> tuple[list[str], Any]:
             continue
         members = _models_in(fields[part].annotation)
         node = members[0] if len(members) == 1 else (members or None)
-    return out, holder
+        member_next = not members and _plain_union(fields[part].annotation)
+    return out, holder, tag
+
+
+def _plain_union(ann: Any) -> bool:
+    """A union of two or more non-model members besides None: pydantic names the member in an error's location."""
+    if typing.get_origin(ann) is typing.Annotated:
+        return _plain_union(typing.get_args(ann)[0])
+    if typing.get_origin(ann) not in (typing.Union, types.UnionType):
+        return False
+    return len([a for a in typing.get_args(ann) if a is not type(None)]) > 1
 
 
 def _models_in(ann: Any) -> list[type[BaseModel]]:
