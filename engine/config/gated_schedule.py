@@ -7,6 +7,7 @@ defaults an unset field resolves to (methods.md §6.3). The kinds whose precisio
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -16,7 +17,7 @@ from engine.config.schedule import MAX_STAGES, IndicatorSettings
 from engine.config.types import Bits, Strict
 from engine.dfq.vocabulary import COST_BASES, EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, ROUTED_STATISTICS
 from engine.models.catalog import is_language_model
-from engine.numerics.precision import SKIP, Precision
+from engine.numerics.precision import SKIP, Precision, valid_bits
 
 OPTION_PRESETS = {
     "paper": ["skip", "2/6", "3/6", "4/6", "4/12", "6/8", "6/12"],  # supplement, ResNet-38/74
@@ -24,6 +25,20 @@ OPTION_PRESETS = {
     "reference": ["3/6", "4/6", "4/8", "6/8", "6/12"],  # hard-coded in train_dfq.py / train_frac.py
     "cap8": ["skip", "2/6", "3/6", "4/6", "4/8", "6/8"],  # every option <= 8 bits (the reviewers' fairness point)
 }
+
+
+def option_name(text: str) -> str:
+    """An option as written (``skip``, ``SKIP``, `` 4/8``, ``04/8``) by its one name (``skip``, ``4/8``), so that
+    two spellings of one option count as one; ``ValueError`` for anything else (ASCII digits, bits 1..32)."""
+    m = re.fullmatch(r"\s*(?:(skip)|([0-9]{1,3})/([0-9]{1,3}))\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(text)
+    if m[1]:
+        return "skip"
+    fw, bw = int(m[2]), int(m[3])
+    if not (valid_bits(fw) and valid_bits(bw)):
+        raise ValueError(text)
+    return f"{fw}/{bw}"
 
 
 def parse_option(text: str, weight_bits: int) -> Precision:
@@ -131,15 +146,18 @@ class GatedSettings(Strict):
                 raise PydanticCustomError("options", "allowed: a preset (paper, reference, cap8) or a list of "
                                           "options such as [skip, 2/6, 4/8]")
             return v
-        if not 2 <= len(v) <= 32 or len(set(v)) != len(v):
-            raise PydanticCustomError("options", "allowed: 2 to 32 distinct options")
+        names = []
         for item in v:
             try:
-                parse_option(str(item), 8)
-            except Exception:
+                names.append(option_name(item))
+            except ValueError:
                 raise PydanticCustomError("options", f"option {item!r}; allowed: skip or FW/BW with bits "
                                           "1..32, e.g. 4/8") from None
-        return [str(x) for x in v]
+        twice = [n for i, n in enumerate(names) if n in names[:i]]
+        if not 2 <= len(names) <= 32 or twice:
+            raise PydanticCustomError("options", "allowed: 2 to 32 distinct options" +
+                                      (f" ({', '.join(twice)} given more than once)" if twice else ""))
+        return names
 
     def option_names(self, model_name: str) -> list[str]:
         if isinstance(self.options, list):

@@ -154,3 +154,22 @@ def test_numpy_scalars_from_a_search_algorithm_are_taken_as_the_numbers_they_hol
                         "schedule": {"kind": "pfq", "fw": [np.int64(3), 4], "bw": [6, 8]}})
     assert (cfg.seed, cfg.data.batch_size, cfg.optim.lr, cfg.optim.betas) == (3, 32, 0.5, (0.8, 0.9))
     assert cfg.schedule.fw == [3, 4] and type(cfg.seed) is int and type(cfg.schedule.fw[0]) is int
+
+
+def test_dfq_options_are_named_one_way_and_each_once():
+    cfg = parse_config({"schedule": {"kind": "dfq", "options": ["SKIP", " 4/8", "06/12"], "target_cp": 3.0}})
+    assert cfg.schedule.options == ["skip", "4/8", "6/12"]  # what the logs and the allocations name
+    for twice in (["skip", "Skip", "4/8"], ["4/8", "04/8"], ["4/8", " 4/8 "]):
+        with pytest.raises(ConfigError, match=r"^schedule\.options: .*distinct options \(.* given more than once"):
+            parse_config({"schedule": {"kind": "dfq", "options": twice, "target_cp": 3.0}})
+    with pytest.raises(ConfigError, match=r"option '٨/8'"):
+        parse_config({"schedule": {"kind": "dfq", "options": ["٨/8", "4/8"], "target_cp": 3.0}})
+
+
+def test_a_value_no_member_of_a_union_takes_is_one_problem():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"schedule": {"kind": "cpt", "fw_min": "three"}})
+    assert err.value.problems == [("schedule.fw_min", "three", "allowed: an integer 1..32; or 'auto'")]
+    with pytest.raises(ConfigError) as err:
+        parse_config({"schedule": {"kind": "dfq", "options": ["4/8", 8]}})
+    assert [f for f, _, _ in err.value.problems] == ["schedule.options.1"]  # the list member's, not the preset's
