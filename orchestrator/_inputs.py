@@ -51,6 +51,24 @@ def check_resume(path: str) -> None:
                                  f"(holding {FILENAME})")
 
 
+def check_not_overwritten(checkpoint_dir: str, resume: str | None) -> None:
+    """``--checkpoint-dir``: a run writes its state there after every epoch, so a folder that already holds
+    another run's checkpoint is refused, unless it is the one the run resumes from (it carries that run on)."""
+    from engine.checkpoint import FILENAME
+
+    folder = Path(checkpoint_dir)
+    if not (folder / FILENAME).exists():
+        return
+    if resume is not None:
+        source = Path(resume)
+        source = source.parent if source.name == FILENAME and not source.is_dir() else source
+        if source.resolve() == folder.resolve():
+            return
+    raise ConfigError.single("--checkpoint-dir", checkpoint_dir, f"allowed: a folder without a checkpoint, or the "
+                             f"one --resume continues; this one holds a run's {FILENAME}, which training would "
+                             "overwrite")
+
+
 def where(sweep: str | SweepResult, sweep_id: str | None, tracking_uri: str | None) -> tuple[str, str | None, str]:
     """(name, sweep id, normalised tracking URI) of a sweep given by name or by its ``SweepResult``."""
     from results import store

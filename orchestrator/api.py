@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import CheckpointError, ConfigError, DataError, FractuneError, TrainingDiverged
 from orchestrator._data_parallel import check_workers, train_on_workers
-from orchestrator._inputs import PathLike, check_resume, experiment_config, load_any, where
+from orchestrator._inputs import (
+    PathLike,
+    check_not_overwritten,
+    check_resume,
+    experiment_config,
+    load_any,
+    where,
+)
 from orchestrator._preflight import load_for_cluster
 from orchestrator._reports import write_report
 from orchestrator._result_types import (
@@ -99,6 +106,8 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     # once the first epoch is done (a refused resume leaves the history file as it was); history is appended to
     history_file = check_output_file("--history", history) if history else None
     ckpt_dir = check_output_folder("--checkpoint-dir", checkpoint_dir) if checkpoint_dir else None
+    if ckpt_dir is not None:
+        check_not_overwritten(checkpoint_dir, resume)
     if resume:
         check_resume(resume)
         from engine.train import load_resume_state
