@@ -90,11 +90,15 @@ def _check_known(path: Path, stem: str, data: bytes, dims: tuple, offset: int) -
                         "replaced; reinstall dataset-fashion-mnist or re-download it")
 
 
-def _check_pair(images: np.ndarray, labels: np.ndarray, classes: int, where: str) -> None:
-    """Images and labels of one split that belong together: as many labels as images, each a class index."""
+def _check_pair(images: np.ndarray, labels: np.ndarray, classes: int, size: int, where: str) -> None:
+    """Images and labels of one split that belong together: as many labels as images, each a class index, every
+    image of the data set's size (the model is built, and its cost priced, for that size)."""
     if images.ndim != 3 or labels.ndim != 1:
         raise DataError(f"data: {where}: images of {images.ndim} dimensions and labels of {labels.ndim}; expected 3 "
                         "and 1 (a swapped file?)")
+    if images.shape[1:] != (size, size):
+        raise DataError(f"data: {where}: images of {images.shape[1]}x{images.shape[2]} pixels; allowed: "
+                        f"{size}x{size} (the data set's)")
     if len(images) != len(labels):
         raise DataError(f"data: {where}: {len(images)} images but {len(labels)} labels")
     if len(labels) and int(labels.max()) >= classes:
@@ -136,9 +140,9 @@ def fashion_mnist_arrays(cfg: DataConfig) -> dict[str, np.ndarray]:
     folder = Path(cfg.data_dir) if cfg.data_dir else FASHION_MNIST_DIR
     files = {k: _find_idx(folder, stem) for k, stem in zip(("xtr", "ytr", "xte", "yte"), FMNIST_FILES)}
     arr = {k: _read_idx(p) for k, p in files.items()}
-    classes = INFO["fashion-mnist"].classes
-    _check_pair(arr["xtr"], arr["ytr"], classes, f"{files['xtr'].name} / {files['ytr'].name}")
-    _check_pair(arr["xte"], arr["yte"], classes, f"{files['xte'].name} / {files['yte'].name}")
+    info = INFO["fashion-mnist"]
+    for x, y in (("xtr", "ytr"), ("xte", "yte")):
+        _check_pair(arr[x], arr[y], info.classes, info.size, f"{files[x].name} / {files[y].name}")
     return arr
 
 

@@ -106,3 +106,27 @@ def test_a_sweep_on_damaged_data_exits_2_before_anything_starts(tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and "holds a label of 255" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "m.db").exists()  # nothing created
+
+
+def _idx(path, array) -> None:
+    import numpy as np
+
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+def test_images_of_another_size_than_the_data_sets_are_refused(tmp_path):
+    """A folder of well-formed IDX files whose training images are 1x1 pixels: the model is built and priced
+    for 28x28, so they are refused, naming the files and the size, not trained on."""
+    import numpy as np
+
+    from engine.config.sections import DataConfig
+    from engine.data.files import fashion_mnist_arrays
+    from engine.errors import DataError
+
+    rng = np.random.default_rng(0)
+    for stem, shape in zip(FMNIST_FILES, ((300, 1, 1), (300,), (10, 28, 28), (10,))):
+        _idx(tmp_path / stem, rng.integers(0, 10 if len(shape) == 1 else 256, shape))
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte / train-labels-idx1-ubyte: images of 1x1 "
+                                        r"pixels; allowed: 28x28"):
+        fashion_mnist_arrays(DataConfig(dataset="fashion-mnist", data_dir=str(tmp_path)))
