@@ -14,7 +14,6 @@ Everything is read back from MLflow (``dashboards.data``), so a report can be re
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from engine.config.experiment import GATED_KINDS
 from engine.errors import ConfigError
 from engine.metrics import TRAIN_BITOPS
 from results.objectives import Direction, Objective
-from results.output import emit_json, info
+from results.output import emit_json, info, json_text
 from results.runs import check_objective, compared_stages, cost_of, front_quality, log_quality
 from results.store import artifact_json
 from results.summary import (
@@ -139,7 +138,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
                "importance": importance, "analysis": analysis,
                "chosen_runs": [r["run_id"] for r in chosen], "bit_allocation_runs": list(allocs),
                "stages": stage_refs}
-    (folder / "report.json").write_text(json.dumps(summary, default=str, indent=1))
+    (folder / "report.json").write_text(json_text(summary, default=str, indent=1))
     artifact = None
     if log:
         log_quality(c, data.parent_run_id, quality)

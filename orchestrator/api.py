@@ -92,11 +92,10 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
         DataError: the data set cannot be read. CheckpointError: ``resume`` or ``init`` cannot be used.
         TrainingDiverged: the loss became NaN or infinite.
     """
-    import json
 
     from engine.data.files import check_available
     from results import lineage
-    from results.output import check_output_file, check_output_folder, epoch_lines, info
+    from results.output import check_output_file, check_output_folder, epoch_lines, info, json_text
 
     cfg = lineage.resolve_config(experiment_config(config, overrides, data_dir), tracking_uri)
     check_available(cfg.data)
@@ -121,7 +120,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
         if history_file is not None:
             if not opened:
                 opened.append(open(history_file, "a"))  # noqa: SIM115  closed after training
-            opened[0].write(json.dumps(metrics) + "\n")
+            opened[0].write(json_text(metrics) + "\n")
             opened[0].flush()
         if ckpt_dir is not None:
             save(ckpt_dir)

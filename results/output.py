@@ -29,10 +29,17 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def json_text(obj: Any, **dumps) -> str:
+    """Strict JSON of what a command writes for other programs (``--json``, ``--history``, ``pareto.json``,
+    ``report.json``): NaN and infinities become null, since JSON has no token for them (Python's ``NaN`` is
+    refused by JavaScript's and most other parsers)."""
+    return json.dumps(_clean(obj), allow_nan=False, **dumps)
+
+
 def emit_json(obj: dict) -> None:
     """The last stdout line of a command with --json: one JSON object (NaN/inf become null)."""
     sys.stdout.flush()
-    print(json.dumps(_clean(obj), sort_keys=False, allow_nan=False), flush=True)
+    print(json_text(obj), flush=True)
 
 
 def fmt(v: Any, digits: int = 4) -> str:

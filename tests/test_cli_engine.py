@@ -165,3 +165,17 @@ def test_schedule_priced_under_every_model():
     # CPT 3 -> 8 saves less on integer units (3/4 bits on 4-bit units, 5..8 on 8-bit ones) and in energy
     assert 0.1 < c["int_units"]["savings_vs_fw8bw8"] < c["energy"]["savings_vs_fw8bw8"] < 0.3
     assert c["macs"]["ratio_vs_fp32"] == 1.0
+
+
+def test_the_history_file_is_strict_json_where_a_metric_is_not_a_number(tmp_path):
+    """No validation split: val_accuracy is NaN, written as null (a bare NaN is no JSON for other parsers)."""
+    cfg = write_yaml(tmp_path / "tiny.yaml", TINY)
+    code, _, _ = run_main("train", str(cfg), "--set", "data.val_fraction=0", "--set", "optim.epochs=1",
+                          "--history", str(tmp_path / "h.jsonl"))
+
+    def refuse(token):
+        raise AssertionError(f"{token} in the history file")
+
+    [line] = (tmp_path / "h.jsonl").read_text().splitlines()
+    epoch = json.loads(line, parse_constant=refuse)
+    assert code == 0 and epoch["epoch"] == 1 and epoch["val_accuracy"] is None and epoch["accuracy"] > 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dashboards.ui import ui_command
 from orchestrator.sweep.storage import storage_problem
+from results.output import json_text
 from search_spaces import trial
 from search_spaces.spec import LoadedSpec
 
@@ -20,7 +21,7 @@ def save_summary(exp_path: Path, summary: dict, track: dict) -> None:
     try:
         from results.output import write_atomic
 
-        write_atomic(exp_path / "pareto.json", json.dumps(summary, indent=1, default=str))
+        write_atomic(exp_path / "pareto.json", json_text(summary, indent=1, default=str))
     except OSError as exc:
         track["storage_error"] = f"{exp_path}: {exc.strerror}"
 
@@ -30,7 +31,7 @@ def log_front(c, parent_id: str, summary: dict) -> None:
     for r in summary["pareto"]:
         if r["run_id"]:
             c.set_tag(r["run_id"], "pareto", "true")
-    c.log_dict(parent_id, summary, "pareto.json")
+    c.log_text(parent_id, json_text(summary, indent=1, default=str), "pareto.json")
 
 
 def sweep_front(rows: list[dict], task, objective: str) -> tuple[list[dict], dict]:
