@@ -27,6 +27,7 @@ def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: st
         value = err.get("input")
         kind = err["type"]
         if kind == "extra_forbidden":
+            value = Withheld(value)
             allowed = sorted(getattr(holder, "model_fields", None) or {})
             msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         elif kind == "literal_error":
@@ -48,6 +49,26 @@ def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: st
         else:
             tagged.append((field, value, msg, tag))
     return problems + _one_per_union(tagged)
+
+
+class Withheld:
+    """An unknown key's value in a problem, by its kind only: the key names the problem, and a value put under a
+    key fractune does not know (a misplaced password or token) must not reach a terminal or a log."""
+
+    KINDS = {str: "text", int: "a number", float: "a number", bool: "true/false", dict: "a section",
+             list: "a list", type(None): "nothing"}
+
+    def __init__(self, value: object):
+        self.kind = self.KINDS.get(type(value), type(value).__name__)
+
+    def __repr__(self) -> str:
+        return f"{self.kind} (not shown)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Withheld) and other.kind == self.kind
+
+    def __hash__(self) -> int:
+        return hash(self.kind)
 
 
 def _one_per_union(tagged: list[tuple[str, object, str, tuple[str, str]]]) -> list[tuple[str, object, str]]:
