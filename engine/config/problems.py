@@ -26,7 +26,9 @@ def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: st
         field = ".".join([prefix] + loc if prefix else loc) or "config"
         value = err.get("input")
         kind = err["type"]
-        if kind == "extra_forbidden":
+        if kind == "missing":  # pydantic's input is the whole section around the missing key
+            value, msg = NOTHING, "required"
+        elif kind == "extra_forbidden":
             value = Withheld(value)
             allowed = sorted(getattr(holder, "model_fields", None) or {})
             msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
@@ -49,6 +51,14 @@ def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: st
         else:
             tagged.append((field, value, msg, tag))
     return problems + _one_per_union(tagged)
+
+
+class _Nothing:
+    def __repr__(self) -> str:
+        return "nothing"
+
+
+NOTHING = _Nothing()  # the value of a required key left out
 
 
 class Withheld:

@@ -173,3 +173,11 @@ def test_a_value_no_member_of_a_union_takes_is_one_problem():
     with pytest.raises(ConfigError) as err:
         parse_config({"schedule": {"kind": "dfq", "options": ["4/8", 8]}})
     assert [f for f, _, _ in err.value.problems] == ["schedule.options.1"]  # the list member's, not the preset's
+
+
+def test_a_missing_key_is_named_without_echoing_the_section_around_it():
+    from search_spaces.spec import parse_spec
+
+    with pytest.raises(ConfigError) as err:
+        parse_spec({"base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}}})
+    assert err.value.lines() == ["name: got nothing; required"]
