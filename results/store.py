@@ -82,8 +82,13 @@ def artifact_root(uri: str, experiment: str) -> str | None:
 
 
 def client(uri: str):
+    """MLflow's client, failing fast when a server stops answering: its default retries back off for minutes
+    (a reader would hang, a sweep's Tune loop stall). Every fractune process reads its store through this; the
+    sweep's tracker queues and retries its writes itself. The environment may still set other values."""
     from mlflow.tracking import MlflowClient
 
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     return MlflowClient(tracking_uri=uri)
 
 

@@ -27,7 +27,6 @@ nor marks it FAILED.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -98,11 +97,7 @@ class MLflowTracker(tune.Callback):
 
     @property
     def c(self):
-        if self._client is None:
-            # fail fast when the store is down: the queue retries, the HTTP client need not (its default
-            # retries with back-off for minutes would stall Tune's event loop)
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        if self._client is None:  # failing fast when the store is down (store.client): the queue retries
             self._client = client(self.tracking_uri)
         return self._client
 

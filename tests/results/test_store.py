@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 
 import pytest
 
@@ -67,12 +68,17 @@ def test_a_server_answering_health_but_not_the_tracking_api_is_refused_in_one_li
     assert not list(tmp_path.iterdir())
 
 
-def test_a_store_failing_after_its_check_gives_one_line_and_exit_1(serve, capsys):
-    uri = serve(200, other_status=404)  # the probe passes; reading the sweep fails
-    code = run_main("pareto", "demo", "--tracking-uri", uri, "--json")[0]
-    err = capsys.readouterr().err.splitlines()
-    assert code == 1 and len(err) == 1, err
-    assert err[0].startswith("fractune pareto: error: the tracking store failed: ") and "404" in err[0], err
+@pytest.mark.parametrize("status", [404, 503])
+def test_a_store_failing_after_its_check_gives_one_line_and_exit_1_at_once(serve, capsys, status, tmp_path):
+    """503 is an answer MLflow's client retries, backing off for minutes by default: a reader fails at once."""
+    uri = serve(200, other_status=status)  # the probe passes; reading the sweep fails
+    started = time.monotonic()
+    for args in (("pareto", "demo", "--json"), ("results", "demo", "--out", str(tmp_path / "r.md"))):
+        code = run_main(*args, "--tracking-uri", uri)[0]
+        err = capsys.readouterr().err.splitlines()
+        assert code == 1 and len(err) == 1, err
+        assert err[0].startswith(f"fractune {args[0]}: error: the tracking store failed: ") and str(status) in err[0]
+    assert time.monotonic() - started < 30
 
 
 def test_the_probe_takes_any_answer_mlflow_gives_and_refuses_any_other(serve):
