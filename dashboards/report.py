@@ -232,6 +232,7 @@ def cmd_report(args) -> int:
 
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     ConfigError.check_all(lambda: store.check_names(args.sweep, args.sweep_id), lambda: store.check_uri(uri),
+                          lambda: None if args.no_log else store.check_writable(uri, "or --no-log"),
                           lambda: check_output_folder("--out", args.out) if args.out else None)
     out = build_report(uri, args.sweep, args.sweep_id, args.out, args.runs, log=not args.no_log,
                        objective=args.objective)

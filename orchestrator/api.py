@@ -375,6 +375,7 @@ def report(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_ur
 
     name, sweep_id, uri = where(sweep, sweep_id, tracking_uri)
     ConfigError.check_all(lambda: store.check_names(name, sweep_id), lambda: store.check_uri(uri),
+                          lambda: store.check_writable(uri, "or log=False") if log else None,
                           lambda: check_output_folder("--out", out) if out else None)
     rep = build_report(uri, name, sweep_id, out, list(runs) if runs else None, log=log, objective=objective)
     return ReportResult.of(rep)

@@ -239,11 +239,62 @@ def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
                                      "database file")
         elif not _is_sqlite(db):
             raise ConfigError.single("--tracking-uri", shown, f"{db} is not a sqlite database")
+        else:
+            _check_mlflow_tables(db, shown, mode)
+            if mode != "read":
+                check_writable(uri)
     try:
         client(uri).search_experiments(max_results=1)
     except Exception as exc:  # mlflow raises many types; the message is what matters
         raise ConfigError.single("--tracking-uri", shown, f"tracking store unusable "
                                  f"({_one_line(redact(str(exc)))[:300]})") from None
+
+
+MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}
+
+
+def _check_mlflow_tables(db: Path, shown: str, mode: str) -> None:
+    """An existing sqlite file is MLflow's store, or (for a writer) an empty database MLflow may fill. MLflow
+    itself would write its schema into any sqlite file it is pointed at: a user's own database, or an empty
+    file a reader was given by mistake. Read through a read-only connection, so nothing is changed."""
+    import sqlite3
+
+    from engine.errors import ConfigError
+
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise ConfigError.single("--tracking-uri", shown, f"{db} cannot be read as a sqlite database "
+                                 f"({_one_line(str(exc))[:200]})") from None
+    if MLFLOW_TABLES <= tables or (not tables and mode != "read"):
+        return
+    what = "an empty database" if not tables else f"a database of other tables ({', '.join(sorted(tables)[:5])})"
+    allowed = "the store a sweep wrote" if mode == "read" else "an MLflow store, or a new file"
+    raise ConfigError.single("--tracking-uri", shown, f"{db} is {what}, not an MLflow tracking store; "
+                             f"allowed: {allowed}")
+
+
+def check_writable(uri: str, instead: str = "") -> None:
+    """A sqlite store that commands will write to (a sweep's runs, the pages ``results`` and ``report`` log):
+    the file opens for writing and its folder takes new files (sqlite's journal), checked before any work; a
+    read-only store used to let a sweep run every trial untracked. A server's store cannot be checked here.
+    ``instead``: what else the command allows (a reader's ``or --no-log``)."""
+    from engine.errors import ConfigError
+
+    db = sqlite_path(uri)
+    if db is None or not db.exists():
+        return
+    try:
+        with open(db, "r+b"):
+            pass
+    except OSError as exc:
+        raise ConfigError.single("--tracking-uri", redact(uri), f"{db} cannot be written ({exc.strerror}); "
+                                 f"allowed: a writable store{' ' + instead if instead else ''}") from None
+    _probe_folder(db.parent, redact(uri))
 
 
 def _probe_folder(folder: Path, shown: str) -> None:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_main, self_signed_cert
+from tests.conftest import hand_logged_sweep, run_main, self_signed_cert
 
 
 def _serve(api_status: int, other_status: int, api_body: bytes = b'{"experiments": []}', tls=None):
@@ -129,3 +129,79 @@ def test_an_https_server_is_checked_with_the_tls_settings_mlflow_uses(serve, tmp
     monkeypatch.delenv("REQUESTS_CA_BUNDLE")
     monkeypatch.setenv("MLFLOW_TRACKING_INSECURE_TLS", "true")
     store.preflight(uri, mode="check")
+
+
+def _sqlite_file(path, *tables: str):
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    for t in tables:
+        con.execute(f"CREATE TABLE {t} (x)")
+    con.commit()
+    con.close()
+    return path
+
+
+def test_a_sqlite_file_that_is_no_mlflow_store_is_refused_and_left_as_it_was(tmp_path, capsys):
+    """MLflow writes its schema into any sqlite file it is given: a user's own database, or an empty file."""
+    foreign = _sqlite_file(tmp_path / "people.db", "people")
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nbase: {model: {name: tiny}, data: {dataset: digits}}\n")
+    cases = [(foreign, ("sweeps",), "a database of other tables (people)"),
+             (foreign, ("pareto", "demo"), "a database of other tables (people)"),
+             (foreign, ("sweep", str(spec), "--storage", str(tmp_path / "runs")), "a database of other tables"),
+             (empty, ("results", "demo", "--out", str(tmp_path / "r.md")), "an empty database"),
+             (empty, ("sweeps", "--json"), "an empty database")]
+    for db, args, what in cases:
+        before = db.read_bytes()
+        code = run_main(*args, "--tracking-uri", f"sqlite:///{db}")[0]
+        err = capsys.readouterr().err.splitlines()
+        assert code == 2 and len(err) == 1 and f"{db} is {what}" in err[0] and "not an MLflow tracking store" in err[0], err
+        assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "people.db", "s.yaml"]
+
+
+@pytest.fixture
+def read_only_store(tmp_path, store_template):
+    """A copy of a real store on a file system mounted read-only (a tmpfs: root ignores file modes)."""
+    import shutil
+    import subprocess
+
+    from results import store
+
+    written = tmp_path / "w" / "mlflow.db"
+    written.parent.mkdir()
+    shutil.copy(store_template, written)
+    hand_logged_sweep(store.client(f"sqlite:///{written}"), "demo", "demo-20261129-000000",
+                      {"accuracy": 0.8, "train_bitops": 1e9})
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        shutil.copy(written, folder / "mlflow.db")
+        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+        yield f"sqlite:///{folder / 'mlflow.db'}"
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)  # lazily: the client may hold it open
+
+
+def test_a_read_only_store_is_refused_before_any_work_by_whatever_writes_to_it(read_only_store, tmp_path, capsys):
+    """A sweep on it once ran every trial untracked; report left its folder behind, then failed with tracebacks.
+    Readers that only read still read it; --no-log reads it for the pages."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nbase: {model: {name: tiny}, data: {dataset: digits}}\n")
+    for args, allowed in [(("sweep", str(spec), "--storage", str(tmp_path / "runs")), "a writable store"),
+                          (("report", "demo", "--out", str(tmp_path / "rep")), "a writable store or --no-log"),
+                          (("results", "demo", "--out", str(tmp_path / "r.md")), "a writable store or --no-log")]:
+        code = run_main(*args, "--tracking-uri", read_only_store)[0]
+        err = capsys.readouterr().err.splitlines()
+        assert code == 2 and len(err) == 1 and "cannot be written (Read-only file system)" in err[0], err
+        assert err[0].endswith(f"allowed: {allowed}"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro", "s.yaml", "w"]
+    code, _, front = run_main("pareto", "demo", "--tracking-uri", read_only_store, "--json")
+    assert code == 0 and front["sweep_id"] == "demo-20261129-000000", capsys.readouterr().err
+    code = run_main("results", "demo", "--out", str(tmp_path / "r.md"), "--no-log", "--tracking-uri", read_only_store)[0]
+    assert code == 0 and (tmp_path / "r.md").is_file(), capsys.readouterr().err
