@@ -24,9 +24,10 @@ def cmd_submit(args) -> int:
         if args.json:
             emit_json(out)
         return 0
-    status = jobs.follow(jc, out["job_id"], sys.stderr if args.json else sys.stdout)
+    with jobs.answering(jc):
+        status = jobs.follow(jc, out["job_id"], sys.stderr if args.json else sys.stdout)
+        result = jobs.last_json_line(jc.get_job_logs(out["job_id"]))
     out["status"] = status
-    result = jobs.last_json_line(jc.get_job_logs(out["job_id"]))
     if result is not None:
         out["result"] = result
     print(f"job {out['job_id']}: {status}")
@@ -38,8 +39,8 @@ def cmd_submit(args) -> int:
 def cmd_jobs(args) -> int:
     from orchestrator.cluster import jobs
 
-    jc = jobs.client(args.address)
-    rows = sorted((jobs.describe(j) for j in jc.list_jobs()), key=lambda r: r["start_time"] or 0)
+    with jobs.answering(jobs.client(args.address)) as jc:
+        rows = sorted((jobs.describe(j) for j in jc.list_jobs()), key=lambda r: r["start_time"] or 0)
     if rows:
         table([{k: r[k] for k in ("job_id", "status", "sweep", "message")} for r in rows])
     else:
@@ -53,13 +54,13 @@ def cmd_stop(args) -> int:
     from engine.errors import ConfigError
     from orchestrator.cluster import jobs
 
-    jc = jobs.client(args.address)
-    known = {j.submission_id for j in jc.list_jobs()}
-    if args.job_id not in known:
-        raise ConfigError.single("job_id", args.job_id, f"no such job on {jc.get_address()}; "
-                                 "`fractune jobs` lists them")
-    stopped = bool(jc.stop_job(args.job_id))
-    status = str(jc.get_job_status(args.job_id).value)
+    with jobs.answering(jobs.client(args.address)) as jc:
+        known = {j.submission_id for j in jc.list_jobs()}
+        if args.job_id not in known:
+            raise ConfigError.single("job_id", args.job_id, f"no such job on {jc.get_address()}; "
+                                     "`fractune jobs` lists them")
+        stopped = bool(jc.stop_job(args.job_id))
+        status = str(jc.get_job_status(args.job_id).value)
     print(f"job {args.job_id}: " + ("stop requested" if stopped else f"already {status.lower()}"))
     if args.json:
         emit_json({"job_id": args.job_id, "stop_requested": stopped, "status": status})

@@ -19,12 +19,13 @@ import shutil
 import socket
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
 import yaml
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, FractuneError
 
 PACKAGES = ("engine", "trainables", "search_spaces", "results", "orchestrator", "dashboards")
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: orchestrator/cluster/jobs.py
@@ -150,6 +151,30 @@ def entrypoint(storage: str | None, resume: bool = False) -> str:
     if resume:
         parts.append("--resume")
     return shlex.join(parts)  # the job's entry point runs in a shell on the head node: quote every argument
+
+
+class ClusterError(FractuneError):
+    """The cluster's Jobs API failed after it passed its checks (an HTTP 500, a dropped connection): the
+    cluster's trouble, one line and exit 1, as a tracking store's failure is."""
+
+    exit_code = 1
+
+
+@contextmanager
+def answering(jc):
+    """Calls on a connected ``JobSubmissionClient``, their failures as one line: Ray's client raises a bare
+    ``RuntimeError`` for an HTTP error and a ``JSONDecodeError`` for an answer that is not JSON."""
+    from results.store import one_line_error
+
+    try:
+        yield jc
+    except FractuneError:
+        raise
+    except ValueError as exc:  # JSONDecodeError: something other than Ray's dashboard answers there
+        raise ConfigError.single("--address", jc.get_address(), f"answers, but not as Ray's Jobs API does "
+                                 f"({one_line_error(exc)[:200]}); allowed: a Ray dashboard's address") from None
+    except (RuntimeError, OSError) as exc:  # HTTP errors; requests' connection errors are OSErrors
+        raise ClusterError(f"the Ray Jobs API at {jc.get_address()} failed: {one_line_error(exc)[:300]}") from None
 
 
 def submit(spec_path: str, address: str | None, tracking_uri: str | None, storage: str | None,
