@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -36,10 +37,26 @@ def json_text(obj: Any, **dumps) -> str:
     return json.dumps(_clean(obj), allow_nan=False, **dumps)
 
 
+_JSON_OUT: list = []  # under --json: the command's own stdout, which carries the JSON object alone
+
+
+@contextlib.contextmanager
+def json_stdout():
+    """A command run with ``--json``: its stdout holds the JSON object alone (``| jq`` reads it whole), and
+    the tables and lines meant for people go to stderr meanwhile."""
+    _JSON_OUT.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_OUT.pop()
+
+
 def emit_json(obj: dict) -> None:
-    """The last stdout line of a command with --json: one JSON object (NaN/inf become null)."""
+    """A command's result for programs, with --json: one JSON object on one line of stdout (NaN/inf null)."""
+    out = _JSON_OUT[-1] if _JSON_OUT else sys.stdout
     sys.stdout.flush()
-    print(json_text(obj), flush=True)
+    print(json_text(obj), file=out, flush=True)
 
 
 def fmt(v: Any, digits: int = 4) -> str:

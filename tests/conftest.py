@@ -290,10 +290,13 @@ def served_sweep(ray_local, mlflow_server, tmp_path_factory):
     folder = tmp_path_factory.mktemp("served_sweep")
     spec = folder / "spec.yaml"
     spec.write_text(yaml.safe_dump(SWEEP, sort_keys=False))
-    code, out, result = run_main("sweep", str(spec), "--tracking-uri", mlflow_server["uri"], "--storage",
-                                 str(folder / "runs"), "--report-dir", str(folder / "report"), "--quiet", "--json")
-    assert code == 0, out
-    return {**result, "stdout": out, "folder": folder}
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):  # with --json the lines for people are on stderr
+        code, out, result = run_main("sweep", str(spec), "--tracking-uri", mlflow_server["uri"], "--storage",
+                                     str(folder / "runs"), "--report-dir", str(folder / "report"), "--quiet", "--json")
+    assert code == 0, err.getvalue()[-3000:]
+    assert len(out.strip().splitlines()) == 1, out  # the JSON object alone
+    return {**result, "stdout": out, "stderr": err.getvalue(), "folder": folder}
 
 
 @pytest.fixture

@@ -179,3 +179,13 @@ def test_the_history_file_is_strict_json_where_a_metric_is_not_a_number(tmp_path
     [line] = (tmp_path / "h.jsonl").read_text().splitlines()
     epoch = json.loads(line, parse_constant=refuse)
     assert code == 0 and epoch["epoch"] == 1 and epoch["val_accuracy"] is None and epoch["accuracy"] > 0
+
+
+def test_with_json_stdout_is_the_json_object_alone_and_the_tables_go_to_stderr(capsys):
+    args = ("cost", "--model", "resnet8", "--dataset", "fashion-mnist", "--precision", "4/8")
+    code, out, _ = run_main(*args)
+    assert code == 0 and "under each cost model" in out and not out.lstrip().startswith("{")
+    capsys.readouterr()
+    code, out, result = run_main(*args, "--json")
+    assert code == 0 and json.loads(out) == result and result["precision"]  # `| jq` reads stdout whole
+    assert "under each cost model" in capsys.readouterr().err

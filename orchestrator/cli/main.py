@@ -1,14 +1,16 @@
-"""The ``fractune`` command line. Every command that reports results takes ``--json`` (last stdout line is
-one JSON object). Bad input exits 2 with one line per problem on stderr, naming field, value and what is
+"""The ``fractune`` command line. Every command that reports results takes ``--json`` (stdout is then one
+JSON object, all else goes to stderr). Bad input exits 2 with one line per problem on stderr, naming field, value and what is
 allowed; no traceback. Heavy imports (torch, ray, mlflow) happen inside the command that needs them."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from engine.errors import FractuneError
 from orchestrator.cli.failures import empty_arguments, path_problem, safe_line
 from orchestrator.cli.parser import build_parser
+from results.output import json_stdout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     module_name, func_name = args.func.split(":")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
-        return int(func(args) or 0)
+        with json_stdout() if getattr(args, "json", False) else contextlib.nullcontext():
+            return int(func(args) or 0)
     except FractuneError as err:
         for line in err.lines():
             print(f"fractune {args.command}: error: {safe_line(line)}", file=sys.stderr)

@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 
 # The arguments several commands share, added by `_shared` (a command may reword the help, never the meaning).
 SHARED: dict[str, tuple[tuple[str, ...], dict]] = {
-    "json": (("--json",), {"action": "store_true", "help": "last stdout line: one JSON object"}),
+    "json": (("--json",), {"action": "store_true", "help": "stdout: one JSON object (the rest on stderr)"}),
     "tracking_uri": (("--tracking-uri",), {"help": "MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
                                                    "sqlite:///$PWD/mlflow.db)"}),
     "ray_address": (("--address",), {"help": "attach to a running Ray cluster: auto or HOST:PORT (default: start "
@@ -62,7 +62,7 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="resume from a checkpoint folder written by --checkpoint-dir")
     p.add_argument("--history", metavar="FILE", help="also append the per-epoch metrics to FILE as JSON lines (a "
                    "resumed run continues it; nothing is written before the first epoch)")
-    _shared(p, "json", json="last stdout line: one JSON object with the results")
+    _shared(p, "json", json="stdout: one JSON object with the results (the rest on stderr)")
     p.set_defaults(func="orchestrator.cli.commands_engine:cmd_train")
 
 

@@ -106,7 +106,7 @@ def test_sweep_writes_and_logs_the_report(served_sweep, mlflow_server):
     hv = summary["front_quality"]["hypervolume"]
     assert 0 < hv < 1 and parent.metrics["hypervolume_bitops"] == pytest.approx(hv) == served_sweep["hypervolume"]
     assert "reference point" in parent.tags["fractune.hypervolume_bitops.reference"]
-    assert f"report: {report}" in served_sweep["stdout"] and served_sweep["ui"] == (
+    assert f"report: {report}" in served_sweep["stderr"] and served_sweep["ui"] == (
         f"open {mlflow_server['uri']}/#/experiments/{served_sweep['experiment_id']}/runs?workflowType=machine_learning"
         f"&viewStateShareKey=fractune-{served_sweep['sweep_id']}&compareRunsMode=TABLE")
 

@@ -35,9 +35,11 @@ def test_ablate_runs_aggregates_and_reports(ray_local, tmp_path, capsys, monkeyp
     spec.write_text(yaml.safe_dump(SPEC, sort_keys=False))
     code = main(["ablate", str(spec), "--tracking-uri", sqlite_uri, "--storage", str(tmp_path / "runs"),
                  "--out", str(tmp_path / "report"), "--quiet", "--json"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    result = json.loads(out.strip().splitlines()[-1])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    [line] = captured.out.strip().splitlines()  # with --json, stdout holds the JSON object alone
+    result = json.loads(line)
+    out = captured.err
     assert result["trials"] == 6 and result["errored"] == 0 and result["mode"] == "ofat"
 
     # per level: the baseline (8/8) is on both curves, every level run with both seeds
@@ -58,7 +60,7 @@ def test_ablate_runs_aggregates_and_reports(ray_local, tmp_path, capsys, monkeyp
     assert sum(result["importance_train_bitops"].values()) == pytest.approx(1.0)
     assert result["importance_evaluator"] == "fanova"
 
-    # the tables for people came before the JSON line
+    # the tables for people went to stderr
     assert "per level (mean and std over seeds):" in out and "sensitivity verdicts:" in out
     assert "parameter importance (Optuna, fanova evaluator" in out
 
