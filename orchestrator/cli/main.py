@@ -5,6 +5,7 @@ allowed; no traceback. Heavy imports (torch, ray, mlflow) happen inside the comm
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 
 from engine.errors import FractuneError
@@ -21,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no INFO chatter (table creation) on stderr
+    # MLflow's sqlite store logs a database error with its traceback before raising it again: the error itself
+    # reaches the user as one line (below); the traceback is noise on stderr
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     problems = empty_arguments(command, args)
     # the engine's kernel switches (engine/numerics/fused.py, engine/numerics/gpu_kernels.py), checked before any work
     for switch, module in (("FRACTUNE_FUSED", "engine.numerics.fused"), ("FRACTUNE_GPU_KERNELS", "engine.numerics.gpu_kernels")):

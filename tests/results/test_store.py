@@ -205,3 +205,13 @@ def test_a_read_only_store_is_refused_before_any_work_by_whatever_writes_to_it(r
     assert code == 0 and front["sweep_id"] == "demo-20261129-000000", capsys.readouterr().err
     code = run_main("results", "demo", "--out", str(tmp_path / "r.md"), "--no-log", "--tracking-uri", read_only_store)[0]
     assert code == 0 and (tmp_path / "r.md").is_file(), capsys.readouterr().err
+
+
+def test_a_store_that_fails_a_write_after_the_checks_gives_one_line_not_mlflows_traceback(
+        read_only_store, tmp_path, capsys, monkeypatch):
+    from results import store
+
+    monkeypatch.setattr(store, "check_writable", lambda *a, **k: None)  # as if it turned read-only after them
+    code = run_main("report", "demo", "--out", str(tmp_path / "rep"), "--tracking-uri", read_only_store)[0]
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1 and len(err) == 1 and "attempt to write a readonly database" in err[0], err
