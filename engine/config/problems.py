@@ -37,8 +37,9 @@ def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: st
         elif kind in ("union_tag_invalid", "union_tag_not_found"):
             ctx = err.get("ctx", {})
             field = f"{field}.{ctx.get('discriminator', 'kind').strip(chr(39))}"
-            value = ctx.get("tag")
-            msg = f"allowed: {ctx.get('expected_tags', '')}"
+            value = ctx.get("tag", NOTHING)  # no tag: the key is missing (pydantic then names no tags: the members do)
+            tags = ctx.get("expected_tags") or ", ".join(repr(t) for t in _tags(holder, loc[-1] if loc else None))
+            msg = f"allowed: {tags}"
         elif kind in _TYPES:
             msg = f"allowed: {_TYPES[kind]}"
         elif kind.startswith("greater_than") or kind.startswith("less_than"):
@@ -146,6 +147,13 @@ def _walk(loc: tuple, model: type[BaseModel]) -> tuple[list[str], Any, tuple[str
         node = members[0] if len(members) == 1 else (members or None)
         member_next = not members and _plain_union(fields[part].annotation)
     return out, holder, tag
+
+
+def _tags(holder: Any, name: str | None) -> list[str]:
+    """The ``kind`` of each member of the discriminated union in ``holder``'s field ``name``."""
+    field = (getattr(holder, "model_fields", None) or {}).get(name)
+    members = _models_in(field.annotation) if field is not None else []
+    return [m.model_fields["kind"].default for m in members if "kind" in m.model_fields]
 
 
 def _plain_union(ann: Any) -> bool:

@@ -181,3 +181,10 @@ def test_a_missing_key_is_named_without_echoing_the_section_around_it():
     with pytest.raises(ConfigError) as err:
         parse_spec({"base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}}})
     assert err.value.lines() == ["name: got nothing; required"]
+
+
+def test_a_schedule_without_its_kind_names_the_kinds():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"schedule": {"fw": 4}})
+    assert err.value.lines() == ["schedule.kind: got nothing; allowed: 'fp32', 'static', 'pfq', 'cpt', 'dfq', "
+                                 "'fractrain'"]
