@@ -312,6 +312,10 @@ def _check_search(spec: SweepSpec) -> list[tuple[str, object, str]]:
             if kind != "grid":
                 out.append((f"parameters.{path}", kind, "search.algorithm grid allows only grid parameters; "
                             "use random or optuna for choice/uniform/loguniform/int"))
+    if algo == "random" and spec.search.num_samples > 1 and all(k == "grid" for k in kinds.values()):
+        out.append(("search.num_samples", spec.search.num_samples, "allowed: 1 when no parameter is sampled "
+                    "(random search draws the choice, uniform, loguniform and int parameters; with none, every "
+                    "sample repeats the same trials: repeat them over seeds)"))
     if algo == "optuna":
         for path, kind in kinds.items():
             if kind == "grid":
