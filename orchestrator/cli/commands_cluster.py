@@ -54,6 +54,8 @@ def cmd_stop(args) -> int:
     from engine.errors import ConfigError
     from orchestrator.cluster import jobs
 
+    if problem := jobs.job_id_problem(args.job_id, "job_id"):
+        raise ConfigError([problem])
     with jobs.answering(jobs.client(args.address)) as jc:
         known = {j.submission_id for j in jc.list_jobs()}
         if args.job_id not in known:

@@ -153,6 +153,14 @@ def entrypoint(storage: str | None, resume: bool = False) -> str:
     return shlex.join(parts)  # the job's entry point runs in a shell on the head node: quote every argument
 
 
+def job_id_problem(job_id: str, field: str) -> tuple[str, object, str] | None:
+    """A job id as ``submit --job-id`` takes it and ``stop`` names it: checked here, before any request carries
+    it into a URL path (``../../x``)."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", job_id):
+        return None
+    return field, job_id, "allowed: letters, digits, '_', '.', '-', at most 100 characters"
+
+
 class ClusterError(FractuneError):
     """The cluster's Jobs API failed after it passed its checks (an HTTP 500, a dropped connection): the
     cluster's trouble, one line and exit 1, as a tracking store's failure is."""
@@ -194,8 +202,8 @@ def submit(spec_path: str, address: str | None, tracking_uri: str | None, storag
                 tree, loaded = result
         except ConfigError as err:
             problems += [(f"{err.source}: {f}" if err.source else f, v, m) for f, v, m in err.problems]
-    if submission_id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", submission_id):
-        problems.append(("--job-id", submission_id, "allowed: letters, digits, '_', '.', '-', at most 100 characters"))
+    if submission_id is not None and (problem := job_id_problem(submission_id, "--job-id")):
+        problems.append(problem)
     if storage is not None and (not storage.startswith("/") or "\x00" in storage):
         problems.append(("--storage", storage, "allowed: an absolute path that every node of the cluster mounts"))
     if problems:
