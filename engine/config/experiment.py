@@ -225,6 +225,12 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
     return problems
 
 
+def option_cp(option: Precision) -> float:
+    """The gated cp (percent of FP32) of every block at ``option``, ``100 kappa / 3`` (engine.dfq.gate's
+    ``option_kappa``; a skip at no cost, which only the built network prices at its path)."""
+    return 100 * option.bitops_per_mac() / 1024.0 / 3
+
+
 def target_problems(cfg: ExperimentConfig, reach: tuple[float, float] | None = None) -> list[tuple[str, object, str]]:
     """A cp target the options cannot reach. ``reach``: the run's lowest and highest cp on its basis, known once
     the network is built (engine.dfq.basis, a skip priced at what its path runs); without it, from the config
@@ -236,8 +242,8 @@ def target_problems(cfg: ExperimentConfig, reach: tuple[float, float] | None = N
     if reach is None:
         if sched.cost_basis == "model":
             return []
-        kappa = [o.bitops_per_mac() / 1024.0 for o in sched.option_precisions(cfg.model.name)]  # gate.option_kappa
-        reach = 100 * min(kappa) / 3, 100 * max(kappa) / 3
+        cps = [option_cp(o) for o in sched.option_precisions(cfg.model.name)]
+        reach = min(cps), max(cps)
     lo, hi = reach
     allowed = f"allowed: {lo:.3f}..{hi:.3f} (percent of FP32 {BASIS_WORDS[sched.cost_basis]} with options " \
               f"{', '.join(sched.option_names(cfg.model.name))} at {sched.weight_bits}-bit weights)"
@@ -260,8 +266,7 @@ def target_undecided(cfg: ExperimentConfig) -> bool:
         return False
     if sched.cost_basis == "model":
         return True
-    cheapest = min(100 * o.bitops_per_mac() / 1024.0 / 3 for o in sched.option_precisions(cfg.model.name)
-                   if not o.skip)
+    cheapest = min(option_cp(o) for o in sched.option_precisions(cfg.model.name) if not o.skip)
     targets = [sched.target_cp] if sched.kind == "dfq" else sched.targets()
     return any(t < cheapest - 1e-9 for t in targets)
 
