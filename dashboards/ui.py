@@ -216,7 +216,7 @@ def check_port(port: int) -> None:
 def cmd_ui(args) -> int:
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     ConfigError.check_all(lambda: store.check_uri(uri), lambda: check_host(args.host),
-                          lambda: store.check_names(args.sweep) if args.sweep else None, lambda: check_port(args.port))
+                          lambda: store.check_names(args.sweep, name_field="--sweep") if args.sweep else None, lambda: check_port(args.port))
     if uri.startswith(("http://", "https://")):
         store.preflight(uri)
         found = urls(store.without_credentials(uri), prepare(uri, args.sweep))

@@ -105,8 +105,10 @@ def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
     c = store.client(uri)
     parent = store.sweep_parent(c, name, sweep_id)
     if parent is None:
-        what = f"no sweep {sweep_id!r} of that name" if sweep_id else "no sweep of that name"
-        raise ConfigError.single("sweep", name, f"{what} in {store.redact(uri)}")
+        if sweep_id and store.sweep_parent(c, name, None) is not None:  # the sweep is there; the id is not its
+            raise ConfigError.single("--sweep-id", sweep_id, f"no run of sweep {name!r} with that id in "
+                                     f"{store.redact(uri)}; `fractune sweeps {name}` lists them")
+        raise ConfigError.single("sweep", name, f"no sweep of that name in {store.redact(uri)}")
     rows, factors = trial_rows(c, parent)
     planned = parent.data.params.get("planned_trials")
     return SweepRuns(uri, name, parent.data.tags.get(store.SWEEP_TAG, ""), parent.info.experiment_id,

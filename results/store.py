@@ -386,16 +386,16 @@ def sweep_parent(c, experiment: str, sweep_id: str | None = None):
     return runs[0] if runs else None
 
 
-def check_names(sweep: str, sweep_id: str | None = None) -> None:
+def check_names(sweep: str, sweep_id: str | None = None, name_field: str = "sweep") -> None:
     """A sweep name and sweep id as fractune makes them (``<name>-<timestamp>``): nothing else reaches an
-    MLflow filter string."""
+    MLflow filter string. ``name_field``: how the command takes the name (a positional ``sweep``, ``ui --sweep``)."""
     import re
 
     from engine.config.experiment import NAME_PATTERN
     from engine.errors import ConfigError
 
     problems = [(field, value, "allowed: letters, digits, '.', '_' and '-', starting with a letter or digit, at "
-                 "most 100 characters") for field, value in (("sweep", sweep), ("--sweep-id", sweep_id))
+                 "most 100 characters") for field, value in ((name_field, sweep), ("--sweep-id", sweep_id))
                 if value is not None and not re.match(NAME_PATTERN, value)]
     if problems:
         raise ConfigError(problems)

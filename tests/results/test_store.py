@@ -215,3 +215,19 @@ def test_a_store_that_fails_a_write_after_the_checks_gives_one_line_not_mlflows_
     code = run_main("report", "demo", "--out", str(tmp_path / "rep"), "--tracking-uri", read_only_store)[0]
     err = capsys.readouterr().err.splitlines()
     assert code == 1 and len(err) == 1 and "attempt to write a readonly database" in err[0], err
+
+
+def test_a_sweep_id_the_sweep_does_not_have_is_named_as_the_flag(tmp_path, store_template, capsys):
+    import shutil
+
+    from results import store
+
+    shutil.copy(store_template, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    hand_logged_sweep(store.client(uri), "demo", "demo-20261129-000000", {"accuracy": 0.8, "train_bitops": 1e9})
+    for args, line in [(("demo", "--sweep-id", "demo-20990101-000000"), "--sweep-id: got 'demo-20990101-000000'; "
+                        "no run of sweep 'demo' with that id"),
+                       (("nosuch",), "sweep: got 'nosuch'; no sweep of that name")]:
+        code = run_main("pareto", *args, "--tracking-uri", uri)[0]
+        err = capsys.readouterr().err.splitlines()
+        assert code == 2 and len(err) == 1 and line in err[0], err
