@@ -53,7 +53,16 @@ def load_all(uri: str, refs: list[str]) -> list[runs.SweepRuns]:
 
     store.preflight(store.normalise_uri(uri), mode="read")  # an unreachable store: one line, not one per sweep
     loaded: list[runs.SweepRuns] = []
-    ConfigError.check_all(*(lambda ref=ref: loaded.append(runs.load(uri, *sweep_ref(ref))) for ref in refs))
+    problems: list[tuple[str, object, str]] = []
+    for ref in refs:
+        try:
+            loaded.append(runs.load(uri, *sweep_ref(ref)))
+        except ConfigError as err:
+            problems += err.problems
+            if any(field == "--tracking-uri" for field, _, _ in err.problems):
+                break  # the store failed after its check: the other sweeps would only say so again
+    if problems:
+        raise ConfigError(problems)
     ids = [d.sweep_id for d in loaded]
     if len(set(ids)) < len(ids):  # a name and the id of its latest run
         twice = next(i for i in ids if ids.count(i) > 1)
