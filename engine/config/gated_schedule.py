@@ -7,7 +7,6 @@ defaults an unset field resolves to (methods.md §6.3). The kinds whose precisio
 
 from __future__ import annotations
 
-import re
 from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -17,7 +16,7 @@ from engine.config.schedule import MAX_STAGES, IndicatorSettings
 from engine.config.types import Bits, Strict
 from engine.dfq.vocabulary import COST_BASES, EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, ROUTED_STATISTICS
 from engine.models.catalog import is_language_model
-from engine.numerics.precision import SKIP, Precision, valid_bits
+from engine.numerics.precision import SKIP, Precision, parse_fwbw
 
 OPTION_PRESETS = {
     "paper": ["skip", "2/6", "3/6", "4/6", "4/12", "6/8", "6/12"],  # supplement, ResNet-38/74
@@ -30,22 +29,19 @@ OPTION_PRESETS = {
 def option_name(text: str) -> str:
     """An option as written (``skip``, ``SKIP``, `` 4/8``, ``04/8``) by its one name (``skip``, ``4/8``), so that
     two spellings of one option count as one; ``ValueError`` for anything else (ASCII digits, bits 1..32)."""
-    m = re.fullmatch(r"\s*(?:(skip)|([0-9]{1,3})/([0-9]{1,3}))\s*", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(text)
-    if m[1]:
+    text = text.strip()
+    if text.lower() == "skip":
         return "skip"
-    fw, bw = int(m[2]), int(m[3])
-    if not (valid_bits(fw) and valid_bits(bw)):
-        raise ValueError(text)
+    fw, bw = parse_fwbw(text)
     return f"{fw}/{bw}"
 
 
 def parse_option(text: str, weight_bits: int) -> Precision:
     """``skip`` or ``FW/BW`` (e.g. ``4/12``); weights at the schedule's fixed ``weight_bits``."""
-    if text.strip().lower() == "skip":
+    name = option_name(text)
+    if name == "skip":
         return SKIP
-    fw, bw = (int(x) for x in text.split("/"))
+    fw, bw = parse_fwbw(name)
     return Precision(act=fw, weight=weight_bits, grad=bw)
 
 

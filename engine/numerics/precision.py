@@ -18,6 +18,7 @@ an overloaded 0.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from engine.errors import ConfigError
@@ -34,6 +35,16 @@ def valid_bits(value: object) -> bool:
     """The one bit-width rule: an integer MIN_BITS..FULL_BITS (not a bool), for a config's ``Bits`` fields
     (engine.config.types) and for a ``Precision`` built directly."""
     return not isinstance(value, bool) and isinstance(value, int) and MIN_BITS <= value <= FULL_BITS
+
+
+def parse_fwbw(text: str) -> tuple[int, int]:
+    """``FW/BW`` as a user writes it (``4/8``, ``04/12``): the two bit widths, ASCII digits only (``int`` would
+    read other scripts' digits too), each 1..32; ``ValueError`` for anything else. The one reading of a DFQ
+    option and of ``fractune cost --precision``."""
+    m = re.fullmatch(r"([0-9]{1,2})/([0-9]{1,2})", text)
+    if not m or not (valid_bits(int(m[1])) and valid_bits(int(m[2]))):
+        raise ValueError(text)
+    return int(m[1]), int(m[2])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import re
-
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, PERPLEXITY, VAL_ACCURACY, VAL_PERPLEXITY
 from results.output import PLOT_SUFFIXES, check_output_file, emit_json, info, table
@@ -105,7 +103,7 @@ def cost_flags(args):
 def parse_precision(text: str, weight_bits: int | None):
     """``--precision`` and ``--weight-bits``, each refused by its own flag: FW/BW in ASCII digits (``int`` would
     read other scripts' digits too), or fp32, which takes no weight bits of its own."""
-    from engine.numerics.precision import FP32, Precision, valid_bits
+    from engine.numerics.precision import FP32, Precision, parse_fwbw, valid_bits
 
     problems = []
     if weight_bits is not None and not valid_bits(weight_bits):
@@ -117,12 +115,13 @@ def parse_precision(text: str, weight_bits: int | None):
         if problems:
             raise ConfigError(problems[-1:])
         return FP32
-    m = re.fullmatch(r"([0-9]{1,2})/([0-9]{1,2})", text)
-    if not m or not (valid_bits(int(m[1])) and valid_bits(int(m[2]))):
+    try:
+        fw, bw = parse_fwbw(text)
+    except ValueError:
         problems.insert(0, ("--precision", text, "allowed: FW/BW with integer bits 1..32 (e.g. 8/8), or fp32"))
     if problems:
         raise ConfigError(problems)
-    return Precision.fwbw(int(m[1]), int(m[2]), weight_bits)
+    return Precision.fwbw(fw, bw, weight_bits)
 
 
 def cmd_cost(args) -> int:
