@@ -226,14 +226,23 @@ def _sensitivity_html(a: dict, objective: Objective) -> str:
             + H.note("Verdict rule: " + a["verdict_rule"] + "."))
 
 
-def cmd_report(args) -> int:
+def check_inputs(uri: str, sweep: str, sweep_id: str | None, out: str | None, log: bool,
+                 no_log: str = "--no-log") -> None:
+    """Every input of a report checked, all problems at once, before the store is read or a file written:
+    ``fractune report`` and ``api.report`` alike (``no_log``: how the caller turns logging off)."""
     from results import store
     from results.output import check_output_folder
 
+    ConfigError.check_all(lambda: store.check_names(sweep, sweep_id), lambda: store.check_uri(uri),
+                          lambda: store.check_writable(uri, f"or {no_log}") if log else None,
+                          lambda: check_output_folder("--out", out) if out else None)
+
+
+def cmd_report(args) -> int:
+    from results import store
+
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    ConfigError.check_all(lambda: store.check_names(args.sweep, args.sweep_id), lambda: store.check_uri(uri),
-                          lambda: None if args.no_log else store.check_writable(uri, "or --no-log"),
-                          lambda: check_output_folder("--out", args.out) if args.out else None)
+    check_inputs(uri, args.sweep, args.sweep_id, args.out, log=not args.no_log)
     out = build_report(uri, args.sweep, args.sweep_id, args.out, args.runs, log=not args.no_log,
                        objective=args.objective)
     print(f"report of sweep {out['sweep_id']}: {out['trials']} trials ({out['finished']} finished), "

@@ -369,14 +369,10 @@ def report(sweep: str | SweepResult, *, sweep_id: str | None = None, tracking_ur
     Raises:
         ConfigError: no such sweep, a bad name, URI, output folder or objective.
     """
-    from dashboards.report import build_report
-    from results import store
-    from results.output import check_output_folder
+    from dashboards.report import build_report, check_inputs
 
     name, sweep_id, uri = where(sweep, sweep_id, tracking_uri)
-    ConfigError.check_all(lambda: store.check_names(name, sweep_id), lambda: store.check_uri(uri),
-                          lambda: store.check_writable(uri, "or log=False") if log else None,
-                          lambda: check_output_folder("--out", out) if out else None)
+    check_inputs(uri, name, sweep_id, out, log, no_log="log=False")
     rep = build_report(uri, name, sweep_id, out, list(runs) if runs else None, log=log, objective=objective)
     return ReportResult.of(rep)
 
