@@ -134,7 +134,7 @@ def compare_png(sweeps: list[runs.SweepRuns], path: Path) -> Path:
     ax.set_xlabel("training TBitOPs")
     ax.set_ylabel(task.label)
     ax.set_title("Sweeps compared: finished trials and Pareto fronts (stars)")
-    ax.legend(fontsize=8)
+    pngs.legend(ax, fontsize=8)
     return pngs._save(fig, path)
 
 

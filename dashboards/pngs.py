@@ -30,6 +30,13 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def legend(ax, **kw) -> None:
+    """The axes' legend, where anything on them has a label: an empty sweep draws no points, and matplotlib's
+    warning about an empty legend would reach the CLI's stderr."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def log_x_if_wide(ax, costs: list[float]) -> None:
     """A log BitOPs axis when the costs span more than 20x (FP32 next to 4-bit runs)."""
     costs = [c for c in costs if c > 0]
@@ -55,7 +62,7 @@ def pareto_png(rows: list[dict], front: list[dict], path: Path, task: Objective,
     ax.set_xlabel(label)
     ax.set_ylabel(title)
     ax.set_title(f"{title[5:].capitalize()} vs {label.removeprefix('training ')}")
-    ax.legend(fontsize=8)
+    legend(ax, fontsize=8)
     return _save(fig, path)
 
 
@@ -107,7 +114,7 @@ def precision_png(runs: list[dict], hist: dict[str, dict], path: Path) -> Path:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("epoch")
         ax.set_ylabel("bits")
-        ax.legend(fontsize=8)
+        legend(ax, fontsize=8)
     return _save(fig, path)
 
 
@@ -144,7 +151,7 @@ def results_png(groups: list[dict], front: list[dict], path: Path, task: Objecti
     ax.set_ylabel(f"{task.label}{', ' + task.unit if task.unit else ''} (mean +/- std over seeds"
                   f"{'; lower is better' if lower else ''})")
     ax.set_title(f"{upper_first(task.word)} vs training cost ({objective}) per method")
-    ax.legend(fontsize=7, loc="upper right" if lower else "lower right")
+    legend(ax, fontsize=7, loc="upper right" if lower else "lower right")
     return _save(fig, path)
 
 
@@ -175,5 +182,5 @@ def seeds_png(groups: list[dict], path: Path, task: Objective) -> Path | None:
         ax.set_title(f"seed {seed}")
         ax.set_xlabel("training TBitOPs")
     axes[0][0].set_ylabel(f"{task.label}{', ' + task.unit if task.unit else ''}")
-    axes[0][-1].legend(fontsize=6, loc="lower right")
+    legend(axes[0][-1], fontsize=6, loc="lower right")
     return _save(fig, path)
