@@ -27,9 +27,23 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.numerics import autograd, quant
+from engine.numerics.affine import single
 from engine.numerics.precision import FP32, FULL_BITS, MixedPrecision, Precision
 
 ROLES = ("stem", "body", "depthwise", "head", "fc", "attn")
+
+
+def _ema_terms(lo, hi, m: float, dtype: torch.dtype) -> tuple:
+    """``(1 - m) * lo`` and ``(1 - m) * (hi - lo)``, the batch's share of the running range, computed as the
+    reference computes them from its range tensors (``zero_point * (1 - momentum)``): in the buffers' dtype, with
+    the scalar rounded to it. From Python floats in double, a float32 buffer would take a value one ulp off in
+    about one update in six; 0-d tensors (ranges on the device) already compute in their dtype."""
+    if isinstance(lo, torch.Tensor):
+        return (1 - m) * lo, (1 - m) * (hi - lo)
+    if dtype == torch.float64:
+        return (1 - m) * lo, (1 - m) * (hi - lo)
+    c, lo32 = single(1 - m), single(lo)
+    return single(lo32 * c), single(single(single(hi) - lo32) * c)
 
 
 class _FrozenRanges:
@@ -96,8 +110,9 @@ class _Quantized:
             lo, hi = quant.tensor_range(x)
             with torch.no_grad():
                 m = self.act_momentum
-                run_lo.mul_(m).add_((1 - m) * lo)
-                run_range.mul_(m).add_((1 - m) * (hi - lo))
+                new_lo, new_range = _ema_terms(lo, hi, m, run_lo.dtype)
+                run_lo.mul_(m).add_(new_lo)
+                run_range.mul_(m).add_(new_range)
             return lo, hi
         if quant.ranges_on_device(run_lo):
             return run_lo, run_lo + run_range
