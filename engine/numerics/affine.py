@@ -25,13 +25,17 @@ _STEP_FLOOR_SINGLE = single(STEP_FLOOR)
 
 
 def tensor_step(bits: int, lo: float, hi: float, double: bool = False) -> float:
-    """The step ``s = max((hi - lo) / qmax, 1e-8)`` of a per-tensor range held in Python floats, computed as the
-    device form computes it from 0-d tensors of the quantized tensor's dtype (``((hi - lo) / qmax).clamp_min``):
-    in float32, each operation rounded to float32 (``lo`` and ``hi`` first, as torch rounds a Python float it
-    meets in a float32 op), or in double for a float64 tensor (``double``). The host form and the device form
-    then quantize with the same step, bit for bit. NaN in the range gives a NaN step, as clamp_min does."""
+    """The step ``s = max((hi - lo) / qmax, 1e-8)`` of a per-tensor range held in Python floats, in the quantized
+    tensor's dtype: float32 by default, double for a float64 tensor (``double``). NaN in the range gives a NaN step,
+    as clamp_min does.
+
+    In float32 the width ``hi - lo`` is rounded to float32 once and divided in float32. For ends that are float32
+    values (a batch's min and max) that is the float32 subtraction the device form makes from 0-d tensors, so the
+    two forms quantize with the same step, bit for bit. For a running range (eval mode: ``hi = lo + range`` in
+    double, both float32 values) the width is the range itself, as the reference divides its ``running_range``:
+    rounding ``hi`` to float32 first would put the step one ulp off in about one layer in five."""
     if double:
         return max((hi - lo) / levels(bits), STEP_FLOOR)
-    # float32 subtraction and division: a double result rounded to float32 is the float32 operation's own
-    # result (53 bits hold twice float32's 24 plus two: no double rounding error)
-    return max(single(single(single(hi) - single(lo)) / levels(bits)), _STEP_FLOOR_SINGLE)
+    # a double result rounded to float32 is the float32 operation's own result for float32 operands (53 bits
+    # hold twice float32's 24 plus two: no double rounding error)
+    return max(single(single(hi - lo) / levels(bits)), _STEP_FLOOR_SINGLE)

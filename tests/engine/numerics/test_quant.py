@@ -161,6 +161,23 @@ def test_running_range_ema_and_eval_mode():
     assert conv.run_lo.item() == pytest.approx(-0.19)
 
 
+def test_eval_mode_steps_by_the_running_range_itself():
+    """Eval mode quantizes over [run_lo, run_lo + run_range] with the step run_range / qmax in float32, as the
+    reference divides its running range: not the width of the range's float32 ends, which for these buffers
+    is one ulp off (so every value at a level above 0 would be too)."""
+    conv = QConv2d(1, 1, 1, bias=False).eval()
+    conv.run_lo.fill_(-0.7774889469146729)
+    conv.run_range.fill_(4.96874475479126)
+    ends = torch.tensor(-0.7774889469146729) + torch.tensor(4.96874475479126)
+    assert ends - conv.run_lo != conv.run_range  # the case this test is about
+    x = torch.linspace(-1.0, 4.5, 97).view(1, 1, 97, 1)
+    step = conv.run_range / 63
+    want = torch.sub(x, conv.run_lo).div_(step).clamp_(0, 63).round_().mul_(step).add_(conv.run_lo)
+    lo, hi = conv._act_range(x, 6)
+    for backend in (quant.TORCH, quant.FUSED) if fused.usable() else (quant.TORCH,):
+        assert torch.equal(backend.tensor(x, 6, lo, hi, False, None), want)
+
+
 def test_ste_gradients_pass_straight_through():
     torch.manual_seed(0)
     conv = QConv2d(2, 3, 3, 1, 1, bias=False)
