@@ -111,8 +111,13 @@ def cyclic_bits(t: int, lo: int, hi: int, period: float, rounding: str = "rint")
     b(t) = round(lo + (hi - lo) * (1 - cos(pi * (t mod T) / T)) / 2), rint = half to even (the code),
     ceil = the paper's formula. T may be fractional (total iterations / cycles), so the cycles tile the whole
     run exactly and the last iteration is at the top of the last cycle, whatever the run length.
+
+    The value is computed as the reference writes it, ``lo + 0.5 (hi - lo) (1 + cos(pi ((t mod T) / T) + pi))``:
+    where the exact value is halfway between two widths (at a third, half or two thirds of a cycle, for some
+    ranges) the two algebraically equal forms land on either side of the half in double, and rint then picks
+    different widths.
     """
-    x = lo + (hi - lo) * (1.0 - math.cos(math.pi * (t % period) / period)) / 2.0
+    x = lo + 0.5 * (hi - lo) * (1.0 + math.cos(math.pi * ((t % period) / period) + math.pi))
     if rounding == "ceil":
         return int(math.ceil(x - 1e-9))
     return int(round(x))  # Python's round is half-to-even, like numpy's rint

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from engine.config.experiment import parse_config
@@ -37,6 +39,14 @@ def test_cpt_cycle_shape_and_occupancy():
     assert sum(cyclic_bits(t, 3, 8, 2000, "ceil") == 3 for t in range(2000)) == 1
     s = CPT(sched(kind="cpt", fw_min=2, fw_max=6, bw_min=6, bw_max=10, num_cycles=4), RunLength(400, 10))
     assert s.period == 100 and s.precision(0).act == 2 and s.precision(0).grad == 6 and s.precision(99).grad == 10
+
+
+def test_cpt_rounds_a_half_as_the_reference_writes_it():
+    """2 -> 8 over a 150-iteration cycle: at a third and two thirds of it the exact value is 3.5 and 6.5. The
+    reference's ``rint(lo + 0.5 (hi - lo) (1 + cos(pi (t mod T) / T + pi)))`` lands just below both halves in
+    double, so it trains at 3 and 6 bits there; ``lo + (hi - lo) (1 - cos(pi t / T)) / 2`` lands just above."""
+    assert [cyclic_bits(t, 2, 8, 150) for t in (50, 100)] == [3, 6]
+    assert 2 + 6 * (1 - math.cos(math.pi * 50 / 150)) / 2 > 3.5  # the other form would have given 4
 
 
 def test_cpt_cycles_tile_a_run_that_does_not_divide_evenly():
