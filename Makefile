@@ -82,11 +82,12 @@ test: install browser docker-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2 --durations=15
 
-# The engine, spec, results-layer and naming tests that take under a second or so (no Ray, MLflow server, browser,
-# subprocess or real training: those are marked slow and run in `make test`): the quick loop while editing.
+# The engine, reference-code, spec, results-layer and naming tests that take under a second or so (no Ray, MLflow
+# server, browser, subprocess or real training: those are marked slow and run in `make test`): the quick loop while
+# editing.
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests/engine tests/test_spec.py tests/results tests/search_spaces \
-	  tests/test_architecture.py
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests/engine tests/reference tests/test_spec.py tests/results \
+	  tests/search_spaces tests/test_architecture.py
 
 bench: install
 	$(BIN)/python bench/engine_overhead.py

@@ -1,0 +1,139 @@
+"""DFQ's parts beside the reference's (fractrain_cifar/models.py, train_dfq.py, train_frac.py): the recurrent
+gate, the options' costs, the batch's cp, the cost term and its sign rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config.gated_schedule import OPTION_PRESETS
+from engine.dfq.controller import ReferenceController
+from engine.dfq.gate import (
+    GateTrace,
+    RecurrentGate,
+    cost_per_sample,
+    gated_cp,
+    option_kappa,
+    sign_dfq,
+    sign_fractrain,
+    sign_tensor,
+    straight_through,
+)
+from engine.numerics.precision import Precision, parse_fwbw
+from tests.reference import REFERENCE_CODE_WARNINGS
+from tests.reference.upstream import fractrain_models
+from tests.reference.upstream.fractrain_loops import dfq_cost, dfq_option_costs, dfq_reg, fractrain_reg
+
+pytestmark = REFERENCE_CODE_WARNINGS
+
+REF_BITS, REF_GRAD_BITS = [3, 4, 4, 6, 6], [6, 6, 8, 8, 12]  # train_dfq.py lines 181-182
+
+
+def _reference_options(weight_bits: int):
+    fw_bw = [parse_fwbw(o) for o in OPTION_PRESETS["reference"]]
+    assert [f for f, _ in fw_bw] == REF_BITS and [b for _, b in fw_bw] == REF_GRAD_BITS
+    return [Precision(act=f, weight=weight_bits, grad=b) for f, b in fw_bw]
+
+
+@pytest.mark.parametrize("weight_bits", [4, 8])
+def test_each_options_cost_is_the_references(weight_bits):
+    """kappa_k = (a w + g w + a g) / 1024 against train_dfq.py's cost_fw + cost_eb + cost_gc per option."""
+    fw, eb, gc = dfq_option_costs(REF_BITS, REF_GRAD_BITS, weight_bits)
+    kappa = option_kappa(_reference_options(weight_bits))
+    assert torch.allclose(kappa, torch.tensor(fw + eb + gc, dtype=torch.float64), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("conv_info", [None, "random"], ids=["blocks-alike", "conv-info"])
+def test_the_batch_cp_and_cost_term_are_the_references(conv_info):
+    """One batch of decisions over 18 blocks (ResNet-38), 128 samples, with straight-through masks: the gated
+    cp is the reference's ``cp_ratio``; its cost term ``computation_loss * reg`` (a batch sum, beta 1e-3) is
+    the engine's ``weight * mean_i c_i`` at beta 0.128 (methods.md §9, row 4), in value and in gradient."""
+    g = torch.Generator().manual_seed(0)
+    blocks, batch, k = 18, 128, len(REF_BITS)
+    omega = torch.ones(blocks, dtype=torch.float64) if conv_info is None else \
+        torch.randint(1, 50, (blocks,), generator=g).double()
+    fw, eb, gc = dfq_option_costs(REF_BITS, REF_GRAD_BITS, 4)
+    kappa = option_kappa(_reference_options(4))
+    for target in (2.0, 3.0, 4.5):
+        logits = torch.randn(batch, blocks, k, generator=g, dtype=torch.float64) * 2
+        p_ref = torch.softmax(logits, -1).requires_grad_(True)
+        p_eng = p_ref.detach().clone().requires_grad_(True)
+        hard = torch.nn.functional.one_hot(p_ref.argmax(-1), k).double()
+        masks_ref = hard - p_ref.detach() + p_ref  # the reference's RNNGate
+        choices, masks_eng = straight_through(p_eng)
+        as_lists = [[masks_ref[:, layer, j] for j in range(k)] for layer in range(blocks)]
+        cp_ref, loss_ref = dfq_cost(as_lists, fw, eb, gc, omega.tolist(), batch, 1e-3)
+        cp = gated_cp(choices, kappa, omega)
+        assert cp == pytest.approx(cp_ref, rel=1e-12)
+        reg = dfq_reg(cp_ref, target, 0.0)
+        ctrl = ReferenceController(beta=0.128, rule="dfq", band=0.0)
+        trace = GateTrace(masks_eng, choices, p_eng)
+        loss_eng = ctrl.weight(cp, target) * cost_per_sample(trace, kappa, omega).mean()
+        assert float(loss_eng) == pytest.approx(float(loss_ref) * reg, rel=1e-9)
+        (loss_ref * reg).backward()
+        loss_eng.backward()
+        assert torch.allclose(p_eng.grad, p_ref.grad, rtol=1e-9, atol=1e-15)
+
+
+def test_the_sign_rules_are_the_references():
+    """DFQ's (train_dfq.py, with its relax band) and FracTrain's (train_frac.py, with --target_ratio_range)
+    sign of the cost term, on cp values on and next to every boundary, on the host and on a tensor."""
+    targets, bands = [1.5, 3.0, 4.0], [0.0, 0.1, 0.5]
+    for target in targets:
+        for band in bands:
+            edges = [target - band, target, target + band]
+            cps = sorted({c + d for c in edges for d in (-1e-9, 0.0, 1e-9, -0.3, 0.3)})
+            for cp in cps:
+                assert sign_dfq(cp, target, band) == dfq_reg(cp, target, band), (cp, target, band)
+                assert sign_fractrain(cp, target, band) == fractrain_reg(cp, target, band), (cp, target, band)
+                t = torch.tensor(cp, dtype=torch.float64)
+                assert float(sign_tensor(t, target, "dfq", band)) == pytest.approx(dfq_reg(cp, target, band))
+                assert float(sign_tensor(t, target, "fractrain", band)) == fractrain_reg(cp, target, band)
+
+
+def test_the_gate_decides_as_the_references():
+    """The reference's gate (a 1x1-conv embedding of each block's pooled input, one LSTM step, a projection,
+    softmax, the argmax's one-hot with straight-through gradients) with the engine's ``RecurrentGate`` holding
+    the same weights: the same probabilities and decisions, block after block; the mask's value is the
+    one-hot (the reference's ``hard - p + p`` is within a float32 ulp of it, methods.md §9, row 15); the same
+    gradients for every gate weight from a loss on the masks."""
+    torch.manual_seed(0)
+    channels, sizes, batch = [16, 16, 32, 32, 64, 64], [32, 32, 16, 16, 8, 8], 16
+    k = len(REF_BITS)
+    ref_embeds = [torch.nn.Sequential(torch.nn.AvgPool2d(s), torch.nn.Conv2d(c, 32, 1), torch.nn.ReLU(),
+                                      torch.nn.Conv2d(32, 16, 1)) for c, s in zip(channels, sizes)]
+    ref_gate = fractrain_models.RNNGate(16, 16, k)
+    ours = RecurrentGate(channels, k, torch.ones(len(channels), k, dtype=torch.bool))
+    with torch.no_grad():
+        for emb, seq in zip(ours.embeds, ref_embeds):
+            emb.fc1.weight.copy_(seq[1].weight.flatten(1))
+            emb.fc1.bias.copy_(seq[1].bias)
+            emb.fc2.weight.copy_(seq[3].weight.flatten(1))
+            emb.fc2.bias.copy_(seq[3].bias)
+        ours.lstm.load_state_dict(ref_gate.rnn_one.state_dict())
+        ours.proj.load_state_dict(ref_gate.proj.state_dict())
+    inputs = [torch.randn(batch, c, s, s) for c, s in zip(channels, sizes)]
+    weights = torch.randn(batch, len(channels), k)
+
+    ref_gate.hidden_one = ref_gate.init_hidden(batch)
+    ref_masks = torch.stack([ref_gate(seq(h)).view(batch, k) for seq, h in zip(ref_embeds, inputs)], 1)
+    state, masks, probs = None, [], []
+    for i, h in enumerate(inputs):
+        z, state = ours.step(i, h, state)
+        p = torch.softmax(z, dim=-1)
+        _, mask = straight_through(p)
+        masks.append(mask)
+        probs.append(p)
+    our_masks = torch.stack(masks, 1)
+    assert torch.equal(our_masks.detach().argmax(-1), ref_masks.detach().argmax(-1))
+    assert torch.equal(our_masks.detach(), torch.nn.functional.one_hot(our_masks.detach().argmax(-1), k).float())
+    assert torch.allclose(ref_masks.detach(), our_masks.detach(), rtol=0, atol=1e-6)
+    (ref_masks * weights).sum().backward()
+    (our_masks * weights).sum().backward()
+    pairs = [(ours.lstm.weight_ih_l0, ref_gate.rnn_one.weight_ih_l0), (ours.lstm.weight_hh_l0, ref_gate.rnn_one.weight_hh_l0),
+             (ours.lstm.bias_ih_l0, ref_gate.rnn_one.bias_ih_l0), (ours.proj.weight, ref_gate.proj.weight),
+             (ours.proj.bias, ref_gate.proj.bias)]
+    for emb, seq in zip(ours.embeds, ref_embeds):
+        pairs += [(emb.fc1.weight, seq[1].weight), (emb.fc2.weight, seq[3].weight), (emb.fc2.bias, seq[3].bias)]
+    for a, b in pairs:
+        assert torch.allclose(a.grad, b.grad.view_as(a.grad), rtol=1e-4, atol=1e-7)

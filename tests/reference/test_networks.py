@@ -1,0 +1,249 @@
+"""Whole networks beside the reference's, holding the same weights: the static ResNet of CPT (cpt_cifar/models.py)
+and of PFQ (fractrain_cifar/models.py ``ResNet``), and DFQ's gated ResNet (``ResNetRecurrentGateSP``), each built
+by the engine from a run's config as ``fractune train`` builds it (``engine.train.prepare``).
+
+Three SGD steps, then an evaluation: the same logits, decisions, cp, gradients and running ranges. The errors are
+rounded to nearest on both sides (``nearest_errors``) so that backward passes compare value for value. The
+reference's head pools with ``AvgPool2d(8)``, the engine's with adaptive pooling (it also takes 28x28 and 8x8
+inputs); on an 8x8 map both average the same 64 values, in another order, so the reference is given the
+engine's pooling and the comparison stays exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config.experiment import parse_config
+from engine.data.catalog import INFO
+from engine.dfq.controller import build_controller
+from engine.dfq.gate import cost_per_sample, gated_cp, option_kappa
+from engine.numerics.precision import Precision
+from engine.train import prepare
+from tests.reference import REFERENCE_CODE_WARNINGS
+from tests.reference.upstream import cpt_models, fractrain_models
+from tests.reference.upstream.fractrain_loops import dfq_cost, dfq_option_costs, dfq_reg, fractrain_reg
+
+pytestmark = REFERENCE_CODE_WARNINGS
+
+N = 1  # blocks per group: ResNet-8, whose second and third blocks downsample (a projection and its BN)
+BATCH = 8
+
+
+def _engine_model(schedule: dict):
+    """The model and config of a CIFAR-10 run of ResNet-8 on ``schedule``."""
+    cfg = parse_config({"model": {"name": f"resnet{6 * N + 2}"}, "data": {"dataset": "cifar10"}, "schedule": schedule})
+    model, _ = prepare(cfg, INFO["cifar10"], torch.device("cpu"))
+    return model, cfg
+
+
+def _backbone_keys(key: str, value: torch.Tensor, prefix: str = "") -> tuple[str, torch.Tensor] | None:
+    """A reference ResNet's state-dict entry under the engine's name (None: nothing in the engine holds it)."""
+    if "quantize_input" in key:
+        return None  # running ranges: both start at 0, compared after training
+    if key.startswith("conv1."):
+        return prefix + "stem." + key[6:], value
+    if key.startswith("bn1."):
+        return prefix + "stem_bn." + key[4:], value
+    if key.startswith("fc."):
+        return prefix + key, value
+    group, rest = key.split(".", 1)
+    g, kind_i = group[len("group"):].split("_")
+    kind = kind_i.rstrip("0123456789")
+    j = (int(g) - 1) * N + int(kind_i[len(kind):])
+    if kind != "layer":
+        return None
+    rest = rest.replace("downsample.", "proj.")
+    if rest.startswith("bn3."):  # the projection's BN; a block without a projection never uses its bn3
+        if j == 0:
+            return None
+        rest = "proj_bn." + rest[4:]
+    return f"{prefix}blocks.{j}.{rest}", value
+
+
+def _load(engine_model, entries: dict) -> None:
+    expected = {k for k in engine_model.state_dict() if not k.endswith(("run_lo", "run_range"))}
+    expected -= {"option_cost", "price"}
+    assert set(entries) == expected
+    engine_model.load_state_dict(entries, strict=False)
+
+
+def _same_running_ranges(ref, ours, prefix: str = "") -> None:
+    """Every quantized conv's running range (zero point and width) in the reference, against the engine layer
+    that holds the same weight; fp32 layers (a gated model's stem) stay at 0 in both."""
+    compared = 0
+    for name, mod in ref.named_modules(remove_duplicate=False):
+        measure = getattr(mod, "quantize_input_fw", None) or getattr(mod, "quantize_input", None)
+        if measure is None or "_ds" in name:  # groupG_dsI: the block's own projection, registered twice
+            continue
+        mapped = _backbone_keys(name + ".weight", mod.weight, prefix)
+        layer = ours.get_submodule(mapped[0].rsplit(".", 1)[0])
+        assert torch.equal(measure.running_zero_point.reshape(()), layer.run_lo), name
+        assert torch.equal(measure.running_range.reshape(()), layer.run_range), name
+        compared += 1
+    assert compared == 1 + 3 * N * 2 + 2  # the stem, two convs per block, two projections
+
+
+def _sgd(*models) -> None:
+    with torch.no_grad():
+        for model in models:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= 0.1 * p.grad
+                    p.grad = None
+
+
+@pytest.mark.parametrize(("code", "fw", "bw"), [("cpt", 4, 8), ("cpt", 3, 6), ("pfq", 6, 8)])
+def test_a_static_resnet_trains_as_the_references(code, fw, bw, nearest_errors):
+    """CPT's and PFQ's ResNet at one precision: the stem and every block conv (projections included) at FW
+    with weights at FW and errors at BW, the FC in fp32, activation momentum 0.9."""
+    torch.manual_seed(0)
+    if code == "cpt":
+        ref = cpt_models.ResNet(cpt_models.BasicBlock, [N, N, N])
+    else:
+        ref = fractrain_models.ResNet(fractrain_models.BasicBlock, [N, N, N])
+    ref.avgpool = torch.nn.AdaptiveAvgPool2d(1)
+    ours, _ = _engine_model({"kind": "static", "fw": fw, "bw": bw})
+    _load(ours, dict(filter(None, (_backbone_keys(k, v) for k, v in ref.state_dict().items()))))
+    prec = Precision.fwbw(fw, bw)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = torch.randn(BATCH, 3, 32, 32, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+        ref_logits, our_logits = ref(x, fw, bw), ours(x, prec)
+        assert torch.equal(ref_logits, our_logits)
+        F.cross_entropy(ref_logits, y).backward()
+        F.cross_entropy(our_logits, y).backward()
+        theirs = {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
+        for name, grad in dict(filter(None, (_backbone_keys(k, v) for k, v in theirs.items()))).items():
+            assert torch.equal(grad, ours.get_parameter(name).grad), name
+        _sgd(ref, ours)
+    _same_running_ranges(ref, ours)
+    ref.eval()
+    ours.eval()
+    with torch.no_grad():
+        x = torch.randn(BATCH, 3, 32, 32, generator=g)
+        assert torch.equal(ref(x, fw, bw), ours(x, prec))
+
+
+def _gated_keys(key: str, value: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    """A reference ``ResNetRecurrentGateSP`` entry under the engine's ``GatedModel`` name: the backbone's, the
+    LSTM and projection of the gate, and each 1x1-conv embedding as a linear layer (embedding ``l`` reads block
+    ``l``'s input: the stem's gate for the first block, block ``l - 1``'s gate after it)."""
+    if key.startswith("control.rnn_one."):
+        return "gate.lstm." + key[len("control.rnn_one."):], value
+    if key.startswith("control.proj."):
+        return "gate.proj." + key[len("control.proj."):], value
+    gate = None
+    if key.startswith("gate_layer1."):
+        gate, rest = 0, key[len("gate_layer1."):]
+    elif "_gate" in key.split(".")[0]:
+        group, rest = key.split(".", 1)
+        g, i = group[len("group"):].split("_gate")
+        gate = (int(g) - 1) * N + int(i) + 1
+        if gate >= 3 * N:
+            return None  # the last block's gate decides nothing
+    if gate is not None:
+        index, name = rest.split(".")
+        layer = {"1": "fc1", "3": "fc2", "conv1": "fc1", "conv2": "fc2"}[index]  # Sequential, or _PooledLinear
+        return f"gate.embeds.{gate}.{layer}.{name}", value.flatten(1) if name == "weight" else value
+    return _backbone_keys(key, value, "backbone.")
+
+
+class _PooledLinear(torch.nn.Module):
+    """A reference gate embedding (``AvgPool2d`` over the whole map, 1x1 conv, ReLU, 1x1 conv) computed as the
+    engine computes it (a spatial mean and two linear layers), on the reference's own weights: the same function,
+    summed in the engine's order, so that the gradients it sends back into the blocks are the engine's bit for
+    bit. test_dfq.py compares the reference's own arithmetic, to float32 rounding."""
+
+    def __init__(self, seq: torch.nn.Sequential):
+        super().__init__()
+        self.conv1, self.conv2 = seq[1], seq[3]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(F.linear(x.mean(dim=(2, 3)), self.conv1.weight.flatten(1), self.conv1.bias))
+        return F.linear(h, self.conv2.weight.flatten(1), self.conv2.bias)[:, :, None, None]
+
+
+REF_OPTIONS = ([3, 4, 4, 6, 6], [6, 6, 8, 8, 12])  # train_dfq.py / train_frac.py lines 181-182 / 245-246
+
+
+@pytest.mark.parametrize(("method", "momentum", "skip"), [("dfq", 0.9, False), ("dfq", 0.9, True),
+                                                          ("fractrain", 0.1, False)],
+                         ids=["dfq", "dfq-with-skip", "fractrain"])
+def test_the_gated_resnet_decides_and_trains_as_the_references(method, momentum, skip, nearest_errors, monkeypatch):
+    """DFQ's gated ResNet (masked execution, the reference's five options at 4-bit weights, or the same after a
+    skip option, its sign-rule cost term; FracTrain's with its own sign rule and activation momentum): the stem
+    in fp32, every option's pass of a block updating the block's shared running statistics, the skip path (the
+    identity, or the fp32 projection through the BN the block's own projection uses), the mask-weighted sum,
+    the gate's decisions and the batch's cp, the loss with its cost term, bit for bit (the reference's gate
+    embeddings computed in the engine's order, ``_PooledLinear``), and every gradient.
+
+    One departure (methods.md §9, row 16): the reference runs a downsampling block's fp32 projection, and the BN
+    it shares, at every forward, whether or not an option skips; without a skip option its output goes unused
+    but that BN's running statistics take it in. The engine runs the skip path only for a skip option, so there
+    those statistics, and nothing else, differ; given the reference's, evaluation is the same bit for bit."""
+    monkeypatch.setattr(fractrain_models, "WEIGHT_BITS", 4)  # what train_dfq.py / train_frac.py set from argv
+    monkeypatch.setattr(fractrain_models, "MOMENTUM", momentum)
+    bits, grad_bits = ([0] + REF_OPTIONS[0], [0] + REF_OPTIONS[1]) if skip else REF_OPTIONS
+    torch.manual_seed(0)
+    ref = fractrain_models.ResNetRecurrentGateSP(fractrain_models.BasicBlock, [N, N, N], proj_dim=len(bits))
+    ref.avgpool = torch.nn.AdaptiveAvgPool2d(1)
+    for name, child in list(ref.named_children()):
+        if name == "gate_layer1" or "_gate" in name:
+            setattr(ref, name, _PooledLinear(child))
+    with torch.no_grad():  # a gate whose decisions vary from sample to sample, so that every path runs
+        ref.control.proj.weight.mul_(30.0)
+    # the reference's beta 1e-3 on a batch sum is the engine's 1e-3 x batch on the batch mean (methods.md §9, row 4)
+    options = ["skip", "3/6", "4/6", "4/8", "6/8", "6/12"] if skip else "reference"
+    schedule = {"kind": method, "options": options, "weight_bits": 4, "execution": "masked",
+                "controller": "reference", "option_state": "shared", "beta": 1e-3 * BATCH}
+    schedule.update({"target_cp": 3.0} if method == "dfq" else {"cp0": 3.0})
+    ours, cfg = _engine_model(schedule)
+    assert ours.backbone.stem.act_momentum == momentum  # the method's default, as each reference script's
+    _load(ours, dict(filter(None, (_gated_keys(k, v) for k, v in ref.state_dict().items()))))
+    costs = dfq_option_costs(bits, grad_bits, 4)
+    kappa, omega = option_kappa(ours.options), torch.ones(3 * N, dtype=torch.float64)
+    controller = build_controller(cfg.schedule)
+    reg = dfq_reg if method == "dfq" else fractrain_reg
+    g = torch.Generator().manual_seed(1)
+    chosen = set()
+    for target in (3.0, 1.0, 5.0):
+        x, y = torch.randn(BATCH, 3, 32, 32, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+        ref_logits, masks = ref(x, bits, grad_bits)
+        our_logits, trace = ours(x)
+        assert torch.equal(ref_logits, our_logits)
+        assert torch.equal(torch.stack([torch.stack(m, -1) for m in masks], 1).detach().argmax(-1), trace.choices)
+        chosen |= set(trace.choices.flatten().tolist())
+        cp_ref, cost_ref = dfq_cost(masks, *costs, [1] * (3 * N), BATCH, 1e-3)
+        cp = gated_cp(trace.choices, kappa, omega)
+        assert cp == pytest.approx(cp_ref, rel=1e-12)
+        (F.cross_entropy(ref_logits, y) + cost_ref * reg(cp_ref, target, 0.0)).backward()
+        weight = controller.weight(cp, target)
+        (F.cross_entropy(our_logits, y) + weight * cost_per_sample(trace, kappa, omega).mean()).backward()
+        theirs = {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
+        for name, grad in dict(filter(None, (_gated_keys(k, v) for k, v in theirs.items()))).items():
+            mine = ours.get_parameter(name).grad
+            # where a tensor feeds several paths (the options' passes, the skip path, the gate's read of a block
+            # input), autograd adds their gradients in an order of its own: float32 rounding; the last block's
+            # gradients reach it from the head alone
+            if name.startswith(f"backbone.blocks.{3 * N - 1}.conv"):
+                assert torch.equal(grad, mine), name
+            assert float((grad - mine).abs().max()) <= 1e-5 * float(grad.abs().max()), name
+        _sgd(ref, ours)
+        with torch.no_grad():  # the weights again the reference's to the last bit, the statistics left alone
+            for name, value in dict(filter(None, (_gated_keys(k, p) for k, p in ref.named_parameters()))).items():
+                ours.get_parameter(name).copy_(value)
+    assert len(chosen) >= 3 and (0 in chosen or not skip), chosen
+    _same_running_ranges(ref, ours, "backbone.")
+    mine = ours.state_dict()
+    for key, value in ref.state_dict().items():
+        if key.endswith(("running_mean", "running_var")) and _gated_keys(key, value):
+            name = _gated_keys(key, value)[0]
+            projection_bn = ".proj_bn." in name
+            assert torch.equal(value, mine[name]) != (projection_bn and not skip), name
+    _load(ours, dict(filter(None, (_gated_keys(k, v) for k, v in ref.state_dict().items()))))
+    ref.eval()
+    ours.eval()
+    with torch.no_grad():
+        x = torch.randn(BATCH, 3, 32, 32, generator=g)
+        assert torch.equal(ref(x, bits, grad_bits)[0], ours(x)[0])

@@ -1,0 +1,15 @@
+"""The papers' reference code, run beside the engine by the differential tests of ``tests/reference``.
+
+Copies of the authors' repositories at the commits docs/methods.md names (MIT; LICENSE beside this file):
+
+* ``fractrain_quantize.py``, ``fractrain_models.py``: GATECH-EIC/FracTrain@1113ec2
+  ``fractrain_cifar/modules/quantize.py`` and ``fractrain_cifar/models.py``;
+* ``cpt_quantize.py``, ``cpt_models.py``: GATECH-EIC/CPT@a3cf5b0 ``cpt_cifar/modules/quantize.py`` and
+  ``cpt_cifar/models.py``;
+* ``fractrain_loops.py``, ``cpt_loops.py``: the lines of the training scripts that decide precision and cost,
+  lifted out of their loops (each names the lines it holds).
+
+The copies differ from the originals in two ways only: ``.cuda()`` is ``.cpu()`` (the tests run on the CPU), and
+the models import their quantizers from the copy beside them (``from .fractrain_quantize import``). They are kept
+as they are, so ruff does not check this folder (pyproject.toml).
+"""
