@@ -9,13 +9,15 @@ import random
 
 import pytest
 
+from engine.config.experiment import parse_config
 from engine.config.schedule import CPTSchedule, PFQSchedule
+from engine.optim import lr_at
 from engine.run_length import RunLength
 from engine.schedules.curves import CPT, AutoPFQ
 from engine.schedules.indicator import LossIndicator
 from tests.reference import REFERENCE_CODE_WARNINGS
 from tests.reference.upstream.cpt_loops import cpt_bits
-from tests.reference.upstream.fractrain_loops import pfq_run_indicator
+from tests.reference.upstream.fractrain_loops import pfq_run_indicator, reference_lr
 
 pytestmark = REFERENCE_CODE_WARNINGS
 
@@ -94,3 +96,20 @@ def test_auto_pfq_switches_stage_where_the_reference_does():
         prec = sched.precision(it)
         assert (prec.act, prec.grad, prec.weight) == (fw[stage_of[it]], bw[stage_of[it]], fw[stage_of[it]]), it
         sched.observe(it, losses[it // every])
+
+
+def test_the_learning_rate_is_the_references_at_every_iteration():
+    """The papers' 64,000 iterations: piecewise with the reference's ``--warm_up`` (0.01 for 400 iterations, then
+    0.1, divided by 10 at 32,000 and 48,000) equal to the bit; the cosine to ``lr * step_ratio^2`` within 1e-8
+    (the reference writes pi as 3.141592653)."""
+    total = 64000
+
+    def engine(optim: dict):
+        cfg = parse_config({"model": {"name": "resnet38"}, "data": {"dataset": "cifar10"}, "optim": optim})
+        return [lr_at(cfg, i, total) for i in range(total)]
+
+    ref = reference_lr("piecewise", 0.1, total, warm_up=True)
+    assert engine({"lr": 0.1, "warmup_iters": 400, "warmup_lr": 0.01}) == [ref(i) for i in range(total)]
+    ref = reference_lr("anneal_cosine", 0.1, total, warm_up=False)
+    ours = engine({"lr": 0.1, "lr_schedule": "cosine"})
+    assert max(abs(a - ref(i)) / ref(i) for i, a in enumerate(ours)) < 1e-8

@@ -152,3 +152,40 @@ def fractrain_reg(cp_ratio, target_ratio, target_ratio_range):
     else:
         reg = 0
     return reg
+
+
+def reference_lr(lr_schedule, lr, iters, warm_up, step_ratio=0.1):
+    """fractrain_cifar/train_pfq.py lines 602-627 (the same in train_dfq.py, train_frac.py and CPT's train.py):
+    the learning rate of iteration ``_iter``, as a function of it (the logging call and the optimizer left out)."""
+    args = _Args(lr_schedule=lr_schedule, lr=lr, iters=iters, warm_up=warm_up, step_ratio=step_ratio)
+
+    def at(_iter):
+        if args.lr_schedule == 'piecewise':
+            if args.warm_up and (_iter < 400):
+                lr = 0.01
+            elif 32000 <= _iter < 48000:
+                lr = args.lr * (args.step_ratio ** 1)
+            elif _iter >= 48000:
+                lr = args.lr * (args.step_ratio ** 2)
+            else:
+                lr = args.lr
+    
+        elif args.lr_schedule == 'linear':
+            t = _iter / args.iters
+            lr_ratio = 0.01
+            if args.warm_up and (_iter < 400):
+                lr = 0.01
+            elif t < 0.5:
+                lr = args.lr
+            elif t < 0.9:
+                lr = args.lr * (1 - (1-lr_ratio)*(t-0.5)/0.4)
+            else:
+                lr = args.lr * lr_ratio
+    
+        elif args.lr_schedule == 'anneal_cosine':
+            lr_min = args.lr * (args.step_ratio ** 2)
+            lr_max = args.lr
+            lr = lr_min + 1/2 * (lr_max - lr_min) * (1 + np.cos(_iter/args.iters * 3.141592653))
+        return lr
+
+    return at
