@@ -247,3 +247,60 @@ def test_the_gated_resnet_decides_and_trains_as_the_references(method, momentum,
     with torch.no_grad():
         x = torch.randn(BATCH, 3, 32, 32, generator=g)
         assert torch.equal(ref(x, bits, grad_bits)[0], ours(x)[0])
+
+
+def _mobilenet_keys(key: str, value: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    """A reference MobileNetV2 entry under the engine's name."""
+    if "quantize_input" in key:
+        return None
+    top = {"conv1.": "stem.", "bn1.": "stem_bn.", "conv2.": "head_conv.", "bn2.": "head_bn.", "linear.": "fc."}
+    for old, new in top.items():
+        if key.startswith(old):
+            return new + key[len(old):], value
+    group, rest = key.split(".", 1)
+    g, j = (int(v) for v in group[len("group"):].split("_layer"))
+    index = sum(count for _, _, count, _ in fractrain_models.MobileNetV2.cfg[: g - 1]) + j
+    rest = rest.replace("shortcut.", "proj.").replace("bn4.", "proj_bn.")
+    return f"blocks.{index}.{rest}", value
+
+
+def test_a_static_mobilenetv2_trains_as_the_references(nearest_errors, monkeypatch):
+    """FracTrain's CIFAR MobileNetV2 at FW4/BW8 as its scripts run it without ``--weight_bits``: activations at
+    FW and errors at BW in the stem, every expansion, projection and shortcut conv and the head conv,
+    depthwise convs at 8/16, and every weight in fp32 (its convs take their weight bits from that flag, whose
+    default 0 leaves weights unquantized: methods.md §9, row 17). The engine runs the same with
+    ``weight_bits: 32`` and ``quant.depthwise_weight_bits: 32``: the same logits, gradients and running ranges
+    after a step, and the same evaluation."""
+    import types
+
+    monkeypatch.setattr(fractrain_models, "WEIGHT_BITS", 0)
+    # its head pools with F.avg_pool2d(x, 4) on the 4x4 map: given the engine's adaptive pooling, as above
+    monkeypatch.setattr(fractrain_models, "F", types.SimpleNamespace(
+        relu=F.relu, avg_pool2d=lambda x, k: F.adaptive_avg_pool2d(x, 1)))
+    torch.manual_seed(0)
+    ref = fractrain_models.MobileNetV2(num_classes=10)
+    cfg = parse_config({"model": {"name": "mobilenetv2"}, "data": {"dataset": "cifar10"},
+                        "schedule": {"kind": "static", "fw": 4, "bw": 8, "weight_bits": 32},
+                        "quant": {"depthwise_weight_bits": 32}})
+    ours, _ = prepare(cfg, INFO["cifar10"], torch.device("cpu"))
+    entries = dict(filter(None, (_mobilenet_keys(k, v) for k, v in ref.state_dict().items())))
+    _load(ours, entries)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)
+    ref_logits, our_logits = ref(x, 4, 8), ours(x, Precision(act=4, weight=32, grad=8))
+    assert torch.equal(ref_logits, our_logits)
+    F.cross_entropy(ref_logits, y).backward()
+    F.cross_entropy(our_logits, y).backward()
+    theirs = {k: p.grad for k, p in ref.named_parameters()}
+    for name, grad in dict(filter(None, (_mobilenet_keys(k, v) for k, v in theirs.items()))).items():
+        assert torch.equal(grad, ours.get_parameter(name).grad), name
+    for name, mod in ref.named_modules():
+        if hasattr(mod, "quantize_input_fw"):
+            layer = ours.get_submodule(_mobilenet_keys(name + ".weight", mod.weight)[0].rsplit(".", 1)[0])
+            assert torch.equal(mod.quantize_input_fw.running_range.reshape(()), layer.run_range), name
+    _sgd(ref, ours)
+    ref.eval()
+    ours.eval()
+    with torch.no_grad():
+        x = torch.randn(4, 3, 32, 32, generator=g)
+        assert torch.equal(ref(x, 4, 8), ours(x, Precision(act=4, weight=32, grad=8)))
