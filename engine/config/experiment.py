@@ -97,16 +97,18 @@ class ExperimentConfig(Strict):
         ipe = self.data.iterations_per_epoch(train_size, self.workers)
         return RunLength(self.optim.iterations or self.optim.epochs * ipe, ipe)
 
-    def layer_map(self, stem_default: bool) -> LayerMap:
+    def layer_map(self, stem_default: bool, shortcut_default: bool = True) -> LayerMap:
         """The explicit layer-precision map of this run (methods.md §3). Gated methods keep the stem,
         the MobileNetV2 head conv and the FC in fp32, as the reference's DFQ models do; so does any run of
-        ``quant.layer_map: gated``."""
+        ``quant.layer_map: gated``. The defaults are the model family's (``QModel.*_quantized_by_default``)."""
         q = self.quant
         dw = Precision(act=q.depthwise_act_bits, weight=q.depthwise_weight_bits, grad=q.depthwise_grad_bits)
+        shortcut = shortcut_default if q.quantize_shortcut is None else q.quantize_shortcut
         if self.gated or q.layer_map == "gated":
-            return LayerMap(stem=False, fc=False, head=False, depthwise=dw)
+            return LayerMap(stem=False, fc=False, head=False, depthwise=dw, shortcut=shortcut)
         stem = stem_default if q.quantize_stem is None else q.quantize_stem
-        return LayerMap(stem=stem, fc=q.quantize_fc, head=q.quantize_head, depthwise=dw, embed=q.quantize_embedding)
+        return LayerMap(stem=stem, fc=q.quantize_fc, head=q.quantize_head, depthwise=dw, embed=q.quantize_embedding,
+                        shortcut=shortcut)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -193,6 +195,9 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
     if is_lm and cfg.quant.quantize_stem:
         problems.append(("quant.quantize_stem", True, "allowed: null/false with a language model (no stem; "
                          "see quant.quantize_embedding)"))
+    if is_lm and cfg.quant.quantize_shortcut:
+        problems.append(("quant.quantize_shortcut", True, "allowed: null/false with a language model (its "
+                         "residual connections have no projection)"))
     total = cfg.run_length().total_iterations
     if total > MAX_ITERATIONS:
         field = "optim.iterations" if cfg.optim.iterations else "optim.epochs"

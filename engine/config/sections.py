@@ -197,6 +197,9 @@ class QuantConfig(Strict):
     # allocation (methods.md §3)
     layer_map: Literal["method", "gated"] = "method"
     quantize_stem: bool | None = None  # None: the reference (quantized on CIFAR models, fp32 on ImageNet)
+    # a residual block's 1x1 projection; None: the reference (quantized in CIFAR ResNets and MobileNetV2, at each
+    # DFQ option's bits in gated ones, fp32 in ImageNet ResNets)
+    quantize_shortcut: bool | None = None
     quantize_fc: bool = False  # the reference keeps the FC in fp32
     quantize_head: bool = True  # MobileNetV2's 1x1 head conv (static methods)
     # EMA weight on the OLD running range (the reference's convention); null: the reference's value for the

@@ -46,12 +46,15 @@ class ResidualBlock(nn.Module):
     def _init_shortcut(self, cin: int, cout: int, stride: int, index: int, m: float, needed: bool) -> None:
         self.in_channels = cin
         self.proj = None
+        self.shortcut_follows = True  # the layer map's ``shortcut`` (``QModel.set_layer_map``)
         if needed:
-            self.proj = QConv2d(cin, cout, 1, stride, 0, bias=False, block=index, act_momentum=m)
+            self.proj = QConv2d(cin, cout, 1, stride, 0, bias=False, role="shortcut", block=index, act_momentum=m)
             self.proj_bn = nn.BatchNorm2d(cout)
 
     def shortcut(self, x: torch.Tensor, prec: Precision) -> torch.Tensor:
-        return x if self.proj is None else self.proj_bn(self.proj(x, prec))
+        if self.proj is None:
+            return x
+        return self.proj_bn(self.proj(x, prec if self.shortcut_follows else FP32))
 
     def skip(self, x: torch.Tensor) -> torch.Tensor:
         """DFQ skip: the identity, or the block's own projection run in fp32."""
@@ -83,6 +86,7 @@ class QModel(nn.Module):
     forward pass is ``head(blocks(features(x)))`` with the layer map deciding each role's precision."""
 
     stem_quantized_by_default = True  # the reference's choice for this model family (static methods)
+    shortcut_quantized_by_default = True  # the reference's choice for its projections (every method)
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,6 +95,9 @@ class QModel(nn.Module):
 
     def set_layer_map(self, layer_map: LayerMap) -> None:
         self.layer_map = layer_map
+        for block in getattr(self, "blocks", ()):
+            if hasattr(block, "shortcut_follows"):  # a block resolves no role itself: it is told its projection's
+                block.shortcut_follows = layer_map.shortcut  # precision rule here
 
     def p(self, role: str, prec: Precision) -> Precision:
         return self.layer_map.resolve(role, prec)

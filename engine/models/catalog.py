@@ -41,6 +41,7 @@ class LayerMap:
     head: bool = True
     depthwise: Precision | None = None  # fixed precision of depthwise convs; None: follow the schedule
     embed: bool = False  # a language model's token embedding (weights at FW, its gradient at BW)
+    shortcut: bool = True  # a residual block's 1x1 projection (fp32 in the reference's ImageNet ResNets)
 
     def resolve(self, role: str, prec: Precision) -> Precision:
         """The precision a layer of ``role`` runs at when the schedule says ``prec``."""
@@ -50,5 +51,6 @@ class LayerMap:
             return prec if prec.skip else Precision(act=prec.act, weight=prec.act, grad=prec.grad)
         if role == "depthwise":
             return self.depthwise if self.depthwise is not None else prec
-        follows = {"stem": self.stem, "fc": self.fc, "head": self.head, "embed": self.embed}[role]
+        follows = {"stem": self.stem, "fc": self.fc, "head": self.head, "embed": self.embed,
+                   "shortcut": self.shortcut}[role]
         return prec if follows else FP32

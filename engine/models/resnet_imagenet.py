@@ -1,9 +1,9 @@
 """ImageNet ResNet-18/34 (He et al. 2016), with quantized block convs.
 
 7x7 stride-2 stem + 3x3 stride-2 max pool; four stages of basic blocks (64/128/256/512 channels,
-[2,2,2,2] or [3,4,6,3]); global average pooling; FC. The reference keeps the 7x7 stem and the FC in
-fp32 on ImageNet (docs/methods.md §3), so this family's default layer map does too. Any input size
-works (adaptive pooling), 28x28 Fashion-MNIST included.
+[2,2,2,2] or [3,4,6,3]); global average pooling; FC. The reference keeps the 7x7 stem, the blocks' 1x1
+projections and the FC in fp32 on ImageNet (docs/methods.md §3), so this family's default layer map does too.
+Any input size works (adaptive pooling), 28x28 Fashion-MNIST included.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from engine.numerics.precision import Precision
 
 class ImageNetResNet(QModel):
     stem_quantized_by_default = False
+    shortcut_quantized_by_default = False  # the reference's projections are plain nn.Conv2d (CPT, FracTrain)
 
     def __init__(self, layers: tuple[int, ...], in_channels: int, num_classes: int, act_momentum: float):
         super().__init__()

@@ -13,7 +13,8 @@ EMA convention: ``run = m * run + (1 - m) * batch`` with ``m`` (``act_momentum``
 value, both buffers starting at 0 (methods.md §1).
 
 ``role`` and ``block`` label the layer for the layer-precision map and BitOPs accounting: role is one of
-``stem``, ``body``, ``depthwise``, ``head``, ``fc``, ``attn``; ``block`` is the residual block index or None.
+``stem``, ``body``, ``shortcut`` (a residual block's 1x1 projection), ``depthwise``, ``head``, ``fc``, ``attn``;
+``block`` is the residual block index or None.
 
 ``QMatmul(a, b, prec)`` is the same for a product of two activations (attention's scores and context,
 methods.md §11): both operands at ``prec.act`` with a running range each, dL/dY at ``prec.grad``.
@@ -30,7 +31,7 @@ from engine.numerics import autograd, quant
 from engine.numerics.affine import single
 from engine.numerics.precision import FP32, FULL_BITS, MixedPrecision, Precision
 
-ROLES = ("stem", "body", "depthwise", "head", "fc", "attn")
+ROLES = ("stem", "body", "shortcut", "depthwise", "head", "fc", "attn")
 
 
 def _ema_terms(lo, hi, m: float, dtype: torch.dtype) -> tuple:

@@ -143,7 +143,8 @@ def cmd_cost(args) -> int:
     with torch.device("meta" if is_language_model(args.model) else "cpu"):
         model = build_model(args.model, info_.channels, info_.classes)
     is_lm = getattr(model, "is_language_model", False)
-    layer_map = LayerMap(stem=args.stem == "quantized", fc=args.fc == "quantized", head=True, depthwise=None)
+    layer_map = LayerMap(stem=args.stem == "quantized", fc=args.fc == "quantized", head=True, depthwise=None,
+                         shortcut=args.shortcut == "quantized")
     model.set_layer_map(layer_map)
     models = cost_config(args).models()
     counter = BitOpsCounter(model.layer_table(info_.input_shape(data_cfg.seq_len)), layer_map, models)

@@ -43,7 +43,8 @@ def test_resnet38_macs_match_the_architecture():
         by_role[layer.role] = by_role.get(layer.role, 0) + layer.macs
     assert by_role["stem"] == 442_368
     assert by_role["fc"] == 640
-    assert by_role["body"] == 82_837_504  # 16 plain blocks x 4,718,592 + 2 downsampling x 3,670,016
+    # 16 plain blocks x 4,718,592 + 2 downsampling x 3,670,016, of which their two 1x1 projections 131,072 each
+    assert by_role["body"] + by_role["shortcut"] == 82_837_504 and by_role["shortcut"] == 2 * 131_072
     total = sum(x.macs for x in table)
     assert abs(total - 83.28e6) / 83.28e6 < 0.005
     blocks = BitOpsCounter(table, LayerMap()).block_macs()
@@ -70,13 +71,13 @@ def test_mobilenetv2_depthwise_fixed_precision():
     table = model.layer_table((3, 32, 32))
     dws = sum(x.macs for x in table if x.role == "depthwise")
     assert dws == pytest.approx(11.76e6 / 2, rel=0.01)  # compute_flops.py's table counts 2 x MACs
-    conv = sum(x.macs for x in table if x.role == "body")
+    conv = sum(x.macs for x in table if x.role in ("body", "shortcut"))
     assert conv == pytest.approx(155.65e6 / 2, rel=0.01)
     lm = LayerMap(stem=True, fc=False, head=True, depthwise=Precision.fwbw(8, 16))
     counter = BitOpsCounter(table, lm)
     per = counter.per_layer(Precision.fwbw(4, 8))
     assert {r["precision"] for r in per if r["role"] == "depthwise"} == {"FW8/BW16"}
-    assert {r["precision"] for r in per if r["role"] == "body"} == {"FW4/BW8"}
+    assert {r["precision"] for r in per if r["role"] in ("body", "shortcut")} == {"FW4/BW8"}
 
 
 def test_cost_totals():

@@ -64,11 +64,13 @@ def test_quantized_step_reduces_loss_on_a_fixed_batch():
 def test_layer_roles_follow_the_reference_map():
     m = build_model("resnet20", 3, 10)
     roles = {layer.role for layer in m.layer_table((3, 32, 32))}
-    assert roles == {"stem", "body", "fc"}
-    assert m.stem_quantized_by_default is True
-    assert build_model("resnet18", 3, 10).stem_quantized_by_default is False
+    assert roles == {"stem", "body", "shortcut", "fc"}
+    assert m.stem_quantized_by_default is True and m.shortcut_quantized_by_default is True
+    imagenet = build_model("resnet18", 3, 10)
+    assert imagenet.stem_quantized_by_default is False and imagenet.shortcut_quantized_by_default is False
     mb = build_model("mobilenetv2", 3, 10)
-    assert {layer.role for layer in mb.layer_table((3, 32, 32))} == {"stem", "body", "depthwise", "head", "fc"}
+    assert {layer.role for layer in mb.layer_table((3, 32, 32))} == {"stem", "body", "shortcut", "depthwise", "head",
+                                                                      "fc"}
 
 
 def test_unknown_model():
