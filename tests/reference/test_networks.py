@@ -10,6 +10,8 @@ engine's pooling and the comparison stays exact."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -304,3 +306,51 @@ def test_a_static_mobilenetv2_trains_as_the_references(nearest_errors, monkeypat
     with torch.no_grad():
         x = torch.randn(4, 3, 32, 32, generator=g)
         assert torch.equal(ref(x, 4, 8), ours(x, Precision(act=4, weight=32, grad=8)))
+
+
+def test_an_imagenet_resnet_trains_as_the_references(nearest_errors):
+    """CPT's ImageNet ResNet-18 at FW4/BW8 (the setting of its README's ImageNet command, at one point of the
+    cycle): the 7x7 stem, the blocks' 1x1 projections (plain ``nn.Conv2d`` there) and the FC in fp32, every
+    block conv quantized. On 32x32 inputs (the stages end at 1x1) with the engine's pooling, as above: the same
+    logits, gradients and running ranges after a step, and the same evaluation."""
+    from tests.reference.upstream import cpt_imagenet_models
+
+    torch.manual_seed(0)
+    ref = cpt_imagenet_models.resnet18(num_classes=10)
+    ref.avgpool = torch.nn.AdaptiveAvgPool2d(1)
+    cfg = parse_config({"model": {"name": "resnet18"}, "data": {"dataset": "imagenet"},
+                        "schedule": {"kind": "static", "fw": 4, "bw": 8}})
+    ours, _ = prepare(cfg, dataclasses.replace(INFO["imagenet"], classes=10), torch.device("cpu"))
+
+    def names(key: str, value: torch.Tensor):
+        if "quantize_input" in key:
+            return None
+        for old, new in (("conv1.", "stem."), ("bn1.", "stem_bn."), ("fc.", "fc.")):
+            if key.startswith(old):
+                return new + key[len(old):], value
+        group, rest = key.split(".", 1)
+        g, i = (int(v) for v in group[len("group"):].split("_layer"))
+        rest = rest.replace("downsample.0.", "proj.").replace("downsample.1.", "proj_bn.")
+        return f"blocks.{2 * (g - 1) + i}.{rest}", value
+
+    _load(ours, dict(filter(None, (names(k, v) for k, v in ref.state_dict().items()))))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)
+    prec = Precision.fwbw(4, 8)
+    ref_logits, our_logits = ref(x, 4, 8), ours(x, prec)
+    assert torch.equal(ref_logits, our_logits)
+    F.cross_entropy(ref_logits, y).backward()
+    F.cross_entropy(our_logits, y).backward()
+    for name, grad in dict(filter(None, (names(k, p.grad) for k, p in ref.named_parameters()))).items():
+        assert torch.equal(grad, ours.get_parameter(name).grad), name
+    for name, mod in ref.named_modules():
+        if hasattr(mod, "quantize_input"):
+            layer = ours.get_submodule(names(name + ".weight", mod.weight)[0].rsplit(".", 1)[0])
+            assert torch.equal(mod.quantize_input.running_range.reshape(()), layer.run_range), name
+    assert all(float(ours.blocks[b].proj.run_range) == 0.0 for b in (2, 4, 6))  # fp32: never measured
+    _sgd(ref, ours)
+    ref.eval()
+    ours.eval()
+    with torch.no_grad():
+        x = torch.randn(4, 3, 32, 32, generator=g)
+        assert torch.equal(ref(x, 4, 8), ours(x, prec))

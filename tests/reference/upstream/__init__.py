@@ -4,8 +4,9 @@ Copies of the authors' repositories at the commits docs/methods.md names (MIT; L
 
 * ``fractrain_quantize.py``, ``fractrain_models.py``: GATECH-EIC/FracTrain@1113ec2
   ``fractrain_cifar/modules/quantize.py`` and ``fractrain_cifar/models.py``;
-* ``cpt_quantize.py``, ``cpt_models.py``: GATECH-EIC/CPT@a3cf5b0 ``cpt_cifar/modules/quantize.py`` and
-  ``cpt_cifar/models.py``;
+* ``cpt_quantize.py``, ``cpt_models.py``, ``cpt_imagenet_models.py``: GATECH-EIC/CPT@a3cf5b0
+  ``cpt_cifar/modules/quantize.py`` (``cpt_imagenet/modules/quantize.py`` is the same file),
+  ``cpt_cifar/models.py`` and ``cpt_imagenet/models.py``;
 * ``fractrain_loops.py``, ``cpt_loops.py``: the lines of the training scripts that decide precision and cost,
   lifted out of their loops (each names the lines it holds).
 
