@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.config.experiment import parse_config
 from engine.config.gated_schedule import OPTION_PRESETS
 from engine.dfq.controller import ReferenceController
 from engine.dfq.gate import (
@@ -22,7 +23,13 @@ from engine.dfq.gate import (
 from engine.numerics.precision import Precision, parse_fwbw
 from tests.reference import REFERENCE_CODE_WARNINGS
 from tests.reference.upstream import fractrain_models
-from tests.reference.upstream.fractrain_loops import dfq_cost, dfq_option_costs, dfq_reg, fractrain_reg
+from tests.reference.upstream.fractrain_loops import (
+    dfq_cost,
+    dfq_option_costs,
+    dfq_reg,
+    fractrain_reg,
+    fractrain_targets,
+)
 
 pytestmark = REFERENCE_CODE_WARNINGS
 
@@ -137,3 +144,12 @@ def test_the_gate_decides_as_the_references():
         pairs += [(emb.fc1.weight, seq[1].weight), (emb.fc2.weight, seq[3].weight), (emb.fc2.bias, seq[3].bias)]
     for a, b in pairs:
         assert torch.allclose(a.grad, b.grad.view_as(a.grad), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize(("cp0", "step", "turns"), [(1.5, 0.5, 3), (3.0, 0.5, 3), (2.0, 0.25, 2), (1.0, 0.0, 1)])
+def test_fractrains_stage_targets_are_the_references(cp0, step, turns):
+    """``--target_ratio``, ``--target_ratio_step`` and ``--num_turning_point`` as ``cp0``, ``cp_step`` and
+    ``num_turning_points``: the same target at every stage."""
+    cfg = parse_config({"model": {"name": "resnet38"}, "data": {"dataset": "cifar10"},
+                        "schedule": {"kind": "fractrain", "cp0": cp0, "cp_step": step, "num_turning_points": turns}})
+    assert cfg.schedule.targets() == fractrain_targets(cp0, step, turns)

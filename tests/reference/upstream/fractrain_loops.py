@@ -189,3 +189,10 @@ def reference_lr(lr_schedule, lr, iters, warm_up, step_ratio=0.1):
         return lr
 
     return at
+
+
+def fractrain_targets(target_ratio, target_ratio_step, num_turning_point):
+    """fractrain_cifar/train_frac.py line 826: the cp target of each stage."""
+    args = _Args(target_ratio=target_ratio, target_ratio_step=target_ratio_step, num_turning_point=num_turning_point)
+    target_ratio_list = [(args.target_ratio + i*args.target_ratio_step) for i in range(args.num_turning_point+1)]
+    return target_ratio_list
