@@ -12,11 +12,12 @@ import pytest
 from engine.config.experiment import parse_config
 from engine.config.schedule import CPTSchedule, PFQSchedule
 from engine.optim import lr_at
+from engine.preview import preview
 from engine.run_length import RunLength
 from engine.schedules.curves import CPT, AutoPFQ
 from engine.schedules.indicator import LossIndicator
 from tests.reference import REFERENCE_CODE_WARNINGS
-from tests.reference.upstream.cpt_loops import cpt_bits
+from tests.reference.upstream.cpt_loops import cpt_bits, cpt_cost_ratio
 from tests.reference.upstream.fractrain_loops import pfq_run_indicator, reference_lr
 
 pytestmark = REFERENCE_CODE_WARNINGS
@@ -113,3 +114,15 @@ def test_the_learning_rate_is_the_references_at_every_iteration():
     ref = reference_lr("anneal_cosine", 0.1, total, warm_up=False)
     ours = engine({"lr": 0.1, "lr_schedule": "cosine"})
     assert max(abs(a - ref(i)) / ref(i) for i, a in enumerate(ours)) < 1e-8
+
+
+@pytest.mark.parametrize(("fw", "bw"), [((3, 8), (8, 8)), ((4, 8), (6, 8))])
+def test_a_cpt_runs_cost_ratio_is_the_references(fw, bw):
+    """The mean over the run of ``(a^2 + 2 a g) / 3072`` that CPT's script logs as its cost ratio, against
+    ``fractune schedule``'s global ratio (every layer at the schedule's bits, methods.md §2) for 64,000
+    iterations in 32 cycles: the same number. (The run's own cp counts every layer at the bits it really runs,
+    the stem and FC included: methods.md §9, row 6.)"""
+    cfg = parse_config({"model": {"name": "resnet38"}, "data": {"dataset": "cifar10"}, "optim": {"iterations": 64000},
+                        "schedule": {"kind": "cpt", "fw_min": fw[0], "fw_max": fw[1], "bw_min": bw[0],
+                                     "bw_max": bw[1], "num_cycles": 32}})
+    assert preview(cfg)["cost_ratio_vs_fp32"] == pytest.approx(cpt_cost_ratio(64000, 32, fw, bw), rel=1e-12)

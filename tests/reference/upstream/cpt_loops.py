@@ -40,3 +40,17 @@ def cpt_bits(iters, num_cyclic_period, bits_schedule, grad_bits_schedule):
         cyclic_adjust_precision(args, i, cyclic_period)
         out.append((int(args.num_bits), int(args.num_grad_bits)))
     return out
+
+
+def cpt_cost_ratio(iters, num_cyclic_period, bits_schedule, grad_bits_schedule):
+    """cpt_cifar/train.py lines 211-219: the mean over a run of each iteration's cost ratio against FP32 (its
+    ``cr`` meter, updated once per iteration), from the bits ``cyclic_adjust_precision`` set."""
+    total, count = 0.0, 0
+    for num_bits, num_grad_bits in cpt_bits(iters, num_cyclic_period, bits_schedule, grad_bits_schedule):
+        args = _Args(num_bits=num_bits, num_grad_bits=num_grad_bits)
+        fw_cost = args.num_bits * args.num_bits / 32 / 32
+        eb_cost = args.num_bits * args.num_grad_bits / 32 / 32
+        gc_cost = eb_cost
+        total += (fw_cost + eb_cost + gc_cost) / 3
+        count += 1
+    return total / count
