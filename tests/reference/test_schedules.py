@@ -14,11 +14,11 @@ from engine.config.schedule import CPTSchedule, PFQSchedule
 from engine.optim import lr_at
 from engine.preview import preview
 from engine.run_length import RunLength
-from engine.schedules.curves import CPT, AutoPFQ
+from engine.schedules.curves import CPT, AutoPFQ, ManualPFQ
 from engine.schedules.indicator import LossIndicator
 from tests.reference import REFERENCE_CODE_WARNINGS
 from tests.reference.upstream.cpt_loops import cpt_bits, cpt_cost_ratio
-from tests.reference.upstream.fractrain_loops import pfq_run_indicator, reference_lr
+from tests.reference.upstream.fractrain_loops import pfq_manual_bits, pfq_run_indicator, reference_lr
 
 pytestmark = REFERENCE_CODE_WARNINGS
 
@@ -126,3 +126,12 @@ def test_a_cpt_runs_cost_ratio_is_the_references(fw, bw):
                         "schedule": {"kind": "cpt", "fw_min": fw[0], "fw_max": fw[1], "bw_min": bw[0],
                                      "bw_max": bw[1], "num_cycles": 32}})
     assert preview(cfg)["cost_ratio_vs_fp32"] == pytest.approx(cpt_cost_ratio(64000, 32, fw, bw), rel=1e-12)
+
+
+def test_manual_pfq_switches_at_the_references_iterations():
+    """``--schedule 16000 32000 48000`` over 64,000 iterations as ``switch_at: [0.25, 0.5, 0.75]``: every
+    iteration at the reference's bits, the switch iteration itself at the new stage's."""
+    fw, bw = [3, 4, 6, 8], [6, 6, 8, 8]
+    ours = ManualPFQ(PFQSchedule(fw=fw, bw=bw, mode="manual", switch_at=[0.25, 0.5, 0.75]), RunLength(64000, 100))
+    expected = pfq_manual_bits(64000, [16000, 32000, 48000], fw, bw)
+    assert [(p.act, p.grad) for p in map(ours.precision, range(64000))] == expected

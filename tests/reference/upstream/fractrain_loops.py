@@ -196,3 +196,41 @@ def fractrain_targets(target_ratio, target_ratio_step, num_turning_point):
     args = _Args(target_ratio=target_ratio, target_ratio_step=target_ratio_step, num_turning_point=num_turning_point)
     target_ratio_list = [(args.target_ratio + i*args.target_ratio_step) for i in range(args.num_turning_point+1)]
     return target_ratio_list
+
+
+schedule_cnt = 0
+
+
+# fractrain_cifar/train_pfq.py lines 575-591 (the logging call left out)
+def adjust_precision(args, _iter):
+    if args.schedule:
+        global schedule_cnt
+
+        assert len(args.num_bits_schedule) == len(args.schedule) + 1
+        assert len(args.num_grad_bits_schedule) == len(args.schedule) + 1
+
+        if schedule_cnt == 0:
+            args.num_bits = args.num_bits_schedule[0]
+            args.num_grad_bits = args.num_grad_bits_schedule[0]
+            schedule_cnt += 1
+
+        for step in args.schedule:
+            if _iter == step:
+                args.num_bits = args.num_bits_schedule[schedule_cnt]
+                args.num_grad_bits = args.num_grad_bits_schedule[schedule_cnt]
+                schedule_cnt += 1
+
+
+def pfq_manual_bits(iters, schedule, num_bits_schedule, num_grad_bits_schedule):
+    """Manual PFQ (``--schedule``): the (num_bits, num_grad_bits) of every iteration of a run, as train_base.py's
+    loop calls ``adjust_precision`` before each (line 229; the same function as train_pfq.py's, whose call at
+    line 308 is commented out in favour of the indicator)."""
+    global schedule_cnt
+    schedule_cnt = 0
+    args = _Args(schedule=list(schedule), num_bits_schedule=list(num_bits_schedule),
+                 num_grad_bits_schedule=list(num_grad_bits_schedule))
+    out = []
+    for i in range(iters):
+        adjust_precision(args, i)
+        out.append((args.num_bits, args.num_grad_bits))
+    return out
