@@ -33,7 +33,7 @@ def tensor_step(bits: int, lo: float, hi: float, double: bool = False) -> float:
     values (a batch's min and max) that is the float32 subtraction the device form makes from 0-d tensors, so the
     two forms quantize with the same step, bit for bit. For a running range (eval mode: ``hi = lo + range`` in
     double, both float32 values) the width is the range itself, as the reference divides its ``running_range``:
-    rounding ``hi`` to float32 first would put the step one ulp off in about one layer in five."""
+    rounding ``hi`` to float32 first would often put the step one ulp off."""
     if double:
         return max((hi - lo) / levels(bits), STEP_FLOOR)
     # a double result rounded to float32 is the float32 operation's own result for float32 operands (53 bits

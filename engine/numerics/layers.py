@@ -37,11 +37,9 @@ ROLES = ("stem", "body", "shortcut", "depthwise", "head", "fc", "attn")
 def _ema_terms(lo, hi, m: float, dtype: torch.dtype) -> tuple:
     """``(1 - m) * lo`` and ``(1 - m) * (hi - lo)``, the batch's share of the running range, computed as the
     reference computes them from its range tensors (``zero_point * (1 - momentum)``): in the buffers' dtype, with
-    the scalar rounded to it. From Python floats in double, a float32 buffer would take a value one ulp off in
-    about one update in six; 0-d tensors (ranges on the device) already compute in their dtype."""
-    if isinstance(lo, torch.Tensor):
-        return (1 - m) * lo, (1 - m) * (hi - lo)
-    if dtype == torch.float64:
+    the scalar rounded to it. Computed in double from Python floats, a float32 buffer would often take a value one
+    ulp off; 0-d tensors (ranges on the device) and float64 buffers already compute in their dtype."""
+    if isinstance(lo, torch.Tensor) or dtype == torch.float64:
         return (1 - m) * lo, (1 - m) * (hi - lo)
     c, lo32 = single(1 - m), single(lo)
     return single(lo32 * c), single(single(single(hi) - lo32) * c)
