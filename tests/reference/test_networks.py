@@ -354,3 +354,71 @@ def test_an_imagenet_resnet_trains_as_the_references(nearest_errors):
     with torch.no_grad():
         x = torch.randn(4, 3, 32, 32, generator=g)
         assert torch.equal(ref(x, 4, 8), ours(x, prec))
+
+
+@pytest.mark.slow
+def test_the_gated_mobilenetv2_decides_and_trains_as_the_references(nearest_errors, monkeypatch):
+    """FracTrain's ``MobileNetV2_RNN`` (the reference's five options at 4-bit weights, masked, its gate of
+    64/32/32): the stem and the head conv in fp32, depthwise convs at 8/16 with the run's weight bits (as
+    ``--weight_bits`` sets them there: ``quant.depthwise_weight_bits: 4``, methods.md §9, row 17), a
+    stride-2 block without a residual; one step and an evaluation, as the gated ResNet's test."""
+    import types
+
+    monkeypatch.setattr(fractrain_models, "WEIGHT_BITS", 4)
+    monkeypatch.setattr(fractrain_models, "F", types.SimpleNamespace(
+        relu=F.relu, avg_pool2d=lambda x, k: F.adaptive_avg_pool2d(x, 1)))
+    bits, grad_bits = REF_OPTIONS
+    torch.manual_seed(0)
+    ref = fractrain_models.MobileNetV2_RNN(num_classes=10, proj_dim=len(bits))
+    for name, child in list(ref.named_children()):
+        if name == "gate_layer1" or "_gate" in name:
+            setattr(ref, name, _PooledLinear(child))
+    with torch.no_grad():
+        ref.control.proj.weight.mul_(30.0)
+    cfg = parse_config({"model": {"name": "mobilenetv2"}, "data": {"dataset": "cifar10"},
+                        "quant": {"depthwise_weight_bits": 4},
+                        "schedule": {"kind": "dfq", "options": "reference", "weight_bits": 4, "target_cp": 3.0,
+                                     "execution": "masked", "controller": "reference", "option_state": "shared",
+                                     "gate_dim": 64, "embed_dim": 32, "hidden_dim": 32}})
+    ours, _ = prepare(cfg, INFO["cifar10"], torch.device("cpu"))
+    counts = [count for _, _, count, _ in fractrain_models.MobileNetV2_RNN.cfg]
+
+    def names(key: str, value: torch.Tensor):
+        if key.startswith("control.rnn_one."):
+            return "gate.lstm." + key[len("control.rnn_one."):], value
+        if key.startswith("control.proj."):
+            return "gate.proj." + key[len("control.proj."):], value
+        head = key.split(".")[0]
+        if head == "gate_layer1" or "_gate" in head:
+            g, j = (0, -1) if head == "gate_layer1" else (int(v) for v in head[len("group"):].split("_gate"))
+            gate = sum(counts[: g - 1]) + j + 1 if g else 0
+            if gate >= sum(counts):
+                return None
+            layer, param = key.split(".")[1:]
+            return f"gate.embeds.{gate}.{ {'conv1': 'fc1', 'conv2': 'fc2'}[layer]}.{param}", \
+                value.flatten(1) if param == "weight" else value
+        mapped = _mobilenet_keys(key, value)
+        return None if mapped is None else ("backbone." + mapped[0], mapped[1])
+
+    _load(ours, dict(filter(None, (names(k, v) for k, v in ref.state_dict().items()))))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)
+    ref_logits, masks = ref(x, bits, grad_bits)
+    our_logits, trace = ours(x)
+    assert torch.equal(ref_logits, our_logits)
+    choices = torch.stack([torch.stack(m, -1) for m in masks], 1).detach().argmax(-1)
+    assert torch.equal(choices, trace.choices) and len(set(choices.flatten().tolist())) >= 2
+    F.cross_entropy(ref_logits, y).backward()
+    F.cross_entropy(our_logits, y).backward()
+    for name, grad in dict(filter(None, (names(k, p.grad) for k, p in ref.named_parameters()
+                                         if p.grad is not None))).items():
+        mine = ours.get_parameter(name).grad
+        assert float((grad - mine).abs().max()) <= 1e-5 * float(grad.abs().max()), name
+    with torch.no_grad():
+        for name, value in dict(filter(None, (names(k, p) for k, p in ref.named_parameters()))).items():
+            ours.get_parameter(name).copy_(value)
+    ref.eval()
+    ours.eval()
+    with torch.no_grad():
+        x = torch.randn(4, 3, 32, 32, generator=g)
+        assert torch.equal(ref(x, bits, grad_bits)[0], ours(x)[0])
