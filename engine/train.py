@@ -74,8 +74,8 @@ def prepare(cfg: ExperimentConfig, data_info, device: torch.device):
     model = backbone
     if cfg.gated:
         s = cfg.schedule
-        model = GatedModel(backbone, s.option_precisions(cfg.model.name), s.execution, s.gate_dim, s.embed_dim,
-                           s.hidden_dim, s.routed_estimator, s.routed_sample_fraction, s.option_state,
+        model = GatedModel(backbone, s.option_precisions(cfg.model.name), s.execution, *s.gate_sizes(cfg.model.name),
+                           s.routed_estimator, s.routed_sample_fraction, s.option_state,
                            s.routed_statistics, s.block_floor)
     return model.to(device), counter
 

@@ -25,6 +25,10 @@ OPTION_PRESETS = {
     "cap8": ["skip", "2/6", "3/6", "4/6", "4/8", "6/8"],  # every option <= 8 bits (the reviewers' fairness point)
 }
 
+# the gate's (gate_dim, embed_dim, hidden_dim) in the reference code: its CIFAR ResNets' (every model but
+# MobileNetV2 here) and its MobileNetV2_RNN's
+GATE_SIZES = {"resnet": (32, 16, 16), "mobilenetv2": (64, 32, 32)}
+
 
 def option_name(text: str) -> str:
     """An option as written (``skip``, ``SKIP``, `` 4/8``, ``04/8``) by its one name (``skip``, ``4/8``), so that
@@ -106,9 +110,10 @@ class GatedSettings(Strict):
     # its own, apart from the computed options'; per_option (masked only) = each option keeps its own copy.
     # Unset: shared with execution masked (the reference), skip_apart with routed
     option_state: Literal[OPTION_STATES] | None = Field(None, validate_default=True)
-    gate_dim: int = Field(32, ge=1, le=4096)
-    embed_dim: int = Field(16, ge=1, le=4096)
-    hidden_dim: int = Field(16, ge=1, le=4096)
+    # the gate's sizes (methods.md §6.1); unset: the reference's for the model (``gate_sizes``)
+    gate_dim: int | None = Field(None, ge=1, le=4096)
+    embed_dim: int | None = Field(None, ge=1, le=4096)
+    hidden_dim: int | None = Field(None, ge=1, le=4096)
 
     @field_validator("routed_sample_fraction")
     @classmethod
@@ -161,6 +166,11 @@ class GatedSettings(Strict):
         if self.options == "paper" and model_name == "mobilenetv2":
             return list(OPTION_PRESETS["paper_mobilenetv2"])
         return list(OPTION_PRESETS[self.options])
+
+    def gate_sizes(self, model_name: str) -> tuple[int, int, int]:
+        """(gate_dim, embed_dim, hidden_dim): each as set, else the reference's for the model."""
+        reference = GATE_SIZES.get(model_name, GATE_SIZES["resnet"])
+        return tuple(r if v is None else v for v, r in zip((self.gate_dim, self.embed_dim, self.hidden_dim), reference))
 
     def option_precisions(self, model_name: str) -> list[Precision]:
         return [parse_option(o, self.weight_bits) for o in self.option_names(model_name)]

@@ -359,9 +359,10 @@ def test_an_imagenet_resnet_trains_as_the_references(nearest_errors):
 @pytest.mark.slow
 def test_the_gated_mobilenetv2_decides_and_trains_as_the_references(nearest_errors, monkeypatch):
     """FracTrain's ``MobileNetV2_RNN`` (the reference's five options at 4-bit weights, masked, its gate of
-    64/32/32): the stem and the head conv in fp32, depthwise convs at 8/16 with the run's weight bits (as
-    ``--weight_bits`` sets them there: ``quant.depthwise_weight_bits: 4``, methods.md §9, row 17), a
-    stride-2 block without a residual; one step and an evaluation, as the gated ResNet's test."""
+    64/32/32, the engine's default for the model): the stem and the head conv in fp32, depthwise convs at 8/16
+    with the run's weight bits (as ``--weight_bits`` sets them there: ``quant.depthwise_weight_bits: 4``,
+    methods.md §9, row 17), a stride-2 block without a residual; one step and an evaluation, as the gated
+    ResNet's test."""
     import types
 
     monkeypatch.setattr(fractrain_models, "WEIGHT_BITS", 4)
@@ -378,8 +379,7 @@ def test_the_gated_mobilenetv2_decides_and_trains_as_the_references(nearest_erro
     cfg = parse_config({"model": {"name": "mobilenetv2"}, "data": {"dataset": "cifar10"},
                         "quant": {"depthwise_weight_bits": 4},
                         "schedule": {"kind": "dfq", "options": "reference", "weight_bits": 4, "target_cp": 3.0,
-                                     "execution": "masked", "controller": "reference", "option_state": "shared",
-                                     "gate_dim": 64, "embed_dim": 32, "hidden_dim": 32}})
+                                     "execution": "masked", "controller": "reference", "option_state": "shared"}})
     ours, _ = prepare(cfg, INFO["cifar10"], torch.device("cpu"))
     counts = [count for _, _, count, _ in fractrain_models.MobileNetV2_RNN.cfg]
 

@@ -188,3 +188,16 @@ def test_a_schedule_without_its_kind_names_the_kinds():
         parse_config({"schedule": {"fw": 4}})
     assert err.value.lines() == ["schedule.kind: got nothing; allowed: 'fp32', 'static', 'pfq', 'cpt', 'dfq', "
                                  "'fractrain'"]
+
+
+def test_the_gates_sizes_default_to_the_references_for_the_model():
+    """methods.md §6.1: the reference's CIFAR ResNet gate (32/16/16) for every model but MobileNetV2, whose
+    reference gate is 64/32/32; a size set in the config wins, the others keep the model's."""
+    def sizes(model: str, **schedule) -> tuple[int, int, int]:
+        cfg = parse_config({"model": {"name": model}, "data": {"dataset": "cifar10"},
+                            "schedule": {"kind": "dfq", **schedule}})
+        return cfg.schedule.gate_sizes(cfg.model.name)
+
+    assert sizes("resnet38") == (32, 16, 16) and sizes("resnet18") == (32, 16, 16)
+    assert sizes("mobilenetv2") == (64, 32, 32)
+    assert sizes("mobilenetv2", embed_dim=40) == (64, 40, 32)
