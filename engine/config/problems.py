@@ -41,7 +41,7 @@ def validation_problems(exc: ValidationError, model: type[BaseModel], prefix: st
             tags = ctx.get("expected_tags") or ", ".join(repr(t) for t in _tags(holder, loc[-1] if loc else None))
             msg = f"allowed: {tags}"
         elif kind in _TYPES:
-            msg = f"allowed: {_TYPES[kind]}"
+            msg = f"allowed: {_TYPES[kind]}" + _null_too(holder, loc)
         elif kind.startswith("greater_than") or kind.startswith("less_than"):
             msg = _bounds_msg(holder, loc) or err["msg"]
         else:
@@ -154,6 +154,20 @@ def _tags(holder: Any, name: str | None) -> list[str]:
     field = (getattr(holder, "model_fields", None) or {}).get(name)
     members = _models_in(field.annotation) if field is not None else []
     return [m.model_fields["kind"].default for m in members if "kind" in m.model_fields]
+
+
+def _null_too(holder: Any, loc: tuple) -> str:
+    """``, or null`` where the field at ``loc`` (its last part, in ``holder``) also takes null, most often its
+    default (the reference's choice for the model or method); else nothing."""
+    field = (getattr(holder, "model_fields", None) or {}).get(loc[-1]) if loc else None
+    if field is None:
+        return ""
+    ann = field.annotation
+    if typing.get_origin(ann) is typing.Annotated:
+        ann = typing.get_args(ann)[0]
+    if typing.get_origin(ann) not in (typing.Union, types.UnionType) or type(None) not in typing.get_args(ann):
+        return ""
+    return ", or null (the default)" if field.default is None else ", or null"
 
 
 def _plain_union(ann: Any) -> bool:

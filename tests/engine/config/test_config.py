@@ -201,3 +201,15 @@ def test_the_gates_sizes_default_to_the_references_for_the_model():
     assert sizes("resnet38") == (32, 16, 16) and sizes("resnet18") == (32, 16, 16)
     assert sizes("mobilenetv2") == (64, 32, 32)
     assert sizes("mobilenetv2", embed_dim=40) == (64, 40, 32)
+
+
+def test_a_wrong_type_for_a_setting_that_takes_null_says_so():
+    """An optional setting (null: the reference's choice) names null among what it takes; a plain one does not."""
+    base = {"model": {"name": "resnet18"}, "data": {"dataset": "cifar10"}}
+    with pytest.raises(ConfigError) as optional:
+        parse_config({**base, "quant": {"quantize_shortcut": "yes"}})
+    assert str(optional.value).endswith("quant.quantize_shortcut: got 'yes'; allowed: true or false, or null "
+                                        "(the default)")
+    with pytest.raises(ConfigError) as plain:
+        parse_config({**base, "quant": {"quantize_fc": "yes"}})
+    assert str(plain.value).endswith("quant.quantize_fc: got 'yes'; allowed: true or false")
