@@ -1,12 +1,13 @@
-"""Whole networks beside the reference's, holding the same weights: the static ResNet of CPT (cpt_cifar/models.py)
-and of PFQ (fractrain_cifar/models.py ``ResNet``), and DFQ's gated ResNet (``ResNetRecurrentGateSP``), each built
-by the engine from a run's config as ``fractune train`` builds it (``engine.train.prepare``).
+"""Whole networks beside the reference's, holding the same weights, each built by the engine from a run's config as
+``fractune train`` builds it (``engine.train.prepare``): the static CIFAR ResNets of CPT (cpt_cifar/models.py) and
+PFQ (fractrain_cifar/models.py ``ResNet``), FracTrain's static MobileNetV2, CPT's ImageNet ResNet-18, and DFQ's
+and FracTrain's gated ResNet (``ResNetRecurrentGateSP``) and gated MobileNetV2 (``MobileNetV2_RNN``).
 
-Three SGD steps, then an evaluation: the same logits, decisions, cp, gradients and running ranges. The errors are
-rounded to nearest on both sides (``nearest_errors``) so that backward passes compare value for value. The
-reference's head pools with ``AvgPool2d(8)``, the engine's with adaptive pooling (it also takes 28x28 and 8x8
-inputs); on an 8x8 map both average the same 64 values, in another order, so the reference is given the
-engine's pooling and the comparison stays exact."""
+SGD steps (three, or one for the larger nets), then an evaluation: the same logits, decisions, cp, gradients and
+running ranges. The errors are rounded to nearest on both sides (``nearest_errors``) so that backward passes
+compare value for value. The reference's head pools with ``AvgPool2d`` over the last map, the engine's with
+adaptive pooling (it also takes 28x28 and 8x8 inputs): both average the same values, in another order, so the
+reference is given the engine's pooling and the comparison stays exact."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def _backbone_keys(key: str, value: torch.Tensor, prefix: str = "") -> tuple[str
         return None
     rest = rest.replace("downsample.", "proj.")
     if rest.startswith("bn3."):  # the projection's BN; a block without a projection never uses its bn3
-        if j == 0:
+        if j not in (N, 2 * N):  # the first blocks of groups 2 and 3 downsample
             return None
         rest = "proj_bn." + rest[4:]
     return f"{prefix}blocks.{j}.{rest}", value
