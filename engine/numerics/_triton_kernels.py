@@ -19,7 +19,8 @@ def _round_levels(u, qmax, STOCHASTIC: tl.constexpr, seed, offs):
 
 @triton.jit
 def _step(lo, hi, qmax):
-    s = tl.math.div_rn(hi - lo, qmax)
+    # the width in float32: a float64 ``hi`` (a running range's end, ``lo + range`` held exactly) gives the range
+    s = tl.math.div_rn((hi - lo).to(tl.float32), qmax)
     return tl.where(s < 1e-8, 1e-8, s)
 
 

@@ -113,8 +113,10 @@ class _Quantized:
                 run_lo.mul_(m).add_(new_lo)
                 run_range.mul_(m).add_(new_range)
             return lo, hi
+        # eval: the running range, whose step the reference takes from the range itself (``range / qmax``); the
+        # end ``lo + range`` is held in double, where it is exact, so ``hi - lo`` gives the range back
         if quant.ranges_on_device(run_lo):
-            return run_lo, run_lo + run_range
+            return run_lo, run_lo.double() + run_range.double()
         lo = float(run_lo)
         return lo, lo + float(run_range)
 

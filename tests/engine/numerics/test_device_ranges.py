@@ -66,11 +66,9 @@ def test_quantized_layers_train_and_evaluate_alike_on_both_paths(layer, monkeypa
     one, in train mode (batch range, EMA update, stochastic error rounding from the same draws) and eval mode
     (the running range, which the device path keeps as a tensor).
 
-    Train mode is the same bit for bit, and so is the running range (both paths compute the EMA's terms in
-    float32, as the reference does). Eval mode is the same to rounding: the host divides the running range by
-    the levels, as the reference does, the device the width of its float32 ends ``lo`` and ``lo + range``,
-    which may be one ulp off the range, so an element may land one ulp, or next to a rounding boundary one
-    level, away."""
+    All of it is the same bit for bit: the running range (both paths compute the EMA's terms in float32, as the
+    reference does) and eval mode over it (both step by the range itself, as the reference does: the device's
+    end ``lo + range`` is held in double)."""
     x = torch.randn(8, 4, 6, 6) if layer == "conv" else torch.randn(8, 5, 12)
     prec = Precision.fwbw(4, 8)
     results = []
@@ -91,7 +89,7 @@ def test_quantized_layers_train_and_evaluate_alike_on_both_paths(layer, monkeypa
         results.append((y.detach(), y_eval, grads, mod.run_lo.clone(), mod.run_range.clone()))
     (y0, e0, g0, lo0, r0), (y1, e1, g1, lo1, r1) = results
     assert torch.equal(y0, y1) and all(torch.equal(a, b) for a, b in zip(g0, g1))
-    assert torch.allclose(e0, e1, atol=1e-4)
+    assert torch.equal(e0, e1)
     assert torch.equal(lo0, lo1) and torch.equal(r0, r1)
 
 
@@ -100,11 +98,8 @@ def test_quantized_layers_train_and_evaluate_alike_on_both_paths(layer, monkeypa
                                                       ("routed", "batch")])
 def test_gated_step_is_the_same_on_both_paths(execution, statistics, dtype, monkeypatch):
     """A DFQ training step (mixed-precision rows, the sampled alternatives, the gate's gradient) gives the same
-    values bit for bit whichever way the ranges are kept, in float32 (training's type) and in float64; so does
-    an eval forward in float64. In float32 an eval forward quantizes with steps that may differ in the last bit
-    between the paths (the device's from the float32 ends of the running range; see
-    ``test_quantized_layers_train_and_evaluate_alike_on_both_paths``): an element next to a rounding boundary
-    may then land one level apart, so it is not compared there."""
+    values bit for bit whichever way the ranges are kept, in float32 (training's type) and in float64, and so
+    does an eval forward over the running ranges."""
     before = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -140,8 +135,7 @@ def _gated_step_on_both_paths(execution, statistics, dtype, monkeypatch):
     assert g0.keys() == g1.keys()
     for name in g0:
         assert torch.equal(g0[name], g1[name]), name
-    if dtype == torch.float64:
-        assert torch.equal(e0, e1)
+    assert torch.equal(e0, e1)
 
 
 @pytest.mark.parametrize("schedule", [{"kind": "static", "fw": 8, "bw": 8},

@@ -56,6 +56,21 @@ def test_the_per_tensor_quantizer_gives_the_torch_passes_bits(shape):
             assert _equal(quant.quantize_tensor(x, bits), want), bits  # its own range: the partial ranges reduced
 
 
+def test_eval_mode_steps_by_the_running_range_as_the_host_does():
+    """In eval mode a layer quantizes over its running range with the step ``range / qmax`` (the reference's),
+    on the kernels as on the host: the end ``lo + range`` they are given is held in double, and the kernel takes
+    the width in float32. These buffers are a case where the float32 ends' width is one ulp off the range."""
+    conv = QConv2d(1, 1, 1, bias=False).eval()
+    conv.run_lo.fill_(-0.7774889469146729)
+    conv.run_range.fill_(4.96874475479126)
+    x = torch.linspace(-1.0, 4.5, 97).view(1, 1, 97, 1)
+    want = quant.quantize(x, 6, *conv._act_range(x, 6))  # the host form: Python floats
+    with gpu_kernels.on_cpu():
+        lo, hi = conv._act_range(x, 6)
+        assert isinstance(hi, torch.Tensor) and hi.dtype == torch.float64
+        assert _equal(quant.quantize(x, 6, lo, hi), want)
+
+
 def test_nan_propagates_and_a_constant_tensor_keeps_its_value():
     x = _sample((5, 33), 1)
     x[2, 3] = float("nan")
