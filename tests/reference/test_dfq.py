@@ -22,7 +22,7 @@ from engine.dfq.gate import (
 )
 from engine.numerics.precision import Precision, parse_fwbw
 from tests.reference import REFERENCE_CODE_WARNINGS
-from tests.reference.upstream import fractrain_models
+from tests.reference.upstream import fractrain_loops, fractrain_models
 from tests.reference.upstream.fractrain_loops import (
     dfq_cost,
     dfq_option_costs,
@@ -33,7 +33,7 @@ from tests.reference.upstream.fractrain_loops import (
 
 pytestmark = REFERENCE_CODE_WARNINGS
 
-REF_BITS, REF_GRAD_BITS = [3, 4, 4, 6, 6], [6, 6, 8, 8, 12]  # train_dfq.py lines 181-182
+REF_BITS, REF_GRAD_BITS = fractrain_loops.bits, fractrain_loops.grad_bits
 
 
 def _reference_options(weight_bits: int):

@@ -12,6 +12,7 @@ reference is given the engine's pooling and the comparison stays exact."""
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from engine.dfq.gate import cost_per_sample, gated_cp, option_kappa
 from engine.numerics.precision import Precision
 from engine.train import prepare
 from tests.reference import REFERENCE_CODE_WARNINGS
-from tests.reference.upstream import cpt_models, fractrain_models
+from tests.reference.upstream import cpt_models, fractrain_loops, fractrain_models
 from tests.reference.upstream.fractrain_loops import dfq_cost, dfq_option_costs, dfq_reg, fractrain_reg
 
 pytestmark = REFERENCE_CODE_WARNINGS
@@ -64,6 +65,11 @@ def _backbone_keys(key: str, value: torch.Tensor, prefix: str = "") -> tuple[str
     return f"{prefix}blocks.{j}.{rest}", value
 
 
+def _renamed(names, pairs) -> dict:
+    """The reference's (key, tensor) pairs under the engine's names (``names`` maps one pair, None to drop it)."""
+    return dict(filter(None, (names(k, v) for k, v in pairs)))
+
+
 def _load(engine_model, entries: dict) -> None:
     expected = {k for k in engine_model.state_dict() if not k.endswith(("run_lo", "run_range"))}
     expected -= {"option_cost", "price"}
@@ -71,20 +77,20 @@ def _load(engine_model, entries: dict) -> None:
     engine_model.load_state_dict(entries, strict=False)
 
 
-def _same_running_ranges(ref, ours, prefix: str = "") -> None:
+def _same_running_ranges(ref, ours, names, count: int | None = None) -> None:
     """Every quantized conv's running range (zero point and width) in the reference, against the engine layer
-    that holds the same weight; fp32 layers (a gated model's stem) stay at 0 in both."""
+    that holds the same weight (``names`` maps the weight's key); fp32 layers (a gated model's stem) stay at 0
+    in both. ``count``: how many layers the reference quantizes."""
     compared = 0
     for name, mod in ref.named_modules(remove_duplicate=False):
         measure = getattr(mod, "quantize_input_fw", None) or getattr(mod, "quantize_input", None)
         if measure is None or "_ds" in name:  # groupG_dsI: the block's own projection, registered twice
             continue
-        mapped = _backbone_keys(name + ".weight", mod.weight, prefix)
-        layer = ours.get_submodule(mapped[0].rsplit(".", 1)[0])
+        layer = ours.get_submodule(names(name + ".weight", mod.weight)[0].rsplit(".", 1)[0])
         assert torch.equal(measure.running_zero_point.reshape(()), layer.run_lo), name
         assert torch.equal(measure.running_range.reshape(()), layer.run_range), name
         compared += 1
-    assert compared == 1 + 3 * N * 2 + 2  # the stem, two convs per block, two projections
+    assert compared == count if count is not None else compared > 0
 
 
 def _sgd(*models) -> None:
@@ -96,10 +102,40 @@ def _sgd(*models) -> None:
                     p.grad = None
 
 
+def _trains_alike(ref, ours, names, ref_bits: tuple[int, int], prec: Precision, steps: int, batch: int,
+                  layers: int | None = None) -> None:
+    """``steps`` SGD steps of both static networks on the same batches: the same logits and the same gradient
+    for every weight, bit for bit; then the same running ranges, and the same logits in eval mode."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+        ref_logits, our_logits = ref(x, *ref_bits), ours(x, prec)
+        assert torch.equal(ref_logits, our_logits)
+        F.cross_entropy(ref_logits, y).backward()
+        F.cross_entropy(our_logits, y).backward()
+        theirs = [(k, p.grad) for k, p in ref.named_parameters() if p.grad is not None]
+        for name, grad in _renamed(names, theirs).items():
+            assert torch.equal(grad, ours.get_parameter(name).grad), name
+        _sgd(ref, ours)
+    _same_running_ranges(ref, ours, names, layers)
+    ref.eval()
+    ours.eval()
+    with torch.no_grad():
+        x = torch.randn(batch, 3, 32, 32, generator=g)
+        assert torch.equal(ref(x, *ref_bits), ours(x, prec))
+
+
+def _engine_pooling(monkeypatch, module) -> None:
+    """A reference module whose head pools with ``F.avg_pool2d`` over the last map, given the engine's adaptive
+    pooling (the same values, summed in another order), as the ResNets' ``avgpool`` module is replaced."""
+    monkeypatch.setattr(module, "F", types.SimpleNamespace(relu=F.relu,
+                                                           avg_pool2d=lambda x, k: F.adaptive_avg_pool2d(x, 1)))
+
+
 @pytest.mark.parametrize(("code", "fw", "bw"), [("cpt", 4, 8), ("cpt", 3, 6), ("pfq", 6, 8)])
 def test_a_static_resnet_trains_as_the_references(code, fw, bw, nearest_errors):
     """CPT's and PFQ's ResNet at one precision: the stem and every block conv (projections included) at FW
-    with weights at FW and errors at BW, the FC in fp32, activation momentum 0.9."""
+    with weights at FW and errors at BW, the FC in fp32, activation momentum 0.9. Three steps."""
     torch.manual_seed(0)
     if code == "cpt":
         ref = cpt_models.ResNet(cpt_models.BasicBlock, [N, N, N])
@@ -107,48 +143,52 @@ def test_a_static_resnet_trains_as_the_references(code, fw, bw, nearest_errors):
         ref = fractrain_models.ResNet(fractrain_models.BasicBlock, [N, N, N])
     ref.avgpool = torch.nn.AdaptiveAvgPool2d(1)
     ours, _ = _engine_model({"kind": "static", "fw": fw, "bw": bw})
-    _load(ours, dict(filter(None, (_backbone_keys(k, v) for k, v in ref.state_dict().items()))))
-    prec = Precision.fwbw(fw, bw)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(3):
-        x, y = torch.randn(BATCH, 3, 32, 32, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
-        ref_logits, our_logits = ref(x, fw, bw), ours(x, prec)
-        assert torch.equal(ref_logits, our_logits)
-        F.cross_entropy(ref_logits, y).backward()
-        F.cross_entropy(our_logits, y).backward()
-        theirs = {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
-        for name, grad in dict(filter(None, (_backbone_keys(k, v) for k, v in theirs.items()))).items():
-            assert torch.equal(grad, ours.get_parameter(name).grad), name
-        _sgd(ref, ours)
-    _same_running_ranges(ref, ours)
-    ref.eval()
-    ours.eval()
-    with torch.no_grad():
-        x = torch.randn(BATCH, 3, 32, 32, generator=g)
-        assert torch.equal(ref(x, fw, bw), ours(x, prec))
+    _load(ours, _renamed(_backbone_keys, ref.state_dict().items()))
+    # the stem, two convs per block, two projections
+    _trains_alike(ref, ours, _backbone_keys, (fw, bw), Precision.fwbw(fw, bw), 3, BATCH, 1 + 3 * N * 2 + 2)
+
+
+def _is_gate(key: str) -> bool:
+    """Whether a reference gated net's ``key`` is its gate's: the recurrent part or an embedding."""
+    module = key.partition(".")[0]
+    return module in ("control", "gate_layer1") or "_gate" in module
+
+
+def _gate_keys(key: str, value: torch.Tensor, gate_index) -> tuple[str, torch.Tensor] | None:
+    """A reference gate's entry (``_is_gate``) under the engine's ``RecurrentGate`` name: the LSTM and the
+    projection, and each 1x1-conv embedding as a linear layer; ``gate_index(module)`` gives the engine embedding a
+    reference gate module feeds (embedding ``l`` reads block ``l``'s input: the stem's gate for the first block,
+    block ``l - 1``'s after it), None for one that decides nothing."""
+    for old, new in (("control.rnn_one.", "gate.lstm."), ("control.proj.", "gate.proj.")):
+        if key.startswith(old):
+            return new + key[len(old):], value
+    module, _, rest = key.partition(".")
+    gate = gate_index(module)
+    if gate is None:
+        return None
+    index, name = rest.split(".")
+    layer = {"1": "fc1", "3": "fc2", "conv1": "fc1", "conv2": "fc2"}[index]  # Sequential, or _PooledLinear
+    return f"gate.embeds.{gate}.{layer}.{name}", value.flatten(1) if name == "weight" else value
+
+
+def _gate_after(counts: list[int]):
+    """``gate_index`` of ``_gate_keys`` for a reference net of ``counts`` blocks per group: ``gate_layer1`` feeds
+    the first block, ``groupG_gateI`` the block after block I of group G, the last block's gate nothing."""
+    def index(module: str) -> int | None:
+        if module == "gate_layer1":
+            return 0
+        g, i = (int(v) for v in module[len("group"):].split("_gate"))
+        gate = sum(counts[: g - 1]) + i + 1
+        return gate if gate < sum(counts) else None
+
+    return index
 
 
 def _gated_keys(key: str, value: torch.Tensor) -> tuple[str, torch.Tensor] | None:
-    """A reference ``ResNetRecurrentGateSP`` entry under the engine's ``GatedModel`` name: the backbone's, the
-    LSTM and projection of the gate, and each 1x1-conv embedding as a linear layer (embedding ``l`` reads block
-    ``l``'s input: the stem's gate for the first block, block ``l - 1``'s gate after it)."""
-    if key.startswith("control.rnn_one."):
-        return "gate.lstm." + key[len("control.rnn_one."):], value
-    if key.startswith("control.proj."):
-        return "gate.proj." + key[len("control.proj."):], value
-    gate = None
-    if key.startswith("gate_layer1."):
-        gate, rest = 0, key[len("gate_layer1."):]
-    elif "_gate" in key.split(".")[0]:
-        group, rest = key.split(".", 1)
-        g, i = group[len("group"):].split("_gate")
-        gate = (int(g) - 1) * N + int(i) + 1
-        if gate >= 3 * N:
-            return None  # the last block's gate decides nothing
-    if gate is not None:
-        index, name = rest.split(".")
-        layer = {"1": "fc1", "3": "fc2", "conv1": "fc1", "conv2": "fc2"}[index]  # Sequential, or _PooledLinear
-        return f"gate.embeds.{gate}.{layer}.{name}", value.flatten(1) if name == "weight" else value
+    """A reference ``ResNetRecurrentGateSP`` entry under the engine's ``GatedModel`` name: the gate's, or the
+    backbone's."""
+    if _is_gate(key):
+        return _gate_keys(key, value, _gate_after([N, N, N]))
     return _backbone_keys(key, value, "backbone.")
 
 
@@ -167,7 +207,25 @@ class _PooledLinear(torch.nn.Module):
         return F.linear(h, self.conv2.weight.flatten(1), self.conv2.bias)[:, :, None, None]
 
 
-REF_OPTIONS = ([3, 4, 4, 6, 6], [6, 6, 8, 8, 12])  # train_dfq.py / train_frac.py lines 181-182 / 245-246
+def _gates_in_engine_order(ref) -> None:
+    """The reference gated net's embeddings as ``_PooledLinear``, and a gate whose decisions vary from sample to
+    sample, so that every path runs."""
+    for name, child in list(ref.named_children()):
+        if name == "gate_layer1" or "_gate" in name:
+            setattr(ref, name, _PooledLinear(child))
+    with torch.no_grad():
+        ref.control.proj.weight.mul_(30.0)
+
+
+def _same_weights(ref, ours, names) -> None:
+    """The engine's weights made the reference's again, to the last bit (running statistics left alone): after
+    a step whose gradients agreed to float32 rounding only."""
+    with torch.no_grad():
+        for name, value in _renamed(names, ref.named_parameters()).items():
+            ours.get_parameter(name).copy_(value)
+
+
+REF_OPTIONS = (fractrain_loops.bits, fractrain_loops.grad_bits)
 
 
 @pytest.mark.parametrize(("method", "momentum", "skip"), [("dfq", 0.9, False), ("dfq", 0.9, True),
@@ -191,11 +249,7 @@ def test_the_gated_resnet_decides_and_trains_as_the_references(method, momentum,
     torch.manual_seed(0)
     ref = fractrain_models.ResNetRecurrentGateSP(fractrain_models.BasicBlock, [N, N, N], proj_dim=len(bits))
     ref.avgpool = torch.nn.AdaptiveAvgPool2d(1)
-    for name, child in list(ref.named_children()):
-        if name == "gate_layer1" or "_gate" in name:
-            setattr(ref, name, _PooledLinear(child))
-    with torch.no_grad():  # a gate whose decisions vary from sample to sample, so that every path runs
-        ref.control.proj.weight.mul_(30.0)
+    _gates_in_engine_order(ref)
     # the reference's beta 1e-3 on a batch sum is the engine's 1e-3 x batch on the batch mean (methods.md §9, row 4)
     options = ["skip", "3/6", "4/6", "4/8", "6/8", "6/12"] if skip else "reference"
     schedule = {"kind": method, "options": options, "weight_bits": 4, "execution": "masked",
@@ -203,7 +257,7 @@ def test_the_gated_resnet_decides_and_trains_as_the_references(method, momentum,
     schedule.update({"target_cp": 3.0} if method == "dfq" else {"cp0": 3.0})
     ours, cfg = _engine_model(schedule)
     assert ours.backbone.stem.act_momentum == momentum  # the method's default, as each reference script's
-    _load(ours, dict(filter(None, (_gated_keys(k, v) for k, v in ref.state_dict().items()))))
+    _load(ours, _renamed(_gated_keys, ref.state_dict().items()))
     costs = dfq_option_costs(bits, grad_bits, 4)
     kappa, omega = option_kappa(ours.options), torch.ones(3 * N, dtype=torch.float64)
     controller = build_controller(cfg.schedule)
@@ -223,8 +277,8 @@ def test_the_gated_resnet_decides_and_trains_as_the_references(method, momentum,
         (F.cross_entropy(ref_logits, y) + cost_ref * reg(cp_ref, target, 0.0)).backward()
         weight = controller.weight(cp, target)
         (F.cross_entropy(our_logits, y) + weight * cost_per_sample(trace, kappa, omega).mean()).backward()
-        theirs = {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
-        for name, grad in dict(filter(None, (_gated_keys(k, v) for k, v in theirs.items()))).items():
+        theirs = [(k, p.grad) for k, p in ref.named_parameters() if p.grad is not None]
+        for name, grad in _renamed(_gated_keys, theirs).items():
             mine = ours.get_parameter(name).grad
             # where a tensor feeds several paths (the options' passes, the skip path, the gate's read of a block
             # input), autograd adds their gradients in an order of its own: float32 rounding; the last block's
@@ -233,18 +287,16 @@ def test_the_gated_resnet_decides_and_trains_as_the_references(method, momentum,
                 assert torch.equal(grad, mine), name
             assert float((grad - mine).abs().max()) <= 1e-5 * float(grad.abs().max()), name
         _sgd(ref, ours)
-        with torch.no_grad():  # the weights again the reference's to the last bit, the statistics left alone
-            for name, value in dict(filter(None, (_gated_keys(k, p) for k, p in ref.named_parameters()))).items():
-                ours.get_parameter(name).copy_(value)
+        _same_weights(ref, ours, _gated_keys)
     assert len(chosen) >= 3 and (0 in chosen or not skip), chosen
-    _same_running_ranges(ref, ours, "backbone.")
+    _same_running_ranges(ref, ours, _gated_keys, 1 + 3 * N * 2 + 2)
     mine = ours.state_dict()
     for key, value in ref.state_dict().items():
         if key.endswith(("running_mean", "running_var")) and _gated_keys(key, value):
             name = _gated_keys(key, value)[0]
             projection_bn = ".proj_bn." in name
             assert torch.equal(value, mine[name]) != (projection_bn and not skip), name
-    _load(ours, dict(filter(None, (_gated_keys(k, v) for k, v in ref.state_dict().items()))))
+    _load(ours, _renamed(_gated_keys, ref.state_dict().items()))
     ref.eval()
     ours.eval()
     with torch.no_grad():
@@ -274,39 +326,16 @@ def test_a_static_mobilenetv2_trains_as_the_references(nearest_errors, monkeypat
     default 0 leaves weights unquantized: methods.md §9, row 17). The engine runs the same with
     ``weight_bits: 32`` and ``quant.depthwise_weight_bits: 32``: the same logits, gradients and running ranges
     after a step, and the same evaluation."""
-    import types
-
     monkeypatch.setattr(fractrain_models, "WEIGHT_BITS", 0)
-    # its head pools with F.avg_pool2d(x, 4) on the 4x4 map: given the engine's adaptive pooling, as above
-    monkeypatch.setattr(fractrain_models, "F", types.SimpleNamespace(
-        relu=F.relu, avg_pool2d=lambda x, k: F.adaptive_avg_pool2d(x, 1)))
+    _engine_pooling(monkeypatch, fractrain_models)
     torch.manual_seed(0)
     ref = fractrain_models.MobileNetV2(num_classes=10)
     cfg = parse_config({"model": {"name": "mobilenetv2"}, "data": {"dataset": "cifar10"},
                         "schedule": {"kind": "static", "fw": 4, "bw": 8, "weight_bits": 32},
                         "quant": {"depthwise_weight_bits": 32}})
     ours, _ = prepare(cfg, INFO["cifar10"], torch.device("cpu"))
-    entries = dict(filter(None, (_mobilenet_keys(k, v) for k, v in ref.state_dict().items())))
-    _load(ours, entries)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)
-    ref_logits, our_logits = ref(x, 4, 8), ours(x, Precision(act=4, weight=32, grad=8))
-    assert torch.equal(ref_logits, our_logits)
-    F.cross_entropy(ref_logits, y).backward()
-    F.cross_entropy(our_logits, y).backward()
-    theirs = {k: p.grad for k, p in ref.named_parameters()}
-    for name, grad in dict(filter(None, (_mobilenet_keys(k, v) for k, v in theirs.items()))).items():
-        assert torch.equal(grad, ours.get_parameter(name).grad), name
-    for name, mod in ref.named_modules():
-        if hasattr(mod, "quantize_input_fw"):
-            layer = ours.get_submodule(_mobilenet_keys(name + ".weight", mod.weight)[0].rsplit(".", 1)[0])
-            assert torch.equal(mod.quantize_input_fw.running_range.reshape(()), layer.run_range), name
-    _sgd(ref, ours)
-    ref.eval()
-    ours.eval()
-    with torch.no_grad():
-        x = torch.randn(4, 3, 32, 32, generator=g)
-        assert torch.equal(ref(x, 4, 8), ours(x, Precision(act=4, weight=32, grad=8)))
+    _load(ours, _renamed(_mobilenet_keys, ref.state_dict().items()))
+    _trains_alike(ref, ours, _mobilenet_keys, (4, 8), Precision(act=4, weight=32, grad=8), 1, 4)
 
 
 def test_an_imagenet_resnet_trains_as_the_references(nearest_errors):
@@ -334,27 +363,9 @@ def test_an_imagenet_resnet_trains_as_the_references(nearest_errors):
         rest = rest.replace("downsample.0.", "proj.").replace("downsample.1.", "proj_bn.")
         return f"blocks.{2 * (g - 1) + i}.{rest}", value
 
-    _load(ours, dict(filter(None, (names(k, v) for k, v in ref.state_dict().items()))))
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)
-    prec = Precision.fwbw(4, 8)
-    ref_logits, our_logits = ref(x, 4, 8), ours(x, prec)
-    assert torch.equal(ref_logits, our_logits)
-    F.cross_entropy(ref_logits, y).backward()
-    F.cross_entropy(our_logits, y).backward()
-    for name, grad in dict(filter(None, (names(k, p.grad) for k, p in ref.named_parameters()))).items():
-        assert torch.equal(grad, ours.get_parameter(name).grad), name
-    for name, mod in ref.named_modules():
-        if hasattr(mod, "quantize_input"):
-            layer = ours.get_submodule(names(name + ".weight", mod.weight)[0].rsplit(".", 1)[0])
-            assert torch.equal(mod.quantize_input.running_range.reshape(()), layer.run_range), name
+    _load(ours, _renamed(names, ref.state_dict().items()))
+    _trains_alike(ref, ours, names, (4, 8), Precision.fwbw(4, 8), 1, 4)
     assert all(float(ours.blocks[b].proj.run_range) == 0.0 for b in (2, 4, 6))  # fp32: never measured
-    _sgd(ref, ours)
-    ref.eval()
-    ours.eval()
-    with torch.no_grad():
-        x = torch.randn(4, 3, 32, 32, generator=g)
-        assert torch.equal(ref(x, 4, 8), ours(x, prec))
 
 
 @pytest.mark.slow
@@ -364,44 +375,26 @@ def test_the_gated_mobilenetv2_decides_and_trains_as_the_references(nearest_erro
     with the run's weight bits (as ``--weight_bits`` sets them there: ``quant.depthwise_weight_bits: 4``,
     methods.md §9, row 17), a stride-2 block without a residual; one step and an evaluation, as the gated
     ResNet's test."""
-    import types
-
     monkeypatch.setattr(fractrain_models, "WEIGHT_BITS", 4)
-    monkeypatch.setattr(fractrain_models, "F", types.SimpleNamespace(
-        relu=F.relu, avg_pool2d=lambda x, k: F.adaptive_avg_pool2d(x, 1)))
+    _engine_pooling(monkeypatch, fractrain_models)
     bits, grad_bits = REF_OPTIONS
     torch.manual_seed(0)
     ref = fractrain_models.MobileNetV2_RNN(num_classes=10, proj_dim=len(bits))
-    for name, child in list(ref.named_children()):
-        if name == "gate_layer1" or "_gate" in name:
-            setattr(ref, name, _PooledLinear(child))
-    with torch.no_grad():
-        ref.control.proj.weight.mul_(30.0)
+    _gates_in_engine_order(ref)
     cfg = parse_config({"model": {"name": "mobilenetv2"}, "data": {"dataset": "cifar10"},
                         "quant": {"depthwise_weight_bits": 4},
                         "schedule": {"kind": "dfq", "options": "reference", "weight_bits": 4, "target_cp": 3.0,
                                      "execution": "masked", "controller": "reference", "option_state": "shared"}})
     ours, _ = prepare(cfg, INFO["cifar10"], torch.device("cpu"))
-    counts = [count for _, _, count, _ in fractrain_models.MobileNetV2_RNN.cfg]
+    gate_index = _gate_after([count for _, _, count, _ in fractrain_models.MobileNetV2_RNN.cfg])
 
     def names(key: str, value: torch.Tensor):
-        if key.startswith("control.rnn_one."):
-            return "gate.lstm." + key[len("control.rnn_one."):], value
-        if key.startswith("control.proj."):
-            return "gate.proj." + key[len("control.proj."):], value
-        head = key.split(".")[0]
-        if head == "gate_layer1" or "_gate" in head:
-            g, j = (0, -1) if head == "gate_layer1" else (int(v) for v in head[len("group"):].split("_gate"))
-            gate = sum(counts[: g - 1]) + j + 1 if g else 0
-            if gate >= sum(counts):
-                return None
-            layer, param = key.split(".")[1:]
-            return f"gate.embeds.{gate}.{ {'conv1': 'fc1', 'conv2': 'fc2'}[layer]}.{param}", \
-                value.flatten(1) if param == "weight" else value
+        if _is_gate(key):
+            return _gate_keys(key, value, gate_index)
         mapped = _mobilenet_keys(key, value)
         return None if mapped is None else ("backbone." + mapped[0], mapped[1])
 
-    _load(ours, dict(filter(None, (names(k, v) for k, v in ref.state_dict().items()))))
+    _load(ours, _renamed(names, ref.state_dict().items()))
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)
     ref_logits, masks = ref(x, bits, grad_bits)
@@ -411,13 +404,10 @@ def test_the_gated_mobilenetv2_decides_and_trains_as_the_references(nearest_erro
     assert torch.equal(choices, trace.choices) and len(set(choices.flatten().tolist())) >= 2
     F.cross_entropy(ref_logits, y).backward()
     F.cross_entropy(our_logits, y).backward()
-    for name, grad in dict(filter(None, (names(k, p.grad) for k, p in ref.named_parameters()
-                                         if p.grad is not None))).items():
+    for name, grad in _renamed(names, [(k, p.grad) for k, p in ref.named_parameters() if p.grad is not None]).items():
         mine = ours.get_parameter(name).grad
         assert float((grad - mine).abs().max()) <= 1e-5 * float(grad.abs().max()), name
-    with torch.no_grad():
-        for name, value in dict(filter(None, (names(k, p) for k, p in ref.named_parameters()))).items():
-            ours.get_parameter(name).copy_(value)
+    _same_weights(ref, ours, names)
     ref.eval()
     ours.eval()
     with torch.no_grad():

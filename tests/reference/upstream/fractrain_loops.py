@@ -5,6 +5,11 @@
 import numpy as np
 
 
+# fractrain_cifar/train_dfq.py lines 181-182 (train_frac.py lines 245-246 are the same): DFQ's options
+bits = [3, 4, 4, 6, 6]
+grad_bits = [6, 6, 8, 8, 12]
+
+
 class _Args:
     def __init__(self, **kw):
         self.__dict__.update(kw)
