@@ -160,23 +160,21 @@ def _null_too(holder: Any, loc: tuple) -> str:
     """``, or null`` where the field at ``loc`` (its last part, in ``holder``) also takes null, most often its
     default (the reference's choice for the model or method); else nothing."""
     field = (getattr(holder, "model_fields", None) or {}).get(loc[-1]) if loc else None
-    if field is None:
-        return ""
-    ann = field.annotation
-    if typing.get_origin(ann) is typing.Annotated:
-        ann = typing.get_args(ann)[0]
-    if typing.get_origin(ann) not in (typing.Union, types.UnionType) or type(None) not in typing.get_args(ann):
+    if field is None or type(None) not in _union_members(field.annotation):
         return ""
     return ", or null (the default)" if field.default is None else ", or null"
 
 
 def _plain_union(ann: Any) -> bool:
     """A union of two or more non-model members besides None: pydantic names the member in an error's location."""
+    return len([a for a in _union_members(ann) if a is not type(None)]) > 1
+
+
+def _union_members(ann: Any) -> tuple:
+    """The members of a union annotation (inside ``Annotated`` too); () for any other annotation."""
     if typing.get_origin(ann) is typing.Annotated:
-        return _plain_union(typing.get_args(ann)[0])
-    if typing.get_origin(ann) not in (typing.Union, types.UnionType):
-        return False
-    return len([a for a in typing.get_args(ann) if a is not type(None)]) > 1
+        return _union_members(typing.get_args(ann)[0])
+    return typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else ()
 
 
 def _models_in(ann: Any) -> list[type[BaseModel]]:
