@@ -107,7 +107,7 @@ def config_counter(cfg: ExperimentConfig) -> BitOpsCounter:
     # a language model's table is analytic: built on the meta device (no weights allocated)
     with torch.device("meta" if is_language_model(cfg.model.name) else "cpu"):
         model = build_model(cfg.model.name, info.channels, classes)
-    model.set_layer_map(cfg.layer_map(model.stem_quantized_by_default, model.shortcut_quantized_by_default))
+    model.set_layer_map(cfg.layer_map_of(model))
     return BitOpsCounter(model.layer_table(info.input_shape(cfg.data.seq_len)), model.layer_map, cfg.cost.models())
 
 

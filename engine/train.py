@@ -68,7 +68,7 @@ def pick_device(name: str) -> torch.device:
 def prepare(cfg: ExperimentConfig, data_info, device: torch.device):
     """The model (gated for DFQ/FracTrain) with its layer map, and the BitOPs counter over the same map."""
     backbone = build_model(cfg.model.name, data_info.channels, data_info.classes, cfg.act_momentum)
-    backbone.set_layer_map(cfg.layer_map(backbone.stem_quantized_by_default, backbone.shortcut_quantized_by_default))
+    backbone.set_layer_map(cfg.layer_map_of(backbone))
     table = backbone.layer_table(data_info.input_shape(cfg.data.seq_len))
     counter = BitOpsCounter(table, backbone.layer_map, cfg.cost.models())
     model = backbone

@@ -110,6 +110,10 @@ class ExperimentConfig(Strict):
         return LayerMap(stem=stem, fc=q.quantize_fc, head=q.quantize_head, depthwise=dw, embed=q.quantize_embedding,
                         shortcut=shortcut)
 
+    def layer_map_of(self, model) -> LayerMap:
+        """``layer_map`` with ``model``'s family defaults (its ``*_quantized_by_default``)."""
+        return self.layer_map(model.stem_quantized_by_default, model.shortcut_quantized_by_default)
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
