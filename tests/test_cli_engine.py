@@ -131,19 +131,76 @@ def test_bad_input_exits_2_with_one_line(run_cli, tmp_path, capsys):
 
 
 def test_cost_resnet38():
-    code, text, out = run_main("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/8", "--json")
+    code, text, out = run_main("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/8", "--fc",
+                               "quantized", "--json")
     assert code == 0, text
     assert abs(out["forward_macs_per_sample"] - 83.28e6) / 83.28e6 < 0.005
-    assert out["ratio_vs_fp32"] == 0.0625
+    assert out["ratio_vs_fp32"] == 0.0625 and out["layer_map"] == {"stem": "quantized", "shortcut": "quantized",
+                                                                   "fc": "quantized"}
     assert out["bitops_per_sample"] == out["forward_macs_per_sample"] * 192
-    code, text, _ = run_main("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "4/8", "--fc", "fp32")
-    assert code == 0 and "layers.17.conv2" not in text and "blocks.17.conv2" in text
+    code, text, _ = run_main("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "4/8")
+    assert code == 0 and "layers.17.conv2" not in text and "blocks.17.conv2" in text and "fc fp32" in text
+
+
+def test_cost_prices_what_a_default_training_run_counts(tmp_path):
+    """With no layer flag, `fractune cost` prices the layer map `fractune train` runs (the FC fp32): the run's
+    BitOPs are its samples times cost's per-sample figure, and its ratios under each per-MAC model are cost's.
+    With the FC quantized the per-sample figure is another, which no whole number of samples gives."""
+    code, text, run = run_main("train", str(write_yaml(tmp_path / "tiny.yaml", TINY)), "--set", "optim.epochs=1",
+                               "--json")
+    assert code == 0, text
+    code, text, cost = run_main("cost", "--model", "tiny", "--dataset", "digits", "--precision", "6/8", "--json")
+    assert code == 0 and cost["layer_map"]["fc"] == "fp32", text
+    samples = run["train_bitops"] / cost["bitops_per_sample"]
+    assert samples == round(samples) and (run["iterations"] - 1) * 64 < samples <= run["iterations"] * 64
+    for model in ("bitops", "int_units", "energy"):
+        assert run["costs"][model]["total"] / run["costs"][model]["fp32"] == pytest.approx(
+            cost["costs"][model]["ratio_vs_fp32"], rel=1e-12)
+    _, _, fc_quantized = run_main("cost", "--model", "tiny", "--dataset", "digits", "--precision", "6/8", "--fc",
+                                  "quantized", "--json")
+    other = run["train_bitops"] / fc_quantized["bitops_per_sample"]
+    assert other != round(other)
+
+
+@pytest.mark.parametrize("model, dataset, flags, quant", [
+    ("resnet18", "imagenet", (), {}),  # the family's map: stem and 1x1 projections fp32
+    ("resnet18", "imagenet", ("--shortcut", "quantized"), {"quantize_shortcut": True}),
+    ("mobilenetv2", "cifar10", (), {}),  # depthwise convs at their fixed bits
+    ("resnet8", "cifar10", ("--layer-map", "gated"), {"layer_map": "gated"}),
+    ("transformer_tiny", "fortunes", ("--fc", "quantized"), {"quantize_fc": True}),
+])
+def test_cost_prices_the_layer_map_of_the_config_its_flags_stand_for(tmp_path, model, dataset, flags, quant):
+    """Each flag is its quant key: cost's ratio to FP32 is `fractune schedule`'s for the static run of that
+    config, which prices the run on the network, layer map and cost models training uses."""
+    cfg = {"name": "c", "model": {"name": model}, "data": {"dataset": dataset}, "quant": quant,
+           "schedule": {"kind": "static", "fw": 4, "bw": 8}, "optim": {"iterations": 10}}
+    if dataset == "fortunes":
+        cfg["data"]["seq_len"] = 256
+    code, text, sched = run_main("schedule", str(write_yaml(tmp_path / "c.yaml", json.dumps(cfg))), "--json")
+    assert code == 0, text
+    code, text, cost = run_main("cost", "--model", model, "--dataset", dataset, "--precision", "4/8", *flags, "--json")
+    assert code == 0, text
+    for name in ("bitops", "energy"):
+        assert cost["costs"][name]["ratio_vs_fp32"] == pytest.approx(sched["costs"][name]["ratio_vs_fp32"], rel=1e-12)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (("resnet8", "cifar10", "--layer-map", "gated", "--stem", "quantized"), ("--stem", "'quantized'", "gated")),
+    (("resnet8", "cifar10", "--layer-map", "gated", "--fc", "quantized"), ("--fc", "'quantized'", "gated")),
+    (("transformer_tiny", "fortunes", "--shortcut", "quantized"), ("--shortcut", "'quantized'", "language model")),
+    (("transformer_tiny", "fortunes", "--stem", "quantized"), ("--stem", "'quantized'", "no stem")),
+])
+def test_cost_refuses_the_layer_flags_a_config_refuses(capsys, args, needles):
+    model, dataset, *flags = args
+    code, _, _ = run_main("cost", "--model", model, "--dataset", dataset, "--precision", "4/8", *flags)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and all(n in lines[0] for n in needles), lines
 
 
 def test_cost_every_model_with_a_user_table(tmp_path):
     table = write_yaml(tmp_path / "accel.yaml", "name: acc\nunit: pJ\nfp32: 4.0\ncosts: {'4x4': 0.1, '8x8': 0.3}\n")
     code, text, out = run_main("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "6/8",
-                               "--table", str(table), "--batch-size", "10", "--json")
+                               "--table", str(table), "--batch-size", "10", "--fc", "quantized", "--json")
     assert code == 0 and "table:acc" in text
     costs = out["costs"]
     assert list(costs) == ["bitops", "macs", "int_units", "energy", "memory", "table:acc"]

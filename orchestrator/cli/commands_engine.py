@@ -100,6 +100,53 @@ def cost_flags(args):
     return data_cfg
 
 
+_LAYER_FLAGS = (("--stem", "stem", "quantize_stem"), ("--fc", "fc", "quantize_fc"),
+                ("--shortcut", "shortcut", "quantize_shortcut"))
+
+
+def cost_layer_map(args, model):
+    """The layer map ``fractune train`` runs ``model`` with under the config's ``quant`` defaults and the
+    family's (``ExperimentConfig.layer_map_of``), each of --layer-map, --stem, --fc and --shortcut standing for
+    its ``quant`` key; the combinations a config refuses are refused by flag."""
+    from engine.config.experiment import ExperimentConfig
+    from engine.models import is_language_model
+
+    quant, problems = {"layer_map": args.layer_map}, []
+    for flag, attr, key in _LAYER_FLAGS:
+        value = getattr(args, attr)
+        if value is None:
+            continue
+        quant[key] = value == "quantized"
+        if value != "quantized":
+            continue
+        if args.layer_map == "gated" and attr != "shortcut":
+            problems.append((flag, value, "allowed: fp32 with --layer-map gated (it keeps the stem, the FC and "
+                             "the head conv fp32)"))
+        elif is_language_model(args.model) and attr != "fc":
+            problems.append((flag, value, f"allowed: fp32 with a language model ({args.model} has no "
+                             f"{'stem' if attr == 'stem' else 'residual projection'})"))
+    if problems:
+        raise ConfigError(problems)
+    return ExperimentConfig.model_validate({"quant": quant}).layer_map_of(model)
+
+
+def layer_map_summary(layer_map, table) -> dict[str, str]:
+    """The precision rule of each role ``table`` has besides the blocks' own layers (which run at --precision),
+    as ``fractune cost`` prints it: quantized (at --precision), fp32, or fixed bits (depthwise convs)."""
+    from engine.cost.bitops import FW8BW8
+
+    out = {}
+    for role in dict.fromkeys(x.role for x in table):
+        if role in ("body", "attn"):
+            continue
+        if role == "depthwise" and layer_map.depthwise is not None:
+            d = layer_map.depthwise
+            out[role] = f"fixed {d.act}/{d.weight}/{d.grad} (act/weight/grad bits)"
+        else:
+            out[role] = "quantized" if layer_map.resolve(role, FW8BW8) == FW8BW8 else "fp32"
+    return out
+
+
 def parse_precision(text: str, weight_bits: int | None):
     """``--precision`` and ``--weight-bits``, each refused by its own flag: FW/BW in ASCII digits (``int`` would
     read other scripts' digits too), or fp32, which takes no weight bits of its own."""
@@ -128,7 +175,7 @@ def cmd_cost(args) -> int:
     from engine.config.experiment import task_problem
     from engine.cost.bitops import FW8BW8, BitOpsCounter
     from engine.data.catalog import INFO
-    from engine.models import LayerMap, build_model, is_language_model
+    from engine.models import build_model, is_language_model
     from engine.numerics.precision import FP32
 
     data_cfg = cost_flags(args)
@@ -143,8 +190,7 @@ def cmd_cost(args) -> int:
     with torch.device("meta" if is_language_model(args.model) else "cpu"):
         model = build_model(args.model, info_.channels, info_.classes)
     is_lm = getattr(model, "is_language_model", False)
-    layer_map = LayerMap(stem=args.stem == "quantized", fc=args.fc == "quantized", head=True, depthwise=None,
-                         shortcut=args.shortcut == "quantized")
+    layer_map = cost_layer_map(args, model)
     model.set_layer_map(layer_map)
     models = cost_config(args).models()
     counter = BitOpsCounter(model.layer_table(info_.input_shape(data_cfg.seq_len)), layer_map, models)
@@ -167,6 +213,7 @@ def cmd_cost(args) -> int:
         "fp32_bitops_per_sample": fp32,
         "ratio_vs_fp32": bitops / fp32,
         "batch_size": args.batch_size,
+        "layer_map": layer_map_summary(layer_map, counter.table),
         "costs": costs,
     }
     if is_lm:  # a "sample" is one predicted token; the output layer over the vocabulary is a large share
@@ -174,12 +221,13 @@ def cmd_cost(args) -> int:
         out.update(seq_len=args.seq_len, vocab_size=info_.classes, forward_macs_per_token=counter.forward_macs,
                    bitops_per_token=bitops, fp32_bitops_per_token=fp32,
                    attention_matmul_macs_per_token=sum(x.macs for x in counter.table if x.role == "attn"),
-                   output_layer_macs_per_token=fc_macs, output_layer_share=fc_macs / counter.forward_macs,
-                   output_layer=f"{'quantized' if layer_map.fc else 'fp32'} (--fc)")
+                   output_layer_macs_per_token=fc_macs, output_layer_share=fc_macs / counter.forward_macs)
     if not args.json:
         table(counter.per_layer(prec), ["layer", "role", "block", "macs", "precision", "bitops"])
         print()
-    table([{"metric": k, "value": v} for k, v in out.items() if k != "costs"])
+    table([{"metric": k, "value": v} for k, v in out.items() if not isinstance(v, dict)])
+    print("layer map (--layer-map, --stem, --fc, --shortcut): "
+          + ", ".join(f"{role} {rule}" for role, rule in out["layer_map"].items()))
     what = f"{args.batch_size} sequences of {args.seq_len} tokens" if is_lm else f"{b} samples"
     print(f"\none training iteration of {what} under each cost model (per_iteration; fp32 and fw8bw8: the "
           "same iteration at FP32 and FW8/BW8):")

@@ -70,9 +70,10 @@ def _add_cost(sub) -> None:
     p = sub.add_parser("cost", help="training cost of one iteration under every cost model",
                        description="Per-sample training cost of one iteration (FW + EB + GC passes) at a precision, "
                        f"in BitOPs and under every cost model ({cost_models_text('and')}). "
-                       "By default every conv and linear layer runs at FW/BW; --stem/--fc/--shortcut fp32 reproduce "
-                       "a method's layer map (the reference keeps the FC, in DFQ the stem, and in ImageNet ResNets "
-                       "the stem and the blocks' 1x1 projections in fp32).")
+                       "The layers follow the layer map `fractune train` runs the model with by default (the "
+                       "reference's: the FC fp32, and in ImageNet ResNets the stem and the blocks' 1x1 projections); "
+                       "--layer-map gated gives DFQ's and FracTrain's, and --stem/--fc/--shortcut set one role, as "
+                       "the config's quant keys do.")
     p.add_argument("--model", required=True, help="model name, e.g. resnet38")
     p.add_argument("--dataset", required=True, help="fashion-mnist, digits, cifar10, cifar100 or imagenet (sets "
                    "the input shape and class count); wikitext103, wikitext2 or fortunes for a transformer_* "
@@ -81,10 +82,13 @@ def _add_cost(sub) -> None:
                    "matmuls cost seq_len * width MACs per token each; default 256)")
     p.add_argument("--precision", required=True, metavar="FW/BW", help="forward/backward bits, e.g. 8/8, or fp32")
     p.add_argument("--weight-bits", type=int, help="weight bits (default: FW)")
-    p.add_argument("--stem", choices=["quantized", "fp32"], default="quantized")
-    p.add_argument("--fc", choices=["quantized", "fp32"], default="quantized")
-    p.add_argument("--shortcut", choices=["quantized", "fp32"], default="quantized",
-                   help="the residual blocks' 1x1 projections")
+    p.add_argument("--layer-map", choices=["method", "gated"], default="method", help="quant.layer_map: a static "
+                   "run's map (method, the default) or the gated methods' (stem, FC and head conv fp32)")
+    p.add_argument("--stem", choices=["quantized", "fp32"], help="quant.quantize_stem (default: the model family's)")
+    p.add_argument("--fc", choices=["quantized", "fp32"], help="quant.quantize_fc, the classifier or a language "
+                   "model's output layer (default fp32)")
+    p.add_argument("--shortcut", choices=["quantized", "fp32"], help="quant.quantize_shortcut, the residual blocks' "
+                   "1x1 projections (default: the model family's)")
     p.add_argument("--batch-size", type=int, default=128, help="samples per iteration (a language model: sequences "
                    "of --seq-len tokens), for the per-iteration costs (the memory model's weight traffic is once per "
                    "iteration; default 128)")

@@ -146,14 +146,14 @@ def test_cost_models_price_the_lm_per_token():
 
 def test_cost_cli_transformer_base_wikitext103():
     code, _, out = run_main("cost", "--model", "transformer_base", "--dataset", "wikitext103", "--precision", "8/8",
-                            "--json")
+                            "--fc", "quantized", "--json")
     d, ff, layers, t, vocab = 512, 2048, 6, 256, 267735
     per_block = 4 * d * d + 2 * d * ff + 2 * t * d
     assert code == 0 and out["forward_macs_per_token"] == layers * per_block + d * vocab == 157527552
     assert out["ratio_vs_fp32"] == 64 * 3 / 3072 and out["vocab_size"] == vocab
     assert out["output_layer_share"] == d * vocab / out["forward_macs_per_token"]
     code, _, fp32_fc = run_main("cost", "--model", "transformer_base", "--dataset", "wikitext103", "--precision",
-                                "8/8", "--fc", "fp32", "--json")
+                                "8/8", "--json")  # the output layer fp32, as training runs it by default
     body = layers * per_block
     assert fp32_fc["ratio_vs_fp32"] == pytest.approx((body * 192 + d * vocab * 3072) / (out["forward_macs_per_token"] * 3072))
     code, _, _ = run_main("cost", "--model", "transformer_base", "--dataset", "cifar10", "--precision", "8/8")
