@@ -252,9 +252,12 @@ def cmd_ui(args) -> int:
     log = None if args.verbose else db.parent / LOG_FILE
     sink = sys.stderr if log is None else open(log, "w")  # noqa: SIM115  closed below
     env = server_env(verbose=args.verbose)
+    # The server runs under a guard that stops it when this process is gone, even by SIGKILL: its stdin is a
+    # pipe whose write end only this process holds (dashboards/server_guard.py)
+    guard = [sys.executable, str(Path(__file__).with_name("server_guard.py"))]
     try:
-        proc = subprocess.Popen(server_command(uri, args.host, port, quiet=not args.verbose), stdout=sink,
-                                stderr=sink, start_new_session=True, env=env)
+        proc = subprocess.Popen(guard + server_command(uri, args.host, port, quiet=not args.verbose),
+                                stdin=subprocess.PIPE, stdout=sink, stderr=sink, start_new_session=True, env=env)
     finally:
         if sink is not sys.stderr:
             sink.close()  # the child holds its own descriptor
@@ -276,6 +279,7 @@ def cmd_ui(args) -> int:
         return 0
     finally:
         stop(proc)
+        proc.stdin.close()
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
 

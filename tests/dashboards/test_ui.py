@@ -3,10 +3,17 @@ way; the ``mlflow_server`` fixture checks at the end of the session that Ctrl-C 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
+
+from tests.conftest import ROOT
 
 
 def test_ui_serves_a_loopback_server_with_one_worker(mlflow_server):
@@ -27,7 +34,57 @@ def test_ui_serves_a_loopback_server_with_one_worker(mlflow_server):
     from tests.orchestrator.procs import session_pids
 
     commands = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in session_pids(info["pid"])]
-    assert len(commands) == 2 and not [c for c in commands if b"huey" in c or b"job_runner" in c], commands
+    assert len(commands) == 3 and not [c for c in commands if b"huey" in c or b"job_runner" in c], commands
+    assert b"server_guard.py" in argv[1]  # the guard, which stops the server if fractune ui is killed
+
+
+GUARDED = [sys.executable, str(ROOT / "dashboards" / "server_guard.py"), sys.executable, "-c",
+           "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+           "time.sleep(300)"]  # a stand-in server with a worker of its own, as mlflow server has its uvicorn
+
+
+def _live(pids: list[int]) -> list[int]:
+    """``pids`` that are neither gone nor zombies (a reparented zombie waits for whoever reaps it)."""
+    from tests.orchestrator.procs import _stat
+
+    return [p for p in pids if (fields := _stat(Path(f"/proc/{p}"))) and fields[0] != "Z"]
+
+
+def _wait_for_group(guard: int, count: int) -> None:
+    from tests.orchestrator.procs import session_pids, wait_for
+
+    wait_for(lambda: len(_live(session_pids(guard))) == count, timeout=30, what=f"{count} guarded processes")
+
+
+def test_the_server_stops_when_fractune_ui_is_killed_or_its_guard_is_stopped():
+    """`fractune ui` runs its server under dashboards/server_guard.py, in a session the guard leads. A starter
+    that holds the guard's stdin pipe, as `fractune ui` does, is SIGKILLed: the guard, the server and the
+    server's worker are all gone. SIGTERM to the guard alone (the pid `fractune ui --json` reports) stops the
+    group the same way and exits 143, as the server does."""
+    from tests.orchestrator.procs import session_pids, wait_for
+
+    starter = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; p = subprocess.Popen(sys.argv[1:], "
+                                "stdin=subprocess.PIPE, start_new_session=True); print(p.pid, flush=True); "
+                                "time.sleep(300)", *GUARDED], stdout=subprocess.PIPE, text=True)
+    guard = int(starter.stdout.readline())
+    guarded = subprocess.Popen(GUARDED, stdin=subprocess.PIPE, start_new_session=True)
+    try:
+        _wait_for_group(guard, 3)
+        starter.kill()
+        starter.wait()
+        wait_for(lambda: not _live(session_pids(guard)), timeout=30, what="the guarded server to stop")
+
+        _wait_for_group(guarded.pid, 3)
+        guarded.terminate()
+        assert guarded.wait(30) == 143
+        wait_for(lambda: not _live(session_pids(guarded.pid)), timeout=30, what="the guarded server to stop")
+    finally:  # whatever the verdict, leave no stand-in behind
+        starter.kill()
+        for group in (guard, guarded.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        guarded.stdin.close()
+        starter.stdout.close()
 
 
 def test_a_busy_port_or_a_foreign_host_is_refused_before_anything_is_made(tmp_path, capsys):
