@@ -41,8 +41,9 @@ def _engine_model(schedule: dict):
     return model, cfg
 
 
-def _backbone_keys(key: str, value: torch.Tensor, prefix: str = "") -> tuple[str, torch.Tensor] | None:
-    """A reference ResNet's state-dict entry under the engine's name (None: nothing in the engine holds it)."""
+def _backbone_keys(key: str, value: torch.Tensor, prefix: str = "", n: int = N) -> tuple[str, torch.Tensor] | None:
+    """A reference ResNet's state-dict entry under the engine's name (None: nothing in the engine holds it);
+    ``n`` blocks per group."""
     if "quantize_input" in key:
         return None  # running ranges: both start at 0, compared after training
     if key.startswith("conv1."):
@@ -54,12 +55,12 @@ def _backbone_keys(key: str, value: torch.Tensor, prefix: str = "") -> tuple[str
     group, rest = key.split(".", 1)
     g, kind_i = group[len("group"):].split("_")
     kind = kind_i.rstrip("0123456789")
-    j = (int(g) - 1) * N + int(kind_i[len(kind):])
+    j = (int(g) - 1) * n + int(kind_i[len(kind):])
     if kind != "layer":
         return None
     rest = rest.replace("downsample.", "proj.")
     if rest.startswith("bn3."):  # the projection's BN; a block without a projection never uses its bn3
-        if j not in (N, 2 * N):  # the first blocks of groups 2 and 3 downsample
+        if j not in (n, 2 * n):  # the first blocks of groups 2 and 3 downsample
             return None
         rest = "proj_bn." + rest[4:]
     return f"{prefix}blocks.{j}.{rest}", value

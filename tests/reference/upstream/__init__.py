@@ -8,7 +8,10 @@ Copies of the authors' repositories at the commits docs/methods.md names (MIT; L
   ``cpt_cifar/modules/quantize.py`` (``cpt_imagenet/modules/quantize.py`` is the same file),
   ``cpt_cifar/models.py`` and ``cpt_imagenet/models.py``;
 * ``fractrain_loops.py``, ``cpt_loops.py``: the lines of the training scripts that decide precision and cost,
-  lifted out of their loops (each names the lines it holds).
+  lifted out of their loops (each names the lines it holds);
+* ``model_info_mbv2.json``: the values of FracTrain's ``fractrain_cifar/model_info_mbv2.npy`` (sha256
+  7f434d7b...9747e605), its per-block FLOPs of MobileNetV2's pointwise (``conv``) and depthwise (``dws``) convs,
+  as integers (the ``.npy`` is a pickle of torch tensors, which a test should not unpickle).
 
 The copies differ from the originals in two ways only: ``.cuda()`` is ``.cpu()`` (the tests run on the CPU), and
 the models import their quantizers from the copy beside them (``from .fractrain_quantize import``). They are kept
