@@ -71,7 +71,8 @@ def _add_cost(sub) -> None:
                        description="Per-sample training cost of one iteration (FW + EB + GC passes) at a precision, "
                        f"in BitOPs and under every cost model ({cost_models_text('and')}). "
                        "The layers follow the layer map `fractune train` runs the model with by default (the "
-                       "reference's: the FC fp32, and in ImageNet ResNets the stem and the blocks' 1x1 projections); "
+                       "reference's: the FC in fp32; in ImageNet ResNets also the stem and the blocks' 1x1 "
+                       "projections; MobileNetV2's depthwise convs at a fixed 8/8/16); "
                        "--layer-map gated gives DFQ's and FracTrain's, and --stem/--fc/--shortcut set one role, as "
                        "the config's quant keys do.")
     p.add_argument("--model", required=True, help="model name, e.g. resnet38")
