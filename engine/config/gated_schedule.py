@@ -84,6 +84,9 @@ class GatedSettings(Strict):
     controller_rate: float = Field(0.2, gt=0.0, le=1.0)
     controller_gain: float = Field(0.05, ge=0.0, le=100.0)  # ... plus this times the batch's relative cp error
     beta: float = Field(0.128, ge=0.0, le=1000.0)  # cost term per sample: reference s*beta (1e-3 x batch 128), dual beta*price
+    # the reference's --ada_beta (controller reference): where beta times the mean cost exceeds a tenth of the
+    # batch's CE, that term is scaled down to it, its gradient alike (methods.md §6.5)
+    ada_beta: bool = False
     block_cost: Literal["uniform", "macs"] | None = None  # omega_l; None: the reference (uniform for ResNets)
     # the least share of each gated block's inputs that compute it (methods.md §6.5, "Block floor"): where more
     # chose to skip, the least decided skippers compute; keeps one block from collapsing to skip. 0: off (the
@@ -114,6 +117,14 @@ class GatedSettings(Strict):
     gate_dim: int | None = Field(None, ge=1, le=4096)
     embed_dim: int | None = Field(None, ge=1, le=4096)
     hidden_dim: int | None = Field(None, ge=1, le=4096)
+
+    @field_validator("ada_beta")
+    @classmethod
+    def _ada_beta(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("controller", "dual") != "reference":
+            raise PydanticCustomError("ada_beta", "allowed: false with controller dual (it caps the reference "
+                                      "controller's cost term; set controller: reference)")
+        return v
 
     @field_validator("routed_sample_fraction")
     @classmethod
@@ -192,6 +203,7 @@ class GatedSettings(Strict):
         defaults = type(self).model_fields
         opts += f" {self.controller}" if self.controller != defaults["controller"].default else ""
         opts += f" beta {self.beta:g}" if self.beta != defaults["beta"].default else ""
+        opts += " ada_beta" if self.ada_beta else ""
         opts += f" floor {self.block_floor:g}" if self.block_floor else ""
         return self.execution_label() + opts
 

@@ -117,6 +117,15 @@ def cost_per_sample(trace: GateTrace, kappa: torch.Tensor, omega: torch.Tensor) 
     return torch.einsum("blk,lk,l->b", trace.masks, k, om) / om.mean()
 
 
+def ada_beta_scale(cost: torch.Tensor, beta: float, ce: torch.Tensor) -> torch.Tensor:
+    """The reference's ``--ada_beta``: where the cost term's size ``beta * cost`` exceeds a tenth of the batch's
+    CE, the factor that scales it down to that tenth, else 1. Made of detached values, so the term's gradient is
+    scaled by the same factor (train_dfq.py, train_frac.py: ``computation_loss *= loss_cls / 10 /
+    computation_loss.detach()``)."""
+    size, cap = beta * cost.detach(), ce.detach().to(cost.dtype) / 10
+    return torch.where(size > cap, cap / size, torch.ones_like(size))
+
+
 def cp_at_prices(logits: torch.Tensor, prices: torch.Tensor, option_cost: torch.Tensor, kappa: torch.Tensor,
                  omega: torch.Tensor) -> torch.Tensor:
     """The gated cp a batch would have at each candidate price, its logits held fixed: (P,) for prices (P,).

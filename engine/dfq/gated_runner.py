@@ -28,7 +28,7 @@ from engine import distributed
 from engine.cost.bitops import BitOpsCounter, layer_cost
 from engine.dfq.basis import CpBasis, build_bases
 from engine.dfq.controller import PRICE_LIMIT, build_controller
-from engine.dfq.gate import cost_per_sample
+from engine.dfq.gate import ada_beta_scale, cost_per_sample
 from engine.dfq.gated import GatedModel
 from engine.numerics.precision import FP32, Precision
 from engine.optim import Optimizer
@@ -232,7 +232,13 @@ class GatedRunner:
             cp_dev = world.mean_(cp_dev.detach().double().clone())
         weight = self.controller.loss_weight(cp_dev, target)
         use_cost = isinstance(weight, torch.Tensor) or weight
-        loss = ce + weight * cost_per_sample(trace, self.kappa, self.omega).mean() if use_cost else ce
+        if use_cost:
+            cost = cost_per_sample(trace, self.kappa, self.omega).mean()
+            if self.sched.ada_beta:
+                cost = cost * ada_beta_scale(cost, self.controller.beta, ce)
+            loss = ce + weight * cost
+        else:
+            loss = ce
         ce_v, total, cp, correct, choices, raw = self._read(ce, loss, cp_dev, logits, y, trace)
         if world.on:  # the global batch: its losses, its choices and the gate's logits, the same on every rank
             n = len(y)

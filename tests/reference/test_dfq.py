@@ -27,6 +27,7 @@ from tests.reference.upstream.fractrain_loops import (
     dfq_cost,
     dfq_option_costs,
     dfq_reg,
+    dfq_total_loss,
     fractrain_reg,
     fractrain_targets,
 )
@@ -80,6 +81,59 @@ def test_the_batch_cp_and_cost_term_are_the_references(conv_info):
         (loss_ref * reg).backward()
         loss_eng.backward()
         assert torch.allclose(p_eng.grad, p_ref.grad, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("beta_ref", [1e-3, 1e-2])
+def test_ada_beta_caps_the_cost_term_as_the_reference(beta_ref):
+    """``schedule.ada_beta`` (the reference's --ada_beta): the loss CE + s * beta * cost, its cost term scaled
+    down to a tenth of the CE where it is larger, against train_dfq.py's lines, in value and in the gradients of
+    both the logits and the gate's probabilities; batches on both sides of the cap."""
+    from engine.dfq.gate import ada_beta_scale
+
+    g = torch.Generator().manual_seed(1)
+    blocks, batch, k = 18, 128, len(REF_BITS)
+    omega = torch.randint(1, 50, (blocks,), generator=g).double()
+    fw, eb, gc = dfq_option_costs(REF_BITS, REF_GRAD_BITS, 4)
+    kappa = option_kappa(_reference_options(4))
+    capped = set()
+    # (target cp, spread of the logits, margin of the right class): CEs from about 0.01 to about 15
+    for target, scale, margin in ((2.0, 1.0, 0.0), (4.5, 4.0, 0.0), (3.0, 0.05, 6.0), (1.0, 40.0, 0.0)):
+        probs = torch.softmax(torch.randn(batch, blocks, k, generator=g, dtype=torch.float64) * 2, -1)
+        y = torch.randint(0, 10, (batch,), generator=g)
+        out = torch.randn(batch, 10, generator=g, dtype=torch.float64) * scale
+        out += margin * torch.nn.functional.one_hot(y, 10)
+        (p_ref, o_ref), (p_eng, o_eng) = [(probs.clone().requires_grad_(True), out.clone().requires_grad_(True))
+                                          for _ in range(2)]
+        hard = torch.nn.functional.one_hot(p_ref.argmax(-1), k).double()
+        masks_ref = hard - p_ref.detach() + p_ref
+        cp_ref, computation_loss = dfq_cost([[masks_ref[:, layer, j] for j in range(k)] for layer in range(blocks)],
+                                            fw, eb, gc, omega.tolist(), batch, beta_ref)
+        ce_ref = torch.nn.functional.cross_entropy(o_ref, y)
+        capped.add(bool(computation_loss > ce_ref / 10))  # before the call: it scales the term in place
+        loss_ref = dfq_total_loss(ce_ref, computation_loss, dfq_reg(cp_ref, target, 0.0), True)
+
+        choices, masks_eng = straight_through(p_eng)
+        ctrl = ReferenceController(beta=beta_ref * batch, rule="dfq", band=0.0)
+        ce = torch.nn.functional.cross_entropy(o_eng, y)
+        cost = cost_per_sample(GateTrace(masks_eng, choices, p_eng), kappa, omega).mean()
+        loss_eng = ce + ctrl.weight(gated_cp(choices, kappa, omega), target) * cost * ada_beta_scale(
+            cost, ctrl.beta, ce)
+        assert float(loss_eng) == pytest.approx(float(loss_ref), rel=1e-12)
+        loss_ref.backward()
+        loss_eng.backward()
+        assert torch.allclose(p_eng.grad, p_ref.grad, rtol=1e-9, atol=1e-15)
+        assert torch.allclose(o_eng.grad, o_ref.grad, rtol=1e-12, atol=1e-15)
+    assert capped == {True, False}
+
+
+def test_ada_beta_needs_the_reference_controller():
+    from engine.errors import ConfigError
+
+    base = {"model": {"name": "resnet8"}, "data": {"dataset": "cifar10"}}
+    cfg = parse_config({**base, "schedule": {"kind": "dfq", "controller": "reference", "ada_beta": True}})
+    assert cfg.schedule.ada_beta and "ada_beta" in cfg.schedule.label()
+    with pytest.raises(ConfigError, match="schedule.ada_beta.*controller dual"):
+        parse_config({**base, "schedule": {"kind": "fractrain", "ada_beta": True}})
 
 
 def test_the_sign_rules_are_the_references():

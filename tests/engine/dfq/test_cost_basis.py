@@ -132,3 +132,20 @@ def test_a_static_run_of_the_gated_layer_map_prices_like_a_gated_run():
     assert method.layer_map(stem_default=True).stem and not static.layer_map(stem_default=True).stem
     with pytest.raises(ConfigError, match="quant.quantize_stem: got True; allowed: null/false with quant.layer_map"):
         parse_config({**DIGITS, "quant": {"layer_map": "gated", "quantize_stem": True}})
+
+
+@pytest.mark.parametrize("ada_beta", [False, True])
+def test_ada_beta_caps_the_cost_term_of_a_training_step_at_a_tenth_of_the_ce(ada_beta):
+    """A reference-controller step far above its target (cp 0.5%) with beta 50: the cost term beta * cost is
+    many times the CE; with ``ada_beta`` the step's total loss is CE + CE / 10 (the sign +1), as the reference's."""
+    r = runner_of({"kind": "dfq", "target_cp": 0.5, "controller": "reference", "beta": 50.0, "ada_beta": ada_beta})
+    seen = []
+    r.goal.observe = lambda iteration, ce, total, cp: seen.append((ce, total, cp))
+    torch.manual_seed(0)
+    r.step(torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)), 0)
+    [(ce, total, cp)] = seen
+    assert cp > 0.5
+    if ada_beta:
+        assert total == pytest.approx(ce * 1.1, rel=1e-6)
+    else:
+        assert total > 2 * ce

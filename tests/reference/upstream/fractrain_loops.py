@@ -147,6 +147,20 @@ def dfq_reg(cp_ratio, target_ratio, relax):
     return reg
 
 
+def dfq_total_loss(loss_cls, computation_loss, reg, ada_beta):
+    """fractrain_cifar/train_dfq.py lines 405-411 (train_frac.py lines 443-449 are the same): the loss, with
+    --ada_beta's cap of the cost term (--computation_loss is True by default)."""
+    args = _Args(ada_beta=ada_beta, computation_loss=True)
+    if computation_loss > loss_cls/10 and args.ada_beta: 
+        computation_loss *= loss_cls.detach()/10/computation_loss.detach()
+
+    if args.computation_loss:
+        loss = loss_cls + computation_loss * reg
+    else:
+        loss = loss_cls
+    return loss
+
+
 def fractrain_reg(cp_ratio, target_ratio, target_ratio_range):
     """fractrain_cifar/train_frac.py lines 434-439: FracTrain's sign of the cost term."""
     args = _Args(target_ratio=target_ratio, target_ratio_range=target_ratio_range)
