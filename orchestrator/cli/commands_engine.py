@@ -104,11 +104,9 @@ _LAYER_FLAGS = (("--stem", "stem", "quantize_stem"), ("--fc", "fc", "quantize_fc
                 ("--shortcut", "shortcut", "quantize_shortcut"))
 
 
-def cost_layer_map(args, model):
-    """The layer map ``fractune train`` runs ``model`` with under the config's ``quant`` defaults and the
-    family's (``ExperimentConfig.layer_map_of``), each of --layer-map, --stem, --fc and --shortcut standing for
-    its ``quant`` key; the combinations a config refuses are refused by flag."""
-    from engine.config.experiment import ExperimentConfig
+def cost_quant(args) -> dict:
+    """The ``quant`` keys that --layer-map, --stem, --fc and --shortcut stand for; the combinations a config
+    refuses are refused here, by flag, before any model is built."""
     from engine.models import is_language_model
 
     quant, problems = {"layer_map": args.layer_map}, []
@@ -127,6 +125,14 @@ def cost_layer_map(args, model):
                              f"{'stem' if attr == 'stem' else 'residual projection'})"))
     if problems:
         raise ConfigError(problems)
+    return quant
+
+
+def cost_layer_map(quant: dict, model):
+    """The layer map ``fractune train`` runs ``model`` with under these ``quant`` keys, the config's defaults
+    and the model family's (``ExperimentConfig.layer_map_of``)."""
+    from engine.config.experiment import ExperimentConfig
+
     return ExperimentConfig.model_validate({"quant": quant}).layer_map_of(model)
 
 
@@ -184,13 +190,14 @@ def cmd_cost(args) -> int:
         raise ConfigError.single("--model", *problem[1:])
     info_ = INFO[args.dataset]
     prec = parse_precision(args.precision, args.weight_bits)
+    quant = cost_quant(args)
     import torch
 
     # an LM's table is analytic: built on the meta device, transformer_base allocates no 270M weights
     with torch.device("meta" if is_language_model(args.model) else "cpu"):
         model = build_model(args.model, info_.channels, info_.classes)
     is_lm = getattr(model, "is_language_model", False)
-    layer_map = cost_layer_map(args, model)
+    layer_map = cost_layer_map(quant, model)
     model.set_layer_map(layer_map)
     models = cost_config(args).models()
     counter = BitOpsCounter(model.layer_table(info_.input_shape(data_cfg.seq_len)), layer_map, models)
