@@ -49,7 +49,7 @@ def main() -> None:
     from orchestrator.sweep.driver import SweepOptions
     from orchestrator.sweep.launch import run_sweep
     from orchestrator.sweep.ray_cluster import init_ray
-    from results import store
+    from results import store_checks
     from search_spaces.spec import parse_spec
 
     spec = parse_spec({"name": "bench_overhead", "base": base, "seeds": list(range(args.trials)),
@@ -57,7 +57,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         # Ray's start and the one-off creation of the MLflow tables are not per-sweep costs: done first.
         init_ray(None)
-        store.preflight(f"sqlite:///{tmp}/mlflow.db")
+        store_checks.preflight(f"sqlite:///{tmp}/mlflow.db")
         t = time.perf_counter()
         out = run_sweep(spec, SweepOptions(tracking_uri=f"sqlite:///{tmp}/mlflow.db", storage=f"{tmp}/runs",
                                            progress=False))

@@ -34,12 +34,12 @@ def sweep_ref(text: str) -> tuple[str, str | None]:
 
 def check_inputs(uri: str, refs: list[str], out_field: str, out: str) -> None:
     """Every sweep name, the output file and the URI checked before anything is read or written."""
-    from results import store
+    from results import store, store_checks
     from results.output import check_output_file
 
     ConfigError.check_all(*(lambda ref=ref: store.check_names(*sweep_ref(ref)) for ref in refs),
                           lambda: check_output_file(out_field, out, (".md", ".markdown", ".txt")),
-                          lambda: store.check_uri(uri))
+                          lambda: store_checks.check_uri(uri))
 
 
 def load_all(uri: str, refs: list[str]) -> list[runs.SweepRuns]:
@@ -49,9 +49,9 @@ def load_all(uri: str, refs: list[str]) -> list[runs.SweepRuns]:
     if len(set(refs)) < len(refs):
         twice = next(r for r in refs if refs.count(r) > 1)
         raise ConfigError.single("sweeps", twice, "given twice; allowed: different sweeps")
-    from results import store
+    from results import store, store_checks
 
-    store.preflight(store.normalise_uri(uri), mode="read")  # an unreachable store: one line, not one per sweep
+    store_checks.preflight(store.normalise_uri(uri), mode="read")  # an unreachable store: one line, not one per sweep
     loaded: list[runs.SweepRuns] = []
     problems: list[tuple[str, object, str]] = []
     for ref in refs:

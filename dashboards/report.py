@@ -230,11 +230,11 @@ def check_inputs(uri: str, sweep: str, sweep_id: str | None, out: str | None, lo
                  no_log: str = "--no-log") -> None:
     """Every input of a report checked, all problems at once, before the store is read or a file written:
     ``fractune report`` and ``api.report`` alike (``no_log``: how the caller turns logging off)."""
-    from results import store
+    from results import store, store_checks
     from results.output import check_output_folder
 
-    ConfigError.check_all(lambda: store.check_names(sweep, sweep_id), lambda: store.check_uri(uri),
-                          lambda: store.check_writable(uri, f"or {no_log}") if log else None,
+    ConfigError.check_all(lambda: store.check_names(sweep, sweep_id), lambda: store_checks.check_uri(uri),
+                          lambda: store_checks.check_writable(uri, f"or {no_log}") if log else None,
                           lambda: check_output_folder("--out", out) if out else None)
 
 

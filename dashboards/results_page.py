@@ -350,7 +350,7 @@ def build_results(uri: str, sweep: str, sweep_id: str | None, out: str | Path, n
 
 def cmd_results(args) -> int:
     from engine.errors import ConfigError
-    from results import store
+    from results import store, store_checks
     from results.output import check_output_file, emit_json
 
     # every input and output path checked before the store is read or anything written
@@ -358,7 +358,7 @@ def cmd_results(args) -> int:
     ConfigError.check_all(lambda: store.check_names(args.sweep, args.sweep_id),
                           lambda: read_text(args.notes, "--notes", "markdown file") if args.notes else None,
                           lambda: check_output_file("--out", args.out, (".md", ".markdown", ".txt")),
-                          lambda: store.check_uri(uri), lambda: None if args.no_log else store.check_writable(uri, "or --no-log"))
+                          lambda: store_checks.check_uri(uri), lambda: None if args.no_log else store_checks.check_writable(uri, "or --no-log"))
     command = "fractune results " + " ".join(
         [args.sweep] + (["--sweep-id", args.sweep_id] if args.sweep_id else [])
         + (["--tracking-uri", shown_uri(args.tracking_uri)] if args.tracking_uri else [])

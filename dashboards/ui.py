@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from engine.errors import ConfigError
-from results import store
+from results import store, store_checks
 from results.output import emit_json, info
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -215,10 +215,10 @@ def check_port(port: int) -> None:
 
 def cmd_ui(args) -> int:
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
-    ConfigError.check_all(lambda: store.check_uri(uri), lambda: check_host(args.host),
+    ConfigError.check_all(lambda: store_checks.check_uri(uri), lambda: check_host(args.host),
                           lambda: store.check_names(args.sweep, name_field="--sweep") if args.sweep else None, lambda: check_port(args.port))
     if uri.startswith(("http://", "https://")):
-        store.preflight(uri)
+        store_checks.preflight(uri)
         found = urls(store.without_credentials(uri), prepare(uri, args.sweep))
         _say(found, "MLflow UI (already served)")
         if args.json:
@@ -228,7 +228,7 @@ def cmd_ui(args) -> int:
         raise ConfigError.single("--tracking-uri", store.redact(uri), "allowed: sqlite:///PATH.db or http(s)://HOST:PORT")
     db = Path(uri[len("sqlite:///"):])
     missing = not db.exists()
-    store.preflight(uri, mode="check")  # nothing is created before every check passed
+    store_checks.preflight(uri, mode="check")  # nothing is created before every check passed
     if missing and args.sweep:
         raise ConfigError.single("--sweep", args.sweep, f"no sweep of that name: {db} does not exist yet")
     probe_host = "127.0.0.1" if args.host in LOOPBACK else args.host
@@ -242,7 +242,7 @@ def cmd_ui(args) -> int:
         raise ConfigError.single("--port", port, "already in use: give a free port, or --port 0 for any free one")
     if missing:
         info(f"note: {db} does not exist yet; the server starts on an empty store")
-        store.preflight(uri)  # the checks passed: create the store's tables before the server reads it
+        store_checks.preflight(uri)  # the checks passed: create the store's tables before the server reads it
     prepared = prepare(uri, args.sweep)
     if args.host not in LOOPBACK:  # said once every check passed: a refused start prints only its error
         info(f"warning: binding {args.host}: the MLflow UI has no authentication; anyone who can reach it can "

@@ -38,7 +38,7 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
         init_ray,
     )
     from orchestrator.sweep.storage import storage_root
-    from results import store
+    from results import store, store_checks
     from results.output import check_output_folder
     from search_spaces.ablation import load_ablation, parse_ablation
     from search_spaces.schema import Resources
@@ -64,7 +64,7 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
 
         gather(check_available, trial_data(loaded))
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
-    gather(store.preflight, uri, mode="check")
+    gather(store_checks.preflight, uri, mode="check")
     root = gather(storage_root, storage, create=False)
     if resume and root is not None and loaded is not None:
         from orchestrator.sweep.storage import latest_sweep_id

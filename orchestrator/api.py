@@ -306,10 +306,10 @@ def pareto_front(sweep: str | SweepResult, *, sweep_id: str | None = None, track
     Raises:
         ConfigError: no such sweep, a bad name or URI, or an objective no trial logged.
     """
-    from results import runs, store
+    from results import runs, store_checks
 
     name, sweep_id, uri = where(sweep, sweep_id, tracking_uri)
-    store.check_uri(uri)
+    store_checks.check_uri(uri)
     data = runs.load(uri, name, sweep_id)
     objective = runs.check_objective(objective or data.objective, data.rows)
     front = data.front(objective)
@@ -418,11 +418,11 @@ def sweeps(name: str | None = None, *, tracking_uri: str | None = None) -> Sweep
     Raises:
         ConfigError: a bad name or URI, a store that cannot be read, no sweep of that name.
     """
-    from results import listing, store
+    from results import listing, store, store_checks
 
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
     ConfigError.check_all(lambda: store.check_names(name) if name is not None else None,
-                          lambda: store.check_uri(uri))
+                          lambda: store_checks.check_uri(uri))
     return SweepList(tracking_uri=store.redact(uri), sweeps=listing.sweeps(uri, name))
 
 

@@ -67,12 +67,12 @@ def spec_run_ids(loaded) -> list[str]:
 def resolve_runs(tracking_uri: str | None, run_ids: list[str]) -> dict[str, str]:
     """``{run id: checkpoint folder}`` from the tracking store ``tracking_uri`` (default: the project's), which is
     opened only when there is a run to look up; every unresolvable run reported together (one line each)."""
-    from results import store
+    from results import store, store_checks
 
     if not run_ids:
         return {}
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
-    store.preflight(uri, mode="read")
+    store_checks.preflight(uri, mode="read")
     c = store.client(uri)
     found, problems = {}, []
     for run_id in run_ids:

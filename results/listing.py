@@ -9,7 +9,7 @@ import math
 import time
 
 from engine.errors import ConfigError
-from results import store
+from results import store, store_checks
 from results.runs import OBJECTIVE_TAG
 
 MAX_SWEEPS = 1000  # rows a listing reads at the most (the newest): `fractune sweeps` says when it reached it
@@ -21,7 +21,7 @@ def sweeps(uri: str, name: str | None = None) -> list[dict]:
     if name is not None:
         store.check_names(name)
     uri = store.normalise_uri(uri)
-    store.preflight(uri, mode="read")
+    store_checks.preflight(uri, mode="read")
     c = store.client(uri)
     if name is not None:
         exp = c.get_experiment_by_name(name)

@@ -127,7 +127,7 @@ def _writable_folder(folder, field: str, value: str) -> None:
         what = "does not exist" if not folder.exists() else "is not a folder"
         raise ConfigError.single(field, value, f"its folder {folder} {what}; allowed: a path in an existing, "
                                  "writable folder")
-    from results.store import write_probe
+    from results.store_checks import write_probe
 
     try:
         write_probe(folder)

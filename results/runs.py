@@ -34,7 +34,7 @@ from engine import metrics as keys
 from engine.cost.cost_models import check_model_name
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, COST_PREFIX, CUM_CP, TRAIN_BITOPS, TRAIN_TBITOPS, cost_key
-from results import objectives, store
+from results import objectives, store, store_checks
 from results.objectives import Objective
 from results.pareto import hypervolume, pareto_rows
 from search_spaces import trial
@@ -101,7 +101,7 @@ def load(uri: str, name: str, sweep_id: str | None = None) -> SweepRuns:
     """The latest sweep of ``name`` (or ``sweep_id``) in the store at ``uri``, one row per trial."""
     store.check_names(name, sweep_id)
     uri = store.normalise_uri(uri)
-    store.preflight(uri, mode="read")
+    store_checks.preflight(uri, mode="read")
     c = store.client(uri)
     parent = store.sweep_parent(c, name, sweep_id)
     if parent is None:

@@ -254,10 +254,10 @@ def store_template(tmp_path_factory) -> Path:
     """An empty MLflow sqlite store, created once per session. MLflow migrates a new database through its whole
     schema history (about a second of CPU in every process that opens it first); tests that only need an empty
     store copy this one. Creating a store from nothing stays covered by the CLI, bad-input and demo tests."""
-    from results import store
+    from results import store_checks
 
     path = tmp_path_factory.mktemp("store_template") / "mlflow.db"
-    store.preflight(f"sqlite:///{path}")
+    store_checks.preflight(f"sqlite:///{path}")
     return path
 
 

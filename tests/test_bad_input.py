@@ -53,10 +53,10 @@ def argv_of(path) -> list[str]:
 @pytest.fixture(scope="session")
 def empty_store(tmp_path_factory):
     """An MLflow sqlite store with its tables (made once): copied into every case's folder."""
-    from results import store
+    from results import store_checks
 
     folder = tmp_path_factory.mktemp("store")
-    store.preflight(f"sqlite:///{folder}/mlflow.db")
+    store_checks.preflight(f"sqlite:///{folder}/mlflow.db")
     return folder / "mlflow.db"
 
 

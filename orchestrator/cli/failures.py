@@ -42,7 +42,8 @@ def path_problem(command: argparse.ArgumentParser, args: argparse.Namespace, err
     import os
 
     from engine.errors import ConfigError, _short
-    from results.store import redact, sqlite_path
+    from results.store import redact
+    from results.store_checks import sqlite_path
 
     reason = err.strerror or str(err) or type(err).__name__
     if err.filename is None:

@@ -190,7 +190,7 @@ def submit(spec_path: str, address: str | None, tracking_uri: str | None, storag
     """Submit the sweep; its summary and the connected client (for following the job). The spec, the job id,
     the tracking URI and the address are checked, every problem at once, before anything is contacted."""
     from results.provenance import SPEC_FILE_ENV, spec_file
-    from results.store import check_uri
+    from results.store_checks import check_uri
 
     problems: list = []
     tree = loaded = None

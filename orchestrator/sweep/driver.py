@@ -68,12 +68,12 @@ def start_sweep(loaded: LoadedSpec, opts: SweepOptions):
     Returns ``(uri, root, sweep_id, trainable, init_runs)``."""
     from ray import tune
 
-    from results import lineage, store
+    from results import lineage, store, store_checks
     from trainables.tune_trainable import train_trial
 
     spec = loaded.spec
     uri = store.normalise_uri(opts.tracking_uri or store.default_tracking_uri())
-    store.preflight(uri)
+    store_checks.preflight(uri)
     init_runs = lineage.resolve_runs(uri, lineage.spec_run_ids(loaded))  # before Ray starts: a bad run id exits 2
     root = storage_root(opts.storage)
     if opts.resume:

@@ -86,14 +86,14 @@ def test_the_probe_takes_any_answer_mlflow_gives_and_refuses_any_other(serve):
     authentication filters them) answers the search with ``{}`` and is a working server; a body that is no such
     object is not."""
     from engine.errors import ConfigError
-    from results import store
+    from results import store_checks
 
     for body in (b'{}', b'{"experiments": [{"experiment_id": "0", "name": "Default"}]}'):
-        store.preflight(serve(200, api_body=body), mode="check")
+        store_checks.preflight(serve(200, api_body=body), mode="check")
     for body in (b'[]', b'{"experiments": 3}', b"<html>MLflow</html>", b"null"):
         uri = serve(200, api_body=body)
         with pytest.raises(ConfigError) as err:
-            store.preflight(uri, mode="check")
+            store_checks.preflight(uri, mode="check")
         assert "the server answers /health, but not as MLflow's tracking API does" in str(err.value), body
 
 
@@ -104,7 +104,7 @@ def test_an_https_server_is_checked_with_the_tls_settings_mlflow_uses(serve, tmp
     import ssl
 
     from engine.errors import ConfigError
-    from results import store
+    from results import store_checks
 
     cert, key = self_signed_cert(tmp_path)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -114,21 +114,21 @@ def test_an_https_server_is_checked_with_the_tls_settings_mlflow_uses(serve, tmp
                 "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ConfigError, match="MLflow server unreachable .*certificate verify failed"):
-        store.preflight(uri, mode="check")  # no CA of this machine signed it, as MLflow would find too
+        store_checks.preflight(uri, mode="check")  # no CA of this machine signed it, as MLflow would find too
     monkeypatch.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", str(cert))
-    store.preflight(uri, mode="check")
+    store_checks.preflight(uri, mode="check")
     monkeypatch.setenv("MLFLOW_TRACKING_SERVER_CERT_PATH", str(tmp_path / "missing.pem"))
     with pytest.raises(ConfigError, match="its TLS settings cannot be loaded .*MLFLOW_TRACKING_SERVER_CERT_PATH"):
-        store.preflight(uri, mode="check")
+        store_checks.preflight(uri, mode="check")
     monkeypatch.delenv("MLFLOW_TRACKING_SERVER_CERT_PATH")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))  # the bundle requests (so MLflow) reads by default
-    store.preflight(uri, mode="check")
+    store_checks.preflight(uri, mode="check")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "missing.pem"))
     with pytest.raises(ConfigError, match="its TLS settings cannot be loaded .*REQUESTS_CA_BUNDLE"):
-        store.preflight(uri, mode="check")
+        store_checks.preflight(uri, mode="check")
     monkeypatch.delenv("REQUESTS_CA_BUNDLE")
     monkeypatch.setenv("MLFLOW_TRACKING_INSECURE_TLS", "true")
-    store.preflight(uri, mode="check")
+    store_checks.preflight(uri, mode="check")
 
 
 def _sqlite_file(path, *tables: str):
@@ -209,9 +209,9 @@ def test_a_read_only_store_is_refused_before_any_work_by_whatever_writes_to_it(r
 
 def test_a_store_that_fails_a_write_after_the_checks_gives_one_line_not_mlflows_traceback(
         read_only_store, tmp_path, capsys, monkeypatch):
-    from results import store
+    from results import store_checks
 
-    monkeypatch.setattr(store, "check_writable", lambda *a, **k: None)  # as if it turned read-only after them
+    monkeypatch.setattr(store_checks, "check_writable", lambda *a, **k: None)  # as if it turned read-only after
     code = run_main("report", "demo", "--out", str(tmp_path / "rep"), "--tracking-uri", read_only_store)[0]
     err = capsys.readouterr().err.splitlines()
     assert code == 1 and len(err) == 1 and "attempt to write a readonly database" in err[0], err
