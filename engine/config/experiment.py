@@ -187,6 +187,9 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
     elif split is not None and split.by == "classes" and split.parts > INFO[cfg.data.dataset].classes:
         problems.append(("data.split.parts", split.parts,
                          f"allowed: <= {INFO[cfg.data.dataset].classes} (the classes of {cfg.data.dataset})"))
+    if cfg.data.vocab_size is not None and not INFO[cfg.data.dataset].is_text:
+        problems.append(("data.vocab_size", cfg.data.vocab_size, f"allowed: null with data.dataset "
+                         f"{cfg.data.dataset} (an image data set has no vocabulary)"))
     sched = cfg.schedule
     is_lm = is_language_model(cfg.model.name)
     if problem := task_problem(cfg.model.name, cfg.data.dataset):
