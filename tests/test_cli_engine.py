@@ -168,14 +168,15 @@ def test_cost_prices_what_a_default_training_run_counts(tmp_path):
     ("mobilenetv2", "cifar10", (), {}),  # depthwise convs at their fixed bits
     ("resnet8", "cifar10", ("--layer-map", "gated"), {"layer_map": "gated"}),
     ("transformer_tiny", "fortunes", ("--fc", "quantized"), {"quantize_fc": True}),
+    ("transformer_tiny", "fortunes", ("--vocab-size", "4096"), {}),  # the output layer of examples/lm_*.yaml
 ])
 def test_cost_prices_the_layer_map_of_the_config_its_flags_stand_for(tmp_path, model, dataset, flags, quant):
-    """Each flag is its quant key: cost's ratio to FP32 is `fractune schedule`'s for the static run of that
+    """Each flag is its config key: cost's ratio to FP32 is `fractune schedule`'s for the static run of that
     config, which prices the run on the network, layer map and cost models training uses."""
     cfg = {"name": "c", "model": {"name": model}, "data": {"dataset": dataset}, "quant": quant,
            "schedule": {"kind": "static", "fw": 4, "bw": 8}, "optim": {"iterations": 10}}
-    if dataset == "fortunes":
-        cfg["data"]["seq_len"] = 256
+    if "--vocab-size" in flags:
+        cfg["data"]["vocab_size"] = int(flags[1])
     code, text, sched = run_main("schedule", str(write_yaml(tmp_path / "c.yaml", json.dumps(cfg))), "--json")
     assert code == 0, text
     code, text, cost = run_main("cost", "--model", model, "--dataset", dataset, "--precision", "4/8", *flags, "--json")

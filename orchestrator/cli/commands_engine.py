@@ -87,10 +87,12 @@ def cost_flags(args):
     from engine.config.problems import validation_problems
     from engine.config.sections import DataConfig, ModelConfig
 
-    flags = {"name": "--model", "dataset": "--dataset", "seq_len": "--seq-len", "batch_size": "--batch-size"}
+    flags = {"name": "--model", "dataset": "--dataset", "seq_len": "--seq-len", "batch_size": "--batch-size",
+             "vocab_size": "--vocab-size"}
     problems, data_cfg = [], None
     for model, tree in ((ModelConfig, {"name": args.model}),
-                        (DataConfig, {"dataset": args.dataset, "seq_len": args.seq_len, "batch_size": args.batch_size})):
+                        (DataConfig, {"dataset": args.dataset, "seq_len": args.seq_len, "batch_size": args.batch_size,
+                                      "vocab_size": args.vocab_size})):
         try:
             data_cfg = model.model_validate(tree)
         except ValidationError as exc:
@@ -189,13 +191,18 @@ def cmd_cost(args) -> int:
     if problem:
         raise ConfigError.single("--model", *problem[1:])
     info_ = INFO[args.dataset]
+    if data_cfg.vocab_size is not None and not info_.is_text:
+        raise ConfigError.single("--vocab-size", data_cfg.vocab_size, f"allowed: only with a text data set "
+                                 f"({args.dataset}, an image data set, has no vocabulary)")
+    # the output layer's width: the released vocabulary, capped by --vocab-size as data.vocab_size caps it
+    classes = min(info_.classes, data_cfg.vocab_size or info_.classes)
     prec = parse_precision(args.precision, args.weight_bits)
     quant = cost_quant(args)
     import torch
 
     # an LM's table is analytic: built on the meta device, transformer_base allocates no 270M weights
     with torch.device("meta" if is_language_model(args.model) else "cpu"):
-        model = build_model(args.model, info_.channels, info_.classes)
+        model = build_model(args.model, info_.channels, classes)
     is_lm = getattr(model, "is_language_model", False)
     layer_map = cost_layer_map(quant, model)
     model.set_layer_map(layer_map)
@@ -225,7 +232,7 @@ def cmd_cost(args) -> int:
     }
     if is_lm:  # a "sample" is one predicted token; the output layer over the vocabulary is a large share
         fc_macs = sum(x.macs for x in counter.table if x.role == "fc")
-        out.update(seq_len=args.seq_len, vocab_size=info_.classes, forward_macs_per_token=counter.forward_macs,
+        out.update(seq_len=args.seq_len, vocab_size=classes, forward_macs_per_token=counter.forward_macs,
                    bitops_per_token=bitops, fp32_bitops_per_token=fp32,
                    attention_matmul_macs_per_token=sum(x.macs for x in counter.table if x.role == "attn"),
                    output_layer_macs_per_token=fc_macs, output_layer_share=fc_macs / counter.forward_macs)

@@ -81,6 +81,8 @@ def _add_cost(sub) -> None:
                    "language model (the vocabulary; costs are then per token, the output layer is --fc)")
     p.add_argument("--seq-len", type=int, default=256, help="language models: tokens per sequence (the attention "
                    "matmuls cost seq_len * width MACs per token each; default 256)")
+    p.add_argument("--vocab-size", type=int, help="language models: data.vocab_size, the vocabulary's cap (the "
+                   "output layer's width; default: the data set's whole vocabulary)")
     p.add_argument("--precision", required=True, metavar="FW/BW", help="forward/backward bits, e.g. 8/8, or fp32")
     p.add_argument("--weight-bits", type=int, help="weight bits (default: FW)")
     p.add_argument("--layer-map", choices=["method", "gated"], default="method", help="quant.layer_map: a static "
