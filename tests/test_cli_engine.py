@@ -190,8 +190,10 @@ def test_cost_prices_the_layer_map_of_the_config_its_flags_stand_for(tmp_path, m
     (("resnet8", "cifar10", "--layer-map", "gated", "--fc", "quantized"), ("--fc", "'quantized'", "gated")),
     (("transformer_tiny", "fortunes", "--shortcut", "quantized"), ("--shortcut", "'quantized'", "language model")),
     (("transformer_tiny", "fortunes", "--stem", "quantized"), ("--stem", "'quantized'", "no stem")),
+    (("tiny", "digits", "--seq-len", "64"), ("--seq-len", "64", "only with a text data set")),  # else ignored
+    (("tiny", "digits", "--vocab-size", "100"), ("--vocab-size", "100", "only with a text data set")),
 ])
-def test_cost_refuses_the_layer_flags_a_config_refuses(capsys, args, needles):
+def test_cost_refuses_the_flags_a_config_refuses(capsys, args, needles):
     model, dataset, *flags = args
     code, _, _ = run_main("cost", "--model", model, "--dataset", dataset, "--precision", "4/8", *flags)
     lines = capsys.readouterr().err.strip().splitlines()

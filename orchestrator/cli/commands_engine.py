@@ -90,9 +90,9 @@ def cost_flags(args):
     flags = {"name": "--model", "dataset": "--dataset", "seq_len": "--seq-len", "batch_size": "--batch-size",
              "vocab_size": "--vocab-size"}
     problems, data_cfg = [], None
+    text = {k: v for k, v in (("seq_len", args.seq_len), ("vocab_size", args.vocab_size)) if v is not None}
     for model, tree in ((ModelConfig, {"name": args.model}),
-                        (DataConfig, {"dataset": args.dataset, "seq_len": args.seq_len, "batch_size": args.batch_size,
-                                      "vocab_size": args.vocab_size})):
+                        (DataConfig, {"dataset": args.dataset, "batch_size": args.batch_size, **text})):
         try:
             data_cfg = model.model_validate(tree)
         except ValidationError as exc:
@@ -191,9 +191,13 @@ def cmd_cost(args) -> int:
     if problem:
         raise ConfigError.single("--model", *problem[1:])
     info_ = INFO[args.dataset]
-    if data_cfg.vocab_size is not None and not info_.is_text:
-        raise ConfigError.single("--vocab-size", data_cfg.vocab_size, f"allowed: only with a text data set "
-                                 f"({args.dataset}, an image data set, has no vocabulary)")
+    if not info_.is_text:  # the text-only flags, given for an image data set, would be ignored
+        text_only = [(flag, value, f"allowed: only with a text data set ({args.dataset}, an image data set, has no "
+                      f"{what})") for flag, value, what in (("--seq-len", args.seq_len, "sequences"),
+                                                            ("--vocab-size", args.vocab_size, "vocabulary"))
+                     if value is not None]
+        if text_only:
+            raise ConfigError(text_only)
     # the output layer's width: the released vocabulary, capped by --vocab-size as data.vocab_size caps it
     classes = min(info_.classes, data_cfg.vocab_size or info_.classes)
     prec = parse_precision(args.precision, args.weight_bits)
@@ -209,7 +213,7 @@ def cmd_cost(args) -> int:
     models = cost_config(args).models()
     counter = BitOpsCounter(model.layer_table(info_.input_shape(data_cfg.seq_len)), layer_map, models)
     bitops, fp32 = counter.per_sample(prec), counter.fp32_per_sample()
-    b = args.batch_size * (args.seq_len if is_lm else 1)  # a language model's samples are its predicted tokens
+    b = args.batch_size * (data_cfg.seq_len if is_lm else 1)  # a language model's samples are its predicted tokens
     run, ref32, ref8 = counter.costs(prec, b), counter.costs(FP32, b), counter.costs(FW8BW8, b)
     costs = {m.name: {"unit": m.unit, "per_sample": counter.costs(prec, 1)[m.name] - counter.costs(prec, 0)[m.name],
                       "per_iteration": float(run[m.name]), "fp32": float(ref32[m.name]),
@@ -232,7 +236,7 @@ def cmd_cost(args) -> int:
     }
     if is_lm:  # a "sample" is one predicted token; the output layer over the vocabulary is a large share
         fc_macs = sum(x.macs for x in counter.table if x.role == "fc")
-        out.update(seq_len=args.seq_len, vocab_size=classes, forward_macs_per_token=counter.forward_macs,
+        out.update(seq_len=data_cfg.seq_len, vocab_size=classes, forward_macs_per_token=counter.forward_macs,
                    bitops_per_token=bitops, fp32_bitops_per_token=fp32,
                    attention_matmul_macs_per_token=sum(x.macs for x in counter.table if x.role == "attn"),
                    output_layer_macs_per_token=fc_macs, output_layer_share=fc_macs / counter.forward_macs)
@@ -242,7 +246,7 @@ def cmd_cost(args) -> int:
     table([{"metric": k, "value": v} for k, v in out.items() if not isinstance(v, dict)])
     print("layer map (--layer-map, --stem, --fc, --shortcut): "
           + ", ".join(f"{role} {rule}" for role, rule in out["layer_map"].items()))
-    what = f"{args.batch_size} sequences of {args.seq_len} tokens" if is_lm else f"{b} samples"
+    what = f"{args.batch_size} sequences of {data_cfg.seq_len} tokens" if is_lm else f"{b} samples"
     print(f"\none training iteration of {what} under each cost model (per_iteration; fp32 and fw8bw8: the "
           "same iteration at FP32 and FW8/BW8):")
     table([{"model": n, "unit": c["unit"], "per_sample": c["per_sample"], "per_iteration": c["per_iteration"],

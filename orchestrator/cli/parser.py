@@ -79,7 +79,7 @@ def _add_cost(sub) -> None:
     p.add_argument("--dataset", required=True, help="fashion-mnist, digits, cifar10, cifar100 or imagenet (sets "
                    "the input shape and class count); wikitext103, wikitext2 or fortunes for a transformer_* "
                    "language model (the vocabulary; costs are then per token, the output layer is --fc)")
-    p.add_argument("--seq-len", type=int, default=256, help="language models: tokens per sequence (the attention "
+    p.add_argument("--seq-len", type=int, help="language models: tokens per sequence (the attention "
                    "matmuls cost seq_len * width MACs per token each; default 256)")
     p.add_argument("--vocab-size", type=int, help="language models: data.vocab_size, the vocabulary's cap (the "
                    "output layer's width; default: the data set's whole vocabulary)")
