@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, FractuneError
 from results import store, store_checks
 from results.output import emit_json, info
 
@@ -186,6 +186,12 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
         pass
 
 
+class ServerStopped(FractuneError):
+    """The server `fractune ui` started ended while it served: the machine's trouble, not the user's input."""
+
+    exit_code = 1
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -273,7 +279,9 @@ def cmd_ui(args) -> int:
         if args.json:
             emit_json({**found, "tracking_uri": base, "backend_store_uri": uri, "pid": proc.pid, "started": True,
                        "log": str(log) if log else None})
-        return proc.wait()
+        code = proc.wait()  # only Ctrl-C or `kill` end this wait on purpose: the server stopped by itself
+        where = f"its log: {log}" if log else "its log is above"
+        raise ServerStopped(f"the MLflow server stopped by itself (exit code {code}); {where}")
     except KeyboardInterrupt:
         info("stopping the MLflow server")
         return 0

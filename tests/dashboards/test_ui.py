@@ -195,3 +195,32 @@ def test_ui_brings_an_earlier_sweep_to_the_same_view(mlflow_server):
     run = c.get_run(parent.info.run_id)
     assert run.data.metrics["sweep/trials"] == 1 and run.data.metrics["sweep/best_accuracy"] == 0.5
     assert f"(#/experiments/{exp_id}/runs/{child.info.run_id})" in run.data.tags["mlflow.note.content"]
+
+
+STAND_IN_SERVER = """
+import http.server, os, sys, threading
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        threading.Timer(0.2, os._exit, (3,)).start()  # answered once: now stop, as a crashing server does
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_a_server_that_stops_by_itself_is_said_in_one_line(tmp_path, store_template, monkeypatch, capsys):
+    """The server `fractune ui` serves stops while it serves (a stand-in answers /health once, then exits 3): one
+    line names it, its exit code and its log, and the command exits 1, not with the server's code in silence."""
+    from dashboards import ui
+    from tests.conftest import copy_store, run_main
+
+    uri = copy_store(store_template, tmp_path / "m.db")
+    monkeypatch.setattr(ui, "server_command", lambda uri, host, port, quiet=False: [
+        sys.executable, "-c", STAND_IN_SERVER, str(port)])
+    code, out, _ = run_main("ui", "--tracking-uri", uri, "--port", "0")
+    err = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert code == 1 and "MLflow UI: http://127.0.0.1:" in out
+    assert err == [f"fractune ui: error: the MLflow server stopped by itself (exit code 3); its log: "
+                   f"{tmp_path / 'mlflow-ui.log'}"], err
