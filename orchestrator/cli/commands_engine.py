@@ -79,9 +79,10 @@ def cost_config(args):
 
 
 def cost_flags(args):
-    """``fractune cost``'s --model, --dataset, --seq-len and --batch-size, checked by the config's own rules
-    (``model.name``, ``data.dataset``, ``data.seq_len``, ``data.batch_size``), every problem at once and named
-    by its flag; the ``DataConfig`` they give."""
+    """``fractune cost``'s --model, --dataset, --seq-len, --vocab-size and --batch-size, checked by the config's
+    own rules (``model.name``, ``data.dataset``, ``data.seq_len``, ``data.vocab_size``, ``data.batch_size``),
+    every problem at once and named by its flag; the ``DataConfig`` they give (the text-only ones at the
+    config's defaults where not given)."""
     from pydantic import ValidationError
 
     from engine.config.problems import validation_problems
