@@ -164,7 +164,8 @@ def _add_ui(sub) -> None:
                        description="Start `mlflow server --workers 1` on 127.0.0.1 for a sqlite store (MLflow's "
                        "GenAI job runner off unless MLFLOW_SERVER_ENABLE_JOB_EXECUTION is set) and print the URL "
                        "(with --sweep, the sweep's view in MLflow's model-training mode); stays in the foreground "
-                       "until Ctrl-C. For an http(s) tracking URI (a server already) only the URL is printed.")
+                       "until Ctrl-C, and the server stops with it however it ends. For an http(s) tracking URI (a "
+                       "server already) only the URL is printed.")
     _shared(p, "tracking_uri")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000; 0: any free port)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others expose the "
