@@ -94,6 +94,15 @@ def preview(cfg: ExperimentConfig) -> dict:
     return out
 
 
+def output_classes(cfg: ExperimentConfig) -> int:
+    """The output layer's width: the data set's classes, or a language model's released vocabulary capped by
+    ``data.vocab_size``."""
+    info = INFO[cfg.data.dataset]
+    if info.is_text and cfg.data.vocab_size is not None:
+        return min(info.classes, cfg.data.vocab_size)
+    return info.classes
+
+
 def config_counter(cfg: ExperimentConfig) -> BitOpsCounter:
     """The counter a run of ``cfg`` uses (its network's MACs table, layer map and cost models), built on CPU."""
     import torch
@@ -101,12 +110,9 @@ def config_counter(cfg: ExperimentConfig) -> BitOpsCounter:
     from engine.models import build_model, is_language_model
 
     info = INFO[cfg.data.dataset]
-    classes = info.classes  # a language model: the released vocabulary, capped by data.vocab_size
-    if info.is_text and cfg.data.vocab_size is not None:
-        classes = min(classes, cfg.data.vocab_size)
     # a language model's table is analytic: built on the meta device (no weights allocated)
     with torch.device("meta" if is_language_model(cfg.model.name) else "cpu"):
-        model = build_model(cfg.model.name, info.channels, classes)
+        model = build_model(cfg.model.name, info.channels, output_classes(cfg))
     model.set_layer_map(cfg.layer_map_of(model))
     return BitOpsCounter(model.layer_table(info.input_shape(cfg.data.seq_len)), model.layer_map, cfg.cost.models())
 

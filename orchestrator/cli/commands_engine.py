@@ -131,14 +131,6 @@ def cost_quant(args) -> dict:
     return quant
 
 
-def cost_layer_map(quant: dict, model):
-    """The layer map ``fractune train`` runs ``model`` with under these ``quant`` keys, the config's defaults
-    and the model family's (``ExperimentConfig.layer_map_of``)."""
-    from engine.config.experiment import ExperimentConfig
-
-    return ExperimentConfig.model_validate({"quant": quant}).layer_map_of(model)
-
-
 def layer_map_summary(layer_map, table) -> dict[str, str]:
     """The precision rule of each role ``table`` has besides the blocks' own layers (which run at --precision),
     as ``fractune cost`` prints it: quantized (at --precision), fp32, or fixed bits (depthwise convs)."""
@@ -181,11 +173,12 @@ def parse_precision(text: str, weight_bits: int | None):
 
 
 def cmd_cost(args) -> int:
-    from engine.config.experiment import task_problem
-    from engine.cost.bitops import FW8BW8, BitOpsCounter
+    from engine.config.experiment import ExperimentConfig, task_problem
+    from engine.cost.bitops import FW8BW8
     from engine.data.catalog import INFO
-    from engine.models import build_model, is_language_model
+    from engine.models import is_language_model
     from engine.numerics.precision import FP32
+    from engine.preview import config_counter, output_classes
 
     data_cfg = cost_flags(args)
     problem = task_problem(args.model, args.dataset, "--dataset")
@@ -199,20 +192,12 @@ def cmd_cost(args) -> int:
                      if value is not None]
         if text_only:
             raise ConfigError(text_only)
-    # the output layer's width: the released vocabulary, capped by --vocab-size as data.vocab_size caps it
-    classes = min(info_.classes, data_cfg.vocab_size or info_.classes)
     prec = parse_precision(args.precision, args.weight_bits)
-    quant = cost_quant(args)
-    import torch
-
-    # an LM's table is analytic: built on the meta device, transformer_base allocates no 270M weights
-    with torch.device("meta" if is_language_model(args.model) else "cpu"):
-        model = build_model(args.model, info_.channels, classes)
-    is_lm = getattr(model, "is_language_model", False)
-    layer_map = cost_layer_map(quant, model)
-    model.set_layer_map(layer_map)
-    models = cost_config(args).models()
-    counter = BitOpsCounter(model.layer_table(info_.input_shape(data_cfg.seq_len)), layer_map, models)
+    # the counter a run of this config uses (engine.preview): its network, layer map and cost models
+    cfg = ExperimentConfig.model_validate({"model": {"name": args.model}, "data": data_cfg, "quant": cost_quant(args),
+                                           "cost": cost_config(args)})
+    counter = config_counter(cfg)
+    layer_map, is_lm = counter.layer_map, is_language_model(args.model)
     bitops, fp32 = counter.per_sample(prec), counter.fp32_per_sample()
     b = args.batch_size * (data_cfg.seq_len if is_lm else 1)  # a language model's samples are its predicted tokens
     run, ref32, ref8 = counter.costs(prec, b), counter.costs(FP32, b), counter.costs(FW8BW8, b)
@@ -237,7 +222,7 @@ def cmd_cost(args) -> int:
     }
     if is_lm:  # a "sample" is one predicted token; the output layer over the vocabulary is a large share
         fc_macs = sum(x.macs for x in counter.table if x.role == "fc")
-        out.update(seq_len=data_cfg.seq_len, vocab_size=classes, forward_macs_per_token=counter.forward_macs,
+        out.update(seq_len=data_cfg.seq_len, vocab_size=output_classes(cfg), forward_macs_per_token=counter.forward_macs,
                    bitops_per_token=bitops, fp32_bitops_per_token=fp32,
                    attention_matmul_macs_per_token=sum(x.macs for x in counter.table if x.role == "attn"),
                    output_layer_macs_per_token=fc_macs, output_layer_share=fc_macs / counter.forward_macs)
