@@ -76,7 +76,24 @@ def compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # older torch
     setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    _key_cpu_kernels_by_isa()
     return torch.compile(model, mode=None if mode == "default" else mode)
+
+
+def _key_cpu_kernels_by_isa() -> None:
+    """Make Inductor's cache tell CPU vector widths apart. Its C++ kernels are generated for the vector ISA it
+    picks (``ATEN_CPU_CAPABILITY`` lowers it, as docs/usage.md's pins do), but its graph cache key leaves that
+    choice out while it does hold Inductor's config: a graph cached under one width and loaded under another
+    compiles loops stepping 16 lanes with 8-lane types, which run past the ends of their buffers (a NaN loss or a
+    crash). Stating the width the pick gives (``cpp.simdlen``, 0 for none) changes no kernel and puts it in the
+    key."""
+    try:
+        from torch._inductor import config as inductor
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+    except ImportError:  # a torch without Inductor's CPU backend compiles nothing for the CPU
+        return
+    if inductor.cpp.simdlen is None:
+        inductor.cpp.simdlen = pick_vec_isa().bit_width()
 
 
 class StaticRunner:
