@@ -12,8 +12,10 @@ NOISE_LEVELS = 1 << 16
 
 
 def levels(bits: int) -> int:
-    """qmax = 2^b - 1 (unsigned levels 0..qmax)."""
-    return (1 << bits) - 1
+    """qmax = 2^b - 1 (unsigned levels 0..qmax). A power, not a shift: in a compiled step the bit-width may be a
+    symbolic integer (methods.md §1, "Captured steps"), and torch 2.11's compiler (the GPU machines') cannot
+    trace a shift by one."""
+    return 2**bits - 1
 
 
 def single(v: float) -> float:

@@ -35,6 +35,7 @@ import os
 
 import torch
 
+from engine.numerics.affine import levels
 from engine.numerics.fused import SWITCH_VALUES
 
 ENV_SWITCH = "FRACTUNE_GPU_KERNELS"
@@ -134,7 +135,7 @@ def _kernels():
 
 
 def _levels(bits: int) -> float:
-    return float((1 << bits) - 1)
+    return float(levels(bits))
 
 
 def _grid(n: int) -> tuple[int, int]:
