@@ -9,7 +9,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # apt-get waits up to 10 minutes for the dpkg lock (another install running) instead of failing at once
 APT_GET := env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600
 
-.PHONY: install data browser docker-tools docker-engine compose-test demo test test-fast bench bench-gpu lint clean
+.PHONY: install data browser docker-tools docker-engine compose-test demo test test-fast bench bench-gpu bench-gpu-compat lint clean
 
 install: $(STAMP) data
 
@@ -101,6 +101,11 @@ bench: install
 # compiled, host syncs, and every schedule kind's accuracy on the GPU kernels (docs/benchmarks.md).
 bench-gpu: install
 	$(BIN)/python bench/gpu_suite.py
+
+# The GPU suite's CPU smoke test under the GPU machines' torch 2.11 and Triton 3.6 (bench/gpu_compat.sh; downloads
+# about 720 MB once): what those versions cannot run fails here, before a GPU is lent.
+bench-gpu-compat: install
+	bench/gpu_compat.sh
 
 lint: install
 	$(BIN)/ruff check .
