@@ -102,8 +102,9 @@ bench: install
 bench-gpu: install
 	$(BIN)/python bench/gpu_suite.py
 
-# The GPU suite's CPU smoke test under the GPU machines' torch 2.11 and Triton 3.6 (bench/gpu_compat.sh; downloads
-# about 720 MB once): what those versions cannot run fails here, before a GPU is lent.
+# The GPU suite's CPU smoke test and the kernels' compile for sm_90 under the GPU machines' torch 2.11 and Triton
+# 3.6 (bench/gpu_compat.sh; downloads about 720 MB once): what those versions cannot run fails here, before a GPU
+# is lent.
 bench-gpu-compat: install
 	bench/gpu_compat.sh
 

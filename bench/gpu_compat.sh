@@ -1,6 +1,7 @@
 #!/bin/sh
-# The GPU suite's smoke test (bench/gpu_suite.py --quick, on the CPU) under the GPU machines' own torch and Triton,
-# in a venv of its own (.gpu-compat/): what their older versions cannot run fails here, before a GPU is lent.
+# The GPU suite's smoke test (bench/gpu_suite.py --quick, on the CPU) and the kernels' compile for sm_90
+# (bench/triton_aot.py) under the GPU machines' own torch and Triton, in a venv of its own (.gpu-compat/): what
+# their older versions cannot run fails here, before a GPU is lent.
 # The wheels (about 720 MB) download once. torch's CUDA build loads CUDA's libraries at import, so they come from
 # the project's venv; no GPU is used. GPU_TORCH, GPU_TRITON and GPU_PYTHON choose the versions and the interpreter.
 set -eu
@@ -20,4 +21,5 @@ if [ ! -x "$VENV/bin/python" ]; then
   site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   echo "$PWD/$DIR/cuda-libs" > "$site/zz_cuda_libs.pth"
 fi
+PYTHONPATH=$PWD "$VENV/bin/python" bench/triton_aot.py
 PYTHONPATH=$PWD "$VENV/bin/python" bench/gpu_suite.py --quick --device cpu "$@"
