@@ -28,7 +28,7 @@ print(json.dumps({"hits": counters["inductor"]["fxgraph_cache_hit"] + counters["
 
 
 def _compile_in_a_process(cache_dir, capability: str | None) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
     if capability is not None:
         env["ATEN_CPU_CAPABILITY"] = capability
     r = subprocess.run([sys.executable, "-c", _RUN], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
