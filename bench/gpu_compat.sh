@@ -10,16 +10,23 @@ TRITON=${GPU_TRITON:-3.6.0}
 PY=${GPU_PYTHON:-python3}
 DIR=.gpu-compat
 VENV=$DIR/torch-$TORCH-triton-$TRITON
-if [ ! -x "$VENV/bin/python" ]; then
+if [ ! -f "$VENV/.ready" ]; then  # set up whole or again: a setup cut short leaves no stamp
+  rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --no-deps "torch==$TORCH" "triton==$TRITON"
   "$VENV/bin/pip" install --quiet numpy pydantic pyyaml filelock typing-extensions sympy networkx jinja2 fsspec \
     "setuptools<82" scikit-learn
-  libs=$(.venv/bin/python -c "import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))")
+  libs=$(.venv/bin/python -c "import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))" 2>/dev/null) || {
+    echo "error: .venv has no CUDA libraries (package nvidia) for torch $TORCH's CUDA build to load; install the" \
+      "project's torch from PyPI (make install)" >&2
+    rm -rf "$VENV"
+    exit 1
+  }
   mkdir -p "$DIR/cuda-libs"
   ln -sfn "$libs/nvidia" "$DIR/cuda-libs/nvidia"
   site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   echo "$PWD/$DIR/cuda-libs" > "$site/zz_cuda_libs.pth"
+  touch "$VENV/.ready"
 fi
 PYTHONPATH=$PWD "$VENV/bin/python" bench/triton_aot.py
 PYTHONPATH=$PWD "$VENV/bin/python" bench/gpu_suite.py --quick --device cpu "$@"
