@@ -12,6 +12,10 @@ if compgen -G ".gpu-carry/wheels/*.whl" >/dev/null; then
     .gpu-carry/wheels/*.whl
   PYTHONPATH=$PWD:/tmp/site
 fi
+if ! python3 -c "import pydantic" 2>/dev/null; then
+  echo "error: no pydantic here: run bench/gpu_carry.sh where pip reaches a registry and carry .gpu-carry" >&2
+  exit 2
+fi
 text=()
 if [ -d .gpu-carry/fortunes ]; then text=(--text-dir .gpu-carry/fortunes); fi
 nvidia-smi -L >"$out/nvidia_smi.txt" 2>&1 || true
