@@ -101,7 +101,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability as one number (default 90: "
                     "H100, H200)")
-    out = compile_all(ap.parse_args().arch)
+    args = ap.parse_args()
+    if gpu_kernels.interpreting():
+        sys.exit("error: TRITON_INTERPRET is set: the kernels are then defined for the interpreter, which compiles "
+                 "nothing; unset it")
+    out = compile_all(args.arch)
     for line in out["errors"]:
         print(line, file=sys.stderr)
     print(json.dumps(out))
