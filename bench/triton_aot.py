@@ -66,7 +66,7 @@ def variants() -> list[tuple[str, object, dict, dict]]:
         for rows, row_len in ((8, 9), (64, 300), (300, 2048)):
             x = torch.randn(rows, row_len)
             gid = torch.arange(rows, dtype=torch.int64) % 4
-            qmax = (2.0 ** (2 + gid.float()) - 1).float()
+            qmax = 2.0 ** (2 + gid.float()) - 1
             for stochastic in (False, True):
                 gpu_kernels.quantize_rows(x, gid, qmax, None, None, stochastic)
                 gpu_kernels.quantize_rows(x, gid, qmax, zero, one, stochastic)
