@@ -84,9 +84,9 @@ def _key_cpu_kernels_by_isa() -> None:
     """Make Inductor's cache tell CPU vector widths apart. Its C++ kernels are generated for the vector ISA it
     picks (``ATEN_CPU_CAPABILITY`` lowers it, as docs/usage.md's pins do), but its graph cache key leaves that
     choice out while it does hold Inductor's config: a graph cached under one width and loaded under another
-    compiles loops stepping 16 lanes with 8-lane types, which run past the ends of their buffers (a NaN loss or a
-    crash). Stating the width the pick gives (``cpp.simdlen``, 0 for none) changes no kernel and puts it in the
-    key."""
+    compiles loops written for one lane count (16 floats for AVX-512) with another's vector types (8 for AVX2),
+    which run past the ends of their buffers (a NaN loss or a crash). Stating the width the pick gives
+    (``cpp.simdlen``, 0 for none) changes no kernel and puts it in the key."""
     try:
         from torch._inductor import config as inductor
         from torch._inductor.cpu_vec_isa import pick_vec_isa
