@@ -56,14 +56,19 @@ def dashboard_address(address: str | None) -> str:
     return raw.rstrip("/")
 
 
-def check_reachable(address: str, timeout: float = 3.0, answer_timeout: float = 10.0) -> None:
-    """Fail in seconds, with one line, when nothing listens at the dashboard's address or nothing answers there."""
+ANSWER_TIMEOUT_S = 10.0  # read at each call, so a caller (a test) can shorten it for a whole command
+
+
+def check_reachable(address: str, timeout: float = 3.0, answer_timeout: float | None = None) -> None:
+    """Fail in seconds, with one line, when nothing listens at the dashboard's address or nothing answers there
+    within ``answer_timeout`` (``ANSWER_TIMEOUT_S`` unless given)."""
     import ssl
     import urllib.error
     import urllib.request
 
     from results.store import redact
 
+    answer_timeout = ANSWER_TIMEOUT_S if answer_timeout is None else answer_timeout
     shown = redact(address)
     url = urlparse(address)
     port = url.port or (443 if url.scheme == "https" else 80)

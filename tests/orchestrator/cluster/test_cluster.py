@@ -313,16 +313,20 @@ def test_submit_to_an_address_where_nothing_listens_fails_fast(tmp_path):
     assert len(lines) == 1 and "--address" in lines[0] and "no Ray dashboard reachable" in lines[0], lines
 
 
-def test_an_address_where_something_listens_but_never_answers_is_refused(tmp_path, capsys):
+def test_an_address_where_something_listens_but_never_answers_is_refused(tmp_path, capsys, monkeypatch):
     """Ray's Jobs client sets no timeout on its requests, and Ray's driver retries a GCS that never answers
     forever: a silent listener (a hung dashboard or head, another service) made `jobs`, `stop`, `submit` and
     `sweep --address` wait without end. `jobs` (every Jobs command builds its client the same way) and `sweep`
     each end with one line naming --address once the answer is overdue; a regression fails here instead of
-    hanging the suite."""
+    hanging the suite. (The answer is due within a second here, not the default ten.)"""
     import threading
 
+    from orchestrator.cluster import jobs
+    from orchestrator.sweep import ray_cluster
     from tests.conftest import run_main
 
+    monkeypatch.setattr(jobs, "ANSWER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(ray_cluster, "ANSWER_TIMEOUT_S", 1.0)
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(SPEC))
     for command, address, said in (
