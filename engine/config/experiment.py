@@ -229,11 +229,33 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
             problems.append(("schedule.routed_statistics", sched.routed_statistics,
                              "allowed: computed unless schedule.execution is routed (masked runs every option "
                              "over the whole batch)"))
+        if sched.execution == "conv":
+            problems += conv_problems(cfg, is_lm)
         if sched.routed_sample_fraction < 1 and (sched.execution != "routed"
                                                  or sched.routed_estimator not in ("sampled", "grouped")):
             problems.append(("schedule.routed_sample_fraction", sched.routed_sample_fraction,
                              "allowed: 1 unless schedule.execution is routed with routed_estimator sampled "
                              "or grouped"))
+    return problems
+
+
+def conv_problems(cfg: ExperimentConfig, is_lm: bool) -> list[tuple[str, object, str]]:
+    """What execution conv (the reference's ImageNet design, methods.md §6.3) cannot run: a skip option (every
+    sample computes every block), a language model (it mixes the inputs of a block's convs), a gate_dim (its
+    embedding is one layer)."""
+    sched = cfg.schedule
+    problems = []
+    if is_lm:
+        problems.append(("schedule.execution", "conv", "allowed: masked or routed with a language model (conv "
+                         "mixes the inputs of the convs of an image network's blocks)"))
+    names = sched.option_names(cfg.model.name)
+    if "skip" in names:
+        problems.append(("schedule.options", sched.options if isinstance(sched.options, str) else names,
+                         "allowed: options without skip with schedule.execution conv (every sample computes "
+                         "every block), e.g. [3/6, 4/8, 6/12, 8/16]"))
+    if sched.gate_dim is not None:
+        problems.append(("schedule.gate_dim", sched.gate_dim, "allowed: null with schedule.execution conv (its "
+                         "gate embeds each block input with one layer, to embed_dim)"))
     return problems
 
 

@@ -28,6 +28,8 @@ OPTION_PRESETS = {
 # the gate's (gate_dim, embed_dim, hidden_dim) in the reference code: its CIFAR ResNets' (every model but
 # MobileNetV2 here) and its MobileNetV2_RNN's
 GATE_SIZES = {"resnet": (32, 16, 16), "mobilenetv2": (64, 32, 32)}
+# its ImageNet ResNets' (execution conv): a one-layer embedding to 40, an LSTM of 20; no gate_dim
+CONV_GATE_SIZES = (None, 40, 20)
 
 
 def option_name(text: str) -> str:
@@ -50,9 +52,9 @@ def parse_option(text: str, weight_bits: int) -> Precision:
 
 
 def default_option_state(execution: str) -> str:
-    """``option_state`` when the config leaves it unset: the reference's shared statistics for masked execution,
-    the skip path's kept apart for routed (methods.md §6.3)."""
-    return "shared" if execution == "masked" else "skip_apart"
+    """``option_state`` when the config leaves it unset: the reference's shared statistics for masked and conv
+    execution, the skip path's kept apart for routed (methods.md §6.3)."""
+    return "skip_apart" if execution == "routed" else "shared"
 
 
 def default_routed_sample_fraction(execution: str, estimator: str) -> float:
@@ -92,7 +94,10 @@ class GatedSettings(Strict):
     # chose to skip, the least decided skippers compute; keeps one block from collapsing to skip. 0: off (the
     # reference has none)
     block_floor: float = Field(0.0, ge=0.0, lt=1.0)
-    execution: Literal[EXECUTIONS] = "masked"  # masked: the reference (every option for every sample)
+    # masked: the reference's CIFAR networks (every option for every sample); routed: each sample at its option in
+    # one pass; conv: the reference's ImageNet ResNets (one pass, each quantized conv mixing its input over the
+    # options; one-layer gate embedding; no skip option)
+    execution: Literal[EXECUTIONS] = "masked"
     # routed's gate gradient (methods.md §6.3): skip = computing against skipping; sampled = also the chosen
     # option against one sampled alternative per sample (one forward-only pass more); grouped = sampled over
     # forward groups (FW bit-widths); exact = every other forward group (masked's gradient, one pass each)
@@ -146,7 +151,7 @@ class GatedSettings(Strict):
         if v is None:
             return default_option_state(execution)
         if v == "per_option" and execution != "masked":
-            raise PydanticCustomError("option_state", "allowed: shared or skip_apart with execution routed "
+            raise PydanticCustomError("option_state", f"allowed: shared or skip_apart with execution {execution} "
                                       "(per_option needs execution masked)")
         return v
 
@@ -179,8 +184,9 @@ class GatedSettings(Strict):
         return list(OPTION_PRESETS[self.options])
 
     def gate_sizes(self, model_name: str) -> tuple[int, int, int]:
-        """(gate_dim, embed_dim, hidden_dim): each as set, else the reference's for the model."""
-        reference = GATE_SIZES.get(model_name, GATE_SIZES["resnet"])
+        """(gate_dim, embed_dim, hidden_dim): each as set, else the reference's for the model (with execution
+        conv its ImageNet ResNets', whose one-layer embedding has no gate_dim: None)."""
+        reference = CONV_GATE_SIZES if self.execution == "conv" else GATE_SIZES.get(model_name, GATE_SIZES["resnet"])
         return tuple(r if v is None else v for v, r in zip((self.gate_dim, self.embed_dim, self.hidden_dim), reference))
 
     def option_precisions(self, model_name: str) -> list[Precision]:

@@ -31,26 +31,34 @@ from engine.numerics.precision import Precision
 
 
 class Embedding(nn.Module):
-    def __init__(self, channels: int, gate_dim: int, embed_dim: int):
+    """The gate's embedding of a block input: ``C -> gate_dim``, ReLU, ``gate_dim -> embed_dim`` (the reference's
+    CIFAR networks), or with ``layers=1`` one linear layer ``C -> embed_dim`` (its ImageNet ResNets, execution
+    ``conv``; ``gate_dim`` unused)."""
+
+    def __init__(self, channels: int, gate_dim: int, embed_dim: int, layers: int = 2):
         super().__init__()
-        self.fc1 = nn.Linear(channels, gate_dim)
-        self.fc2 = nn.Linear(gate_dim, embed_dim)
+        self.fc1 = nn.Linear(channels, gate_dim if layers == 2 else embed_dim)
+        self.fc2 = nn.Linear(gate_dim, embed_dim) if layers == 2 else None
         for fc in (self.fc1, self.fc2):  # He-normal, fan-out, as the reference's 1x1 gate convs
-            nn.init.normal_(fc.weight, 0.0, (2.0 / fc.out_features) ** 0.5)
+            if fc is not None:
+                nn.init.normal_(fc.weight, 0.0, (2.0 / fc.out_features) ** 0.5)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """(B, C) summary of the block input (``QModel.gate_summary``), or a (B, C, H, W) image pooled here
         -> (B, embed_dim)."""
         if h.dim() == 4:
             h = h.mean(dim=(2, 3))
-        return self.fc2(F.relu(self.fc1(h)))
+        return self.fc1(h) if self.fc2 is None else self.fc2(F.relu(self.fc1(h)))
+
+    def macs(self) -> int:
+        return sum(fc.in_features * fc.out_features for fc in (self.fc1, self.fc2) if fc is not None)
 
 
 class RecurrentGate(nn.Module):
     def __init__(self, block_channels: list[int], num_options: int, allowed: torch.Tensor,
-                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16):
+                 gate_dim: int = 32, embed_dim: int = 16, hidden_dim: int = 16, embed_layers: int = 2):
         super().__init__()
-        self.embeds = nn.ModuleList(Embedding(c, gate_dim, embed_dim) for c in block_channels)
+        self.embeds = nn.ModuleList(Embedding(c, gate_dim, embed_dim, embed_layers) for c in block_channels)
         self.lstm = nn.LSTM(embed_dim, hidden_dim)
         self.proj = nn.Linear(hidden_dim, num_options)
         nn.init.normal_(self.proj.weight, 0.0, (2.0 / (hidden_dim * num_options)) ** 0.5)

@@ -4,7 +4,9 @@ language model (methods.md §11.1). Block inputs may have any rank, rows (dim 0)
 W)`` images, ``(B, T, d)`` sequences; the gate reads the backbone's ``gate_summary`` of each block input (the
 global average pool of an image; a sequence's first position, which keeps a language model strictly causal).
 
-Two executions give the same forward values for the same choices in eval mode:
+Three executions give the same forward values for the same choices in eval mode (``conv``, methods.md §6.3:
+FracTrain's ImageNet design, one pass of each block as routed without a skip option, every quantized layer of
+the block mixing its input over the options for the gate's gradient, ``ConvMix``; described with ``_conv``):
 
 * ``masked`` (the reference): every option runs on the whole batch, ``h_l = sum_k m_lk * y_lk``. The gate's
   CE gradient is ``<dL/dh_l, y_lk>`` for every option k, which is why every candidate is materialised.
@@ -49,7 +51,7 @@ from engine.dfq.vocabulary import EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, 
 from engine.models.base import QModel
 from engine.numerics.autograd import weights_fixed
 from engine.numerics.layers import frozen_state
-from engine.numerics.precision import FP32, MixedPrecision, Precision
+from engine.numerics.precision import FP32, ConvMix, MixedPrecision, Precision
 
 
 def rows(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -112,8 +114,11 @@ class GatedModel(nn.Module):
                              persistent=False)
         self._fw_first = [a is not None and fw.index(a) == k for k, a in enumerate(fw)]
         self.register_buffer("fw_first", torch.tensor(self._fw_first), persistent=False)
+        if execution == "conv" and self.skip_index is not None:
+            raise ValueError("execution conv runs every block for every sample: no skip option")
+        self._acts = tuple(o.act for o in self.options)
         self.gate = RecurrentGate([b.in_channels for b in backbone.blocks], len(self.options), allowed,
-                                  gate_dim, embed_dim, hidden_dim)
+                                  gate_dim, embed_dim, hidden_dim, embed_layers=1 if execution == "conv" else 2)
         # the dual controller's price on the options' normalised costs (engine.dfq.controller): (L, K) and a scalar;
         # saved with the model, so evaluation and a resumed run decide as training did
         self.register_buffer("option_cost", torch.zeros(len(backbone.blocks), len(self.options)))
@@ -194,12 +199,14 @@ class GatedModel(nn.Module):
 
     # -- routed -----------------------------------------------------------------------------------------
     def _run_sorted(self, block: nn.Module, h: torch.Tensor, option: torch.Tensor,
-                    keep: torch.Tensor | None = None, *, count: torch.Tensor | None = None):
+                    keep: torch.Tensor | None = None, *, count: torch.Tensor | None = None,
+                    mix: torch.Tensor | None = None):
         """The block over the samples of ``h`` that ``keep`` (B,) bool selects (default: all), each at its
         ``option``, in one pass with each option's samples contiguous (by option, then by row): the outputs and
         the rows they belong to, or None where no sample is kept. The group sizes are the one value it reads on
         the host (a GPU waits once per pass); ``count`` (B,) bool is counted in the same read and its number
-        returned third."""
+        returned third. ``mix``: the (B, K) masks whose input mixing the block's layers form (execution
+        ``conv``)."""
         k = len(self.options)
         key = option if keep is None else torch.where(keep, option, k)  # k: not run, sorted last
         order = torch.argsort(key, stable=True)
@@ -215,7 +222,8 @@ class GatedModel(nn.Module):
         if not start:
             return None
         rows = order[:start]
-        prec = MixedPrecision(tuple(groups), self.weight_bits)
+        prec = MixedPrecision(tuple(groups), self.weight_bits,
+                              mix=None if mix is None else ConvMix(mix.index_select(0, rows), self._acts))
         if start == len(h) and torch.is_grad_enabled() and h.requires_grad:  # every sample: a permutation
             out = block(Permute.apply(h, rows, inverse(rows)), prec), rows
         else:
@@ -329,6 +337,14 @@ class GatedModel(nn.Module):
         alts = self._estimates(i, block, h, choice) if estimate else []
         return RoutedOutput.apply(y_run, y_skip, mask, computed, None, skip_k, alts)
 
+    # -- conv -------------------------------------------------------------------------------------------
+    def _conv(self, block: nn.Module, h: torch.Tensor, choice: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """FracTrain's ImageNet design: one pass of the block, each sample at its choice, its quantized layers
+        mixing their inputs over the options (``ConvMix``); the output is not weighted by the mask (the
+        reference's error mixing ``sum_k sg(m_k) Qg_k(dy)`` is the pass's per-sample error quantization)."""
+        y, rows_run = self._run_sorted(block, h, choice, mix=mask)
+        return y.index_select(0, torch.argsort(rows_run))
+
     # -- forward ----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, GateTrace]:
         """Logits and the gate's decisions. ``forced`` (B, L) overrides the choices (tests, analysis)."""
@@ -352,7 +368,12 @@ class GatedModel(nn.Module):
                 choice = forced[:, i] if forced is not None else floor_skips(p, choice, self.skip_index,
                                                                                self.block_floor)
                 mask = torch.nn.functional.one_hot(choice, p.shape[-1]).to(p.dtype) + (p - p.detach())
-            h = self._masked(i, block, h, mask) if self.execution == "masked" else self._routed(i, block, h, choice, mask)
+            if self.execution == "masked":
+                h = self._masked(i, block, h, mask)
+            elif self.execution == "conv":
+                h = self._conv(block, h, choice, mask)
+            else:
+                h = self._routed(i, block, h, choice, mask)
             masks.append(mask)
             choices.append(choice)
             probs.append(p)
@@ -372,5 +393,5 @@ class GatedModel(nn.Module):
         model's gate runs once per sequence, so per token it is this divided by the sequence length."""
         g = self.gate
         lstm = 4 * g.lstm.hidden_size * (g.lstm.input_size + g.lstm.hidden_size)
-        emb = sum(e.fc1.in_features * e.fc1.out_features + e.fc2.in_features * e.fc2.out_features for e in g.embeds)
+        emb = sum(e.macs() for e in g.embeds)
         return emb + len(g.embeds) * (lstm + g.proj.in_features * g.proj.out_features)

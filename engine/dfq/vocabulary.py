@@ -3,7 +3,7 @@
 checking a config or a sweep spec never loads torch; the gated model and the cost bases hold their arguments to
 the same tuples."""
 
-EXECUTIONS = ("masked", "routed")
+EXECUTIONS = ("masked", "routed", "conv")
 ROUTED_ESTIMATORS = ("skip", "sampled", "grouped", "exact")
 ROUTED_STATISTICS = ("computed", "batch")
 OPTION_STATES = ("shared", "skip_apart", "per_option")

@@ -192,14 +192,46 @@ class _QMatmul(torch.autograd.Function):
         return ga, gb, None, None, None, None, None
 
 
+class _InputMix(torch.autograd.Function):
+    """Execution ``conv``'s input mixing (``ConvMix``, methods.md §6.3): the value is ``x`` itself (the mask is
+    one-hot, so ``sum_k m_k Qa_k(x)`` is the chosen option's input, which the layer quantizes), ``dL/dx`` passes
+    straight through as the reference's ``sum_k m_k`` of straight-through estimators does, and the mask gets
+    ``<dL/dx, Qa_k(x)>`` per sample, each ``Qa_k`` over the batch range (lo, hi) the layer quantizes with,
+    recomputed here rather than kept from the forward."""
+
+    @staticmethod
+    def forward(ctx, x, mask, acts, lo, hi):
+        ctx.save_for_backward(x)
+        ctx.conf = (acts, lo, hi)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        acts, lo, hi = ctx.conf
+        ones = [1] * (x.dim() - 1)
+        cols = [(g * (x if a >= FULL_BITS else quant.quantize(x, a, lo, hi))).sum_to_size(len(x), *ones).view(-1)
+                for a in acts]
+        return g, torch.stack(cols, 1), None, None, None
+
+
+def _mixed(x: torch.Tensor, prec: Precision | MixedPrecision, act_range) -> torch.Tensor:
+    """``x`` with execution ``conv``'s input mixing where ``prec`` carries it and the gate learns (training)."""
+    mix = getattr(prec, "mix", None)
+    if mix is None or act_range is None or not (torch.is_grad_enabled() and mix.mask.requires_grad):
+        return x
+    return _InputMix.apply(x, mix.mask, mix.acts, *act_range)
+
+
 def qconv2d(x, w, b, prec: Precision | MixedPrecision, act_range, stride, padding, dilation, groups):
     """Quantized conv2d at ``prec``; ``act_range``: see ``_q_act``."""
-    return _QConv2d.apply(x, w, b, *_bits(prec), act_range, stride, padding, dilation, groups)
+    return _QConv2d.apply(_mixed(x, prec, act_range), w, b, *_bits(prec), act_range, stride, padding, dilation,
+                          groups)
 
 
 def qlinear(x, w, b, prec: Precision | MixedPrecision, act_range):
     """Quantized linear at ``prec``; ``act_range``: see ``_q_act``."""
-    return _QLinear.apply(x, w, b, *_bits(prec), act_range)
+    return _QLinear.apply(_mixed(x, prec, act_range), w, b, *_bits(prec), act_range)
 
 
 def qmatmul(a: torch.Tensor, b: torch.Tensor, prec: Precision | MixedPrecision, a_range, b_range) -> torch.Tensor:

@@ -92,12 +92,13 @@ class _Quantized:
         self.register_buffer("run_lo", torch.zeros(()))
         self.register_buffer("run_range", torch.zeros(()))
 
-    def _act_range(self, x: torch.Tensor, bits: int, suffix: str = "", observed: bool = True) -> tuple | None:
-        """(lo, hi) for the input quantizer: the batch range in train mode (updating the running range),
-        the running range in eval mode; Python floats, or 0-d tensors on an accelerator (``quant.tensor_range``).
-        ``suffix`` names another pair of buffers (QMatmul's second operand). In train mode where the quantizer's
-        backend ``observes`` (the GPU kernels; ``observed``): an ``autograd.Observed`` that the quantizer takes the
-        range and updates the EMA with."""
+    def _act_range(self, x: torch.Tensor, bits: int, suffix: str = "", observed: bool = True,
+                   updates: int = 1) -> tuple | None:
+        """(lo, hi) for the input quantizer: the batch range in train mode (updating the running range
+        ``updates`` times), the running range in eval mode; Python floats, or 0-d tensors on an accelerator
+        (``quant.tensor_range``). ``suffix`` names another pair of buffers (QMatmul's second operand). In train mode
+        where the quantizer's backend ``observes`` (the GPU kernels; ``observed``): an ``autograd.Observed`` that
+        the quantizer takes the range and updates the EMA with."""
         if bits >= FULL_BITS:
             return None
         if self.training and _frozen_ranges.on:  # a forward-only probe: the batch range, the EMA untouched
@@ -110,8 +111,9 @@ class _Quantized:
             with torch.no_grad():
                 m = self.act_momentum
                 new_lo, new_range = _ema_terms(lo, hi, m, run_lo.dtype)
-                run_lo.mul_(m).add_(new_lo)
-                run_range.mul_(m).add_(new_range)
+                for _ in range(updates):
+                    run_lo.mul_(m).add_(new_lo)
+                    run_range.mul_(m).add_(new_range)
             return lo, hi
         # eval: the running range, whose step the reference takes from the range itself (``range / qmax``); the
         # end ``lo + range`` is held in double, where it is exact, so ``hi - lo`` gives the range back
@@ -123,9 +125,11 @@ class _Quantized:
     def _input_range(self, x: torch.Tensor, prec: Precision | MixedPrecision, suffix: str = "") -> tuple | None:
         """The input quantizer's range at ``prec``: ``_act_range`` at its FW bits; at a ``MixedPrecision``, one
         activation range for every group of the batch (as every option of masked execution sees the whole
-        batch's range), the running range updated once."""
+        batch's range), the running range updated once, or once per option with execution ``conv``'s mixing
+        (the reference quantizes the input at every option, each quantizer call updating the range)."""
         if isinstance(prec, MixedPrecision):
-            return self._act_range(x, min(p.act for _, _, p in prec.groups), suffix, observed=False)
+            return self._act_range(x, min(p.act for _, _, p in prec.groups), suffix, observed=False,
+                                   updates=1 if prec.mix is None else len(prec.mix.acts))
         return self._act_range(x, prec.act, suffix)
 
     def _check(self, prec: Precision | MixedPrecision) -> None:

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.errors import ConfigError
+
+if TYPE_CHECKING:  # the config reads precisions without loading torch
+    import torch
 
 FULL_BITS = 32
 MIN_BITS = 1
@@ -96,17 +100,30 @@ FP32 = Precision()
 SKIP = Precision(skip=True)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class ConvMix:
+    """The input mixing of execution ``conv`` (FracTrain's ImageNet gated ResNet, methods.md §6.3): every
+    quantized layer of the block also forms ``sum_k m_k Qa_k(x)``, whose value is the chosen option's input and
+    whose gradient gives the gate's mask ``m_k`` the product ``<dL/dx, Qa_k(x)>`` per sample. ``mask``: the (B, K)
+    straight-through masks, rows in the pass's order; ``acts``: the K options' FW bits."""
+
+    mask: torch.Tensor
+    acts: tuple[int, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class MixedPrecision:
     """Per-sample precision of one batch (DFQ's routed execution, methods.md §6.3): the batch's samples are
     sorted so that each option's samples are contiguous, ``groups`` holds ``(start, end, Precision)`` per
     option present, and every option shares the weight bits ``weight`` (DFQ's fixed ``weight_bits``). A
     quantized layer quantizes each group's input rows at the group's FW bits (one range for the whole batch)
-    and each group's rows of dL/dY at its BW bits, then runs one conv for the whole batch."""
+    and each group's rows of dL/dY at its BW bits, then runs one conv for the whole batch. ``mix``: the input
+    mixing of execution ``conv``, or None."""
 
     groups: tuple[tuple[int, int, Precision], ...]
     weight: int
     skip: bool = False
+    mix: ConvMix | None = None
 
     @property
     def is_fp32(self) -> bool:

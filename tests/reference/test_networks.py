@@ -414,3 +414,119 @@ def test_the_gated_mobilenetv2_decides_and_trains_as_the_references(nearest_erro
     with torch.no_grad():
         x = torch.randn(4, 3, 32, 32, generator=g)
         assert torch.equal(ref(x, bits, grad_bits)[0], ours(x)[0])
+
+
+class _PooledConv(torch.nn.Module):
+    """A reference ImageNet gate embedding (``AvgPool2d`` over the whole map, one 1x1 conv) computed as the engine
+    computes it (a spatial mean and a linear layer), on the reference's weights; the pooling's fixed size (56 at
+    224x224) would not fit the small inputs of the test either."""
+
+    def __init__(self, seq: torch.nn.Sequential):
+        super().__init__()
+        self.conv = seq[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.mean(dim=(2, 3)), self.conv.weight.flatten(1), self.conv.bias)[:, :, None, None]
+
+
+def _imagenet_gated_keys(key: str, value: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    """A reference ``ResNet_RNN`` (ResNet-18) entry under the engine's ``GatedModel`` name: ``gate_layer1`` and
+    ``groupG_gateI`` embed the first block's and block I of group G's next block's input, as one linear layer."""
+    if "quantize_input" in key:
+        return None
+    for old, new in (("control.rnn_one.", "gate.lstm."), ("control.proj.", "gate.proj."), ("conv1.", "backbone.stem."),
+                     ("bn1.", "backbone.stem_bn."), ("fc.", "backbone.fc.")):
+        if key.startswith(old):
+            return new + key[len(old):], value
+    module, rest = key.split(".", 1)
+    if module == "gate_layer1" or "_gate" in module:
+        gate = 0 if module == "gate_layer1" else sum(
+            2 * (int(g) - 1) + int(i) + 1 for g, i in [module[len("group"):].split("_gate")])
+        if gate >= 8:  # the last block's: decides nothing
+            return None
+        return f"gate.embeds.{gate}.fc1.{rest.split('.')[-1]}", value.flatten(1) if key.endswith("weight") else value
+    g, i = (int(v) for v in module[len("group"):].split("_layer"))
+    rest = rest.replace("downsample.0.", "proj.").replace("downsample.1.", "proj_bn.")
+    return f"backbone.blocks.{2 * (g - 1) + i}.{rest}", value
+
+
+IMAGENET_FW = [3, 4, 6, 8]  # fractrain_imagenet/train_dfq.py and train_frac.py: ``bits``
+
+
+@pytest.mark.slow
+def test_the_imagenet_gated_resnet_decides_and_trains_as_the_references(monkeypatch):
+    """FracTrain's ImageNet ``resnet18_rnn`` (methods.md §6.3, execution ``conv``) beside the engine's gated
+    ResNet-18 at ``execution: conv``: its options' FW bits 3, 4, 6, 8 at 6-bit weights, its gate (one 1x1 conv
+    embedding of 40, an LSTM of 20), every quantized conv mixing its input over the options, each option's
+    quantizer updating the running range. Three SGD steps with the reference's cost term, then an evaluation:
+    the same decisions and cp; logits, every gradient and running ranges to float32 rounding (the gate's
+    gradients to 1e-3 of their largest), not bit for bit: the engine runs a block over the batch sorted by option, so BN sums its batch
+    statistics in another order. The errors stay in fp32 (BW 32 on both sides): quantized, a rounding difference
+    can move an error one level, and backward passes then part by more than rounding; the per-sample error
+    quantization is compared on its own, exactly (test_quantizers.py)."""
+    from tests.reference.upstream import fractrain_imagenet_models as ref_models
+
+    monkeypatch.setattr(ref_models, "WEIGHT_BITS", 6)
+    monkeypatch.setattr(ref_models, "MOMENTUM", 0.9)  # train_frac.py's --momentum_act default
+    bits, grad_bits = IMAGENET_FW, [32] * 4
+    torch.manual_seed(0)
+    ref = ref_models.resnet18_rnn(num_classes=10, proj_dim=len(bits))
+    ref.avgpool = torch.nn.AdaptiveAvgPool2d(1)
+    for name, child in list(ref.named_children()):
+        if name == "gate_layer1" or "_gate" in name:
+            setattr(ref, name, _PooledConv(child))
+    with torch.no_grad():  # decisions that vary from sample to sample
+        ref.control.proj.weight.mul_(5.0)
+    cfg = parse_config({"model": {"name": "resnet18"}, "data": {"dataset": "imagenet"},
+                        "quant": {"act_momentum": 0.9},
+                        "schedule": {"kind": "fractrain", "options": [f"{b}/32" for b in bits], "weight_bits": 6,
+                                     "execution": "conv", "controller": "reference", "cp0": 11.0,
+                                     "beta": 1e-3 * BATCH}})
+    ours, _ = prepare(cfg, dataclasses.replace(INFO["imagenet"], classes=10), torch.device("cpu"))
+    _load(ours, _renamed(_imagenet_gated_keys, ref.state_dict().items()))
+    costs = dfq_option_costs(bits, grad_bits, 6)
+    kappa, omega = option_kappa(ours.options), torch.ones(8, dtype=torch.float64)
+    controller = build_controller(cfg.schedule)
+
+    def close(a, b, rel, what):
+        assert float((a - b).abs().max()) <= rel * float(a.abs().max()), what
+
+    def choices(masks):
+        return torch.stack([torch.stack(m, -1) for m in masks], 1).detach().argmax(-1)
+
+    g = torch.Generator().manual_seed(1)
+    chosen = set()
+    for target in (3.0, 1.0, 5.0):
+        x, y = torch.randn(BATCH, 3, 32, 32, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+        ref_logits, masks = ref(x, bits, grad_bits)
+        our_logits, trace = ours(x)
+        assert torch.equal(choices(masks), trace.choices)
+        close(ref_logits, our_logits, 1e-5, "logits")
+        chosen |= set(trace.choices.flatten().tolist())
+        cp_ref, cost_ref = dfq_cost(masks, *costs, [1] * 8, BATCH, 1e-3)
+        cp = gated_cp(trace.choices, kappa, omega)
+        assert cp == pytest.approx(cp_ref, rel=1e-12)
+        (F.cross_entropy(ref_logits, y) + cost_ref * fractrain_reg(cp_ref, target, 0.0)).backward()
+        (F.cross_entropy(our_logits, y) + controller.weight(cp, target) * cost_per_sample(trace, kappa, omega).mean()
+         ).backward()
+        theirs = _renamed(_imagenet_gated_keys, [(k, p.grad) for k, p in ref.named_parameters() if p.grad is not None])
+        assert {n for n in theirs if n.startswith("gate.embeds.")} == {f"gate.embeds.{i}.fc1.{w}" for i in range(8)
+                                                                      for w in ("weight", "bias")}
+        for name, grad in theirs.items():  # the gate's: a small difference of the options' products, < 1e-3
+            close(grad, ours.get_parameter(name).grad, 1e-3 if name.startswith("gate.") else 2e-5, name)
+        _sgd(ref, ours)
+        _same_weights(ref, ours, _imagenet_gated_keys)
+    assert len(chosen) >= 3, chosen
+    for name, mod in ref.named_modules():
+        if isinstance(mod, ref_models.QConv2d):
+            layer = ours.get_submodule(_imagenet_gated_keys(name + ".weight", mod.weight)[0].rsplit(".", 1)[0])
+            close(mod.quantize_input_fw.running_range.reshape(()), layer.run_range, 1e-6, name)
+            close(mod.quantize_input_fw.running_zero_point.reshape(()), layer.run_lo, 1e-6, name)
+    ref.eval()
+    ours.eval()
+    with torch.no_grad():
+        x = torch.randn(BATCH, 3, 32, 32, generator=g)
+        ref_logits, masks = ref(x, bits, grad_bits)
+        our_logits, trace = ours(x)
+        assert torch.equal(choices(masks), trace.choices)
+        close(ref_logits, our_logits, 1e-5, "evaluation")

@@ -58,6 +58,33 @@ def test_a_gate_setting_is_refused_alike_by_a_config_and_a_sweep_point(field, va
     assert spec_problems(tree) == [(f"base: {f}", v, a) for f, v, a in from_config]
 
 
+CONV = {"kind": "dfq", "execution": "conv", "options": ["3/6", "4/8"], "target_cp": 2.0}
+
+
+@pytest.mark.parametrize(("tree", "field", "value", "allowed"), [
+    ({**DIGITS, "schedule": {**CONV, "options": "paper"}}, "schedule.options", "paper", "options without skip"),
+    ({**DIGITS, "schedule": {**CONV, "options": ["skip", "3/6"], "target_cp": 1.0}}, "schedule.options",
+     ["skip", "3/6"], "options without skip"),
+    ({**DIGITS, "schedule": {**CONV, "gate_dim": 8}}, "schedule.gate_dim", 8, "null with schedule.execution conv"),
+    ({"model": {"name": "transformer_tiny"}, "data": {"dataset": "fortunes"}, "optim": {"iterations": 20},
+      "schedule": CONV}, "schedule.execution", "conv", "masked or routed with a language model"),
+], ids=["preset-with-skip", "list-with-skip", "gate-dim", "language-model"])
+def test_execution_conv_is_refused_where_it_cannot_run(tree, field, value, allowed):
+    """Execution conv (FracTrain's ImageNet design): every sample computes every block, the convs of an image
+    network's blocks mix their inputs, its gate embeds with one layer. A config and a sweep point alike."""
+    from_config = config_problems(tree)
+    assert [(f, v) for f, v, _ in from_config] == [(field, value)] and allowed in from_config[0][2]
+    assert spec_problems(tree) == [(f"base: {f}", v, a) for f, v, a in from_config]
+    with pytest.raises(ValueError, match="no skip option"):
+        gated.GatedModel(build_model("tiny", 1, 10), [SKIP, Precision(act=3, weight=4, grad=6)], "conv")
+
+
+def test_execution_conv_takes_the_reference_imagenet_gate_and_shared_statistics():
+    cfg = parse_config({**DIGITS, "schedule": CONV})
+    assert cfg.schedule.gate_sizes("tiny") == (None, 40, 20) and cfg.schedule.option_state == "shared"
+    assert cfg.schedule.execution_label() == "conv"
+
+
 def test_cpt_cycles_are_refused_alike_by_a_config_and_a_schedule_built_directly():
     from engine.config.schedule import CPTSchedule
 

@@ -4,6 +4,8 @@ Copies of the authors' repositories at the commits docs/methods.md names (MIT; L
 
 * ``fractrain_quantize.py``, ``fractrain_models.py``: GATECH-EIC/FracTrain@1113ec2
   ``fractrain_cifar/modules/quantize.py`` and ``fractrain_cifar/models.py``;
+* ``fractrain_imagenet_quantize.py``, ``fractrain_imagenet_models.py``: the same commit's
+  ``fractrain_imagenet/modules/quantize.py`` and ``fractrain_imagenet/models.py`` (``resnet18_rnn``);
 * ``cpt_quantize.py``, ``cpt_models.py``, ``cpt_imagenet_models.py``: GATECH-EIC/CPT@a3cf5b0
   ``cpt_cifar/modules/quantize.py`` (``cpt_imagenet/modules/quantize.py`` is the same file),
   ``cpt_cifar/models.py`` and ``cpt_imagenet/models.py``;
@@ -14,6 +16,6 @@ Copies of the authors' repositories at the commits docs/methods.md names (MIT; L
   as integers (the ``.npy`` is a pickle of torch tensors, which a test should not unpickle).
 
 The copies differ from the originals in two ways only: ``.cuda()`` is ``.cpu()`` (the tests run on the CPU), and
-the models import their quantizers from the copy beside them (``from .fractrain_quantize import``). They are kept
+the models import their quantizers from the copy beside them (``from .fractrain_quantize import``, ``from .fractrain_imagenet_quantize import``). They are kept
 as they are, so ruff does not check this folder (pyproject.toml).
 """
