@@ -478,11 +478,11 @@ def test_the_imagenet_gated_resnet_decides_and_trains_as_the_references(monkeypa
     with torch.no_grad():  # decisions that vary from sample to sample
         ref.control.proj.weight.mul_(5.0)
     cfg = parse_config({"model": {"name": "resnet18"}, "data": {"dataset": "imagenet"},
-                        "quant": {"act_momentum": 0.9},
                         "schedule": {"kind": "fractrain", "options": [f"{b}/32" for b in bits], "weight_bits": 6,
                                      "execution": "conv", "controller": "reference", "cp0": 11.0,
                                      "beta": 1e-3 * BATCH}})
     ours, _ = prepare(cfg, dataclasses.replace(INFO["imagenet"], classes=10), torch.device("cpu"))
+    assert ours.backbone.stem.act_momentum == 0.9  # the ImageNet script's default, not the CIFAR script's 0.1
     _load(ours, _renamed(_imagenet_gated_keys, ref.state_dict().items()))
     costs = dfq_option_costs(bits, grad_bits, 6)
     kappa, omega = option_kappa(ours.options), torch.ones(8, dtype=torch.float64)
