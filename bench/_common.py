@@ -99,9 +99,9 @@ def plain_train_step(model_name: str, x, y, prec) -> Callable[[], None]:
 
 def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: str = "sampled",
                    fraction: float | None = None, statistics: str | None = None, channels: int = 3,
-                   classes: int = 10) -> Callable[[], None]:
+                   classes: int = 10, options: str = "paper") -> Callable[[], None]:
     """One DFQ training step of a gated ``model_name`` on ``x``'s device, as dfq_step.py and gpu_sharing.py time
-    it: the paper's seven options at 4-bit weights, the choices drawn uniformly per sample and block (fixed
+    it: the ``options`` preset (the paper's seven) at 4-bit weights, the choices drawn uniformly per sample and block (fixed
     seed), CE + 0.128 * cost, SGD; ``option_state`` and (where None) ``routed_sample_fraction`` and
     ``routed_statistics`` the config's defaults. A language model (``channels`` 1, ``classes`` its vocabulary)
     takes token rows ``x`` and decides per sequence."""
@@ -123,7 +123,7 @@ def dfq_train_step(model_name: str, x, y, execution: str = "routed", estimator: 
     dev = x.device
     statistics = statistics or default_routed_statistics(execution)
     fraction = default_routed_sample_fraction(execution, estimator) if fraction is None else fraction
-    options = [parse_option(o, 4) for o in OPTION_PRESETS["paper"]]
+    options = [parse_option(o, 4) for o in OPTION_PRESETS[options]]
     torch.manual_seed(1)
     backbone = build_model(model_name, channels, classes)
     backbone.set_layer_map(LayerMap(stem=False, fc=False, head=False, depthwise=Precision.fwbw(8, 16)))

@@ -12,8 +12,11 @@ JSON object with ``masked_ratio``, ``routed_ratio`` (the default) and routed's o
 ``routed_computed_half_ratio`` (``computed`` statistics, half batch), ``routed_batch_whole_ratio`` (``batch``,
 the alternative for every sample), ``routed_computed_whole_ratio`` (``computed``, every sample: the setting the
 published study specs pin), ``routed_skip_ratio`` (the ``skip`` estimator: no alternative pass) and
-``routed_exact_ratio`` (``exact``: every other forward group for every sample, masked's gate gradient); on CUDA also
-``host_syncs_per_step``, how often each step makes the host wait for the GPU.
+``routed_exact_ratio`` (``exact``: every other forward group for every sample, masked's gate gradient); with the
+reference's five options (no skip), which execution ``conv`` needs, ``noskip_masked_ratio``,
+``noskip_routed_ratio`` (the default) and ``noskip_conv_ratio`` (FracTrain's ImageNet design: one pass, every
+quantized conv's input quantized at each option for the gate); on CUDA also ``host_syncs_per_step``, how often
+each step makes the host wait for the GPU.
 """
 
 from __future__ import annotations
@@ -56,14 +59,15 @@ def main() -> None:
     fp32_step = plain_train_step(args.model, x, y, FP32)
 
     def gated(execution: str, estimator: str = "sampled", fraction: float | None = None,
-              statistics: str | None = None):
-        return dfq_train_step(args.model, x, y, execution, estimator, fraction, statistics)
+              statistics: str | None = None, preset: str = "paper"):
+        return dfq_train_step(args.model, x, y, execution, estimator, fraction, statistics, options=preset)
 
     steps = {"fp32": fp32_step, "masked": gated("masked"), "routed": gated("routed"),
              "routed_computed_half": gated("routed", fraction=0.5, statistics="computed"),
              "routed_batch_whole": gated("routed", fraction=1.0, statistics="batch"),
              "routed_computed_whole": gated("routed", fraction=1.0, statistics="computed"),
-             "routed_skip": gated("routed", "skip"), "routed_exact": gated("routed", "exact")}
+             "routed_skip": gated("routed", "skip"), "routed_exact": gated("routed", "exact"),
+             **{f"noskip_{e}": gated(e, preset="reference") for e in ("masked", "routed", "conv")}}
     if dev.type == "cpu" and fused.status() == "on":  # the default once more with the torch passes instead
         steps["routed_unfused"] = fused_off(gated("routed"))
     t = interleaved(steps, args.rounds, args.steps, warmup=1, sync=sync)
@@ -80,7 +84,8 @@ def main() -> None:
              "routed_batch_whole": "routed, whole batch, batch statistics",
              "routed_computed_whole": "routed, whole batch, computed statistics",
              "routed_skip": "routed, skip estimator", "routed_exact": "routed, exact estimator",
-             "routed_unfused": "routed (default) with the torch passes instead of the fused kernels"}
+             "routed_unfused": "routed (default) with the torch passes instead of the fused kernels",
+             **{f"noskip_{e}": f"{e}, the reference's five options (no skip)" for e in ("masked", "routed", "conv")}}
     names = {k: v for k, v in names.items() if k in t}
     print(f"{args.model} batch {args.batch}, {len(options)} options: FP32 {t['fp32'] * 1e3:.0f} ms; " + "; ".join(
         f"{name} {t[k] * 1e3:.0f} ms ({out[k + '_ratio']:.2f}x)" for k, name in names.items()))
