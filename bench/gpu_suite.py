@@ -3,7 +3,8 @@ every schedule kind's accuracy on the new path (docs/benchmarks.md, methods.md Â
 
 Models: ResNet-38 (batch 128, CIFAR-shaped input, SGD) and the small Transformer (64 sequences of 64 tokens,
 4,096 words, Adam). Per model and kind (FP32, FW8/BW8, CPT 3->8 with the precision changing at every step, DFQ
-routed and masked at the paper's seven options with the choices drawn per sample and block), the step time of:
+routed and masked at the paper's seven options with the choices drawn per sample and block; for ResNet-38 also
+DFQ at execution conv, FracTrain's ImageNet design, at the reference's five options), the step time of:
 
 * ``torch``    eager, the quantizers as torch passes (the engine before the GPU kernels; ``gpu_kernels.disabled``),
 * ``kernels``  eager, the quantizers as the fused Triton kernels (the engine's default on a GPU),
@@ -100,10 +101,11 @@ def model_steps(name: str, dev: torch.device, batch: int, seq_len: int, vocab: i
             for path in paths:
                 steps[f"{kind}_{path}"] = static(precisions[kind], "torch" if path == "eager" else path)
             compiled_precs[f"{kind}_compiled"] = precisions[kind]
-        else:  # dfq_routed, dfq_masked
+        else:  # dfq_routed, dfq_masked; dfq_conv (no skip option there: the reference's five options)
             execution = kind.split("_")[1]
             for path in ("torch", "kernels"):
-                fn = dfq_train_step(name, x, y, execution, channels=1 if lm else 3, classes=vocab if lm else 10)
+                fn = dfq_train_step(name, x, y, execution, channels=1 if lm else 3, classes=vocab if lm else 10,
+                                    options="reference" if execution == "conv" else "paper")
                 steps[f"{kind}_{path}"] = _path(fn, path)
     return steps, compiled_precs
 
@@ -112,7 +114,7 @@ def time_model(name: str, args, dev: torch.device, clock: Clock) -> dict:
     lm = name.startswith("transformer")
     batch = args.lm_batch if lm else args.batch
     mode = "reduce-overhead" if dev.type == "cuda" else "default"
-    kinds = ["fp32", "fw8bw8", "cpt", "dfq_routed", "dfq_masked"]
+    kinds = ["fp32", "fw8bw8", "cpt", "dfq_routed", "dfq_masked"] + ([] if lm else ["dfq_conv"])
     steps, compiled_precs = model_steps(name, dev, batch, args.seq_len, args.vocab, mode, kinds,
                                         (3, 8) if args.quick else CPT_BITS)
     sync = _sync(dev)
