@@ -2,13 +2,16 @@
 training images, 3 epochs at batch 64, the paper's seven options, target cp 3 %, the dual cp controller), three
 seeds each, in one process: ``masked`` (the reference: every option on every sample), ``routed`` with the
 ``sampled`` gate estimator (the default: the chosen option against one sampled alternative per sample) and
-``routed`` with the ``skip`` estimator (computing against skipping only). Last stdout line: one JSON object
+``routed`` with the ``skip`` estimator (computing against skipping only). ``--options reference``: the
+reference's five options instead (no skip), and ``masked``, ``routed`` (``sampled``) and ``conv`` (FracTrain's
+ImageNet design, methods.md §6.3, which takes no skip option). Last stdout line: one JSON object
 with per-mode mean/std accuracy, the last epoch's gated cp, wall and CPU seconds, and the time ratios, taken
 from CPU seconds (this process's own, which other load on a shared machine does not inflate).
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -22,6 +25,9 @@ from engine.train import train_and_evaluate  # noqa: E402
 MODES = {"masked": {"execution": "masked"},
          "routed_sampled": {"execution": "routed", "routed_estimator": "sampled"},
          "routed_skip": {"execution": "routed", "routed_estimator": "skip"}}
+NOSKIP_MODES = {"masked": {"execution": "masked"},
+                "routed_sampled": {"execution": "routed", "routed_estimator": "sampled"},
+                "conv": {"execution": "conv"}}
 BASE = {"model": {"name": "resnet8"},
         "data": {"dataset": "fashion-mnist", "train_subset": 4000, "val_fraction": 0.05, "test_subset": 2000,
                  "batch_size": 64},
@@ -30,11 +36,16 @@ BASE = {"model": {"name": "resnet8"},
 
 
 def main() -> None:
-    out: dict = {"bench": "dfq_modes_accuracy", "seeds": [0, 1, 2], **machine()}
-    for mode, overrides in MODES.items():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--options", choices=("paper", "reference"), default="paper")
+    args = ap.parse_args()
+    modes = MODES if args.options == "paper" else NOSKIP_MODES
+    out: dict = {"bench": "dfq_modes_accuracy", "options": args.options, "seeds": [0, 1, 2], **machine()}
+    for mode, overrides in modes.items():
         runs = []
         for seed in out["seeds"]:
-            cfg = parse_config({**BASE, "seed": seed, "schedule": {**BASE["schedule"], **overrides}})
+            cfg = parse_config({**BASE, "seed": seed,
+                                "schedule": {**BASE["schedule"], "options": args.options, **overrides}})
             m = train_and_evaluate(cfg).metrics
             runs.append(m)
             print(f"{mode} seed {seed}: accuracy {m['accuracy']:.4f}, cp_last_epoch {m['cp_last_epoch']:.3f}, "
@@ -44,7 +55,7 @@ def main() -> None:
                      "cp_last_epoch_mean": statistics.mean(m["cp_last_epoch"] for m in runs),
                      "seconds_mean": statistics.mean(m["wall_seconds"] for m in runs),
                      "cpu_seconds_mean": statistics.mean(m["cpu_seconds"] for m in runs)}
-    for mode in ("routed_sampled", "routed_skip"):
+    for mode in (m for m in modes if m != "masked"):
         out[f"time_ratio_masked_vs_{mode}"] = out["masked"]["cpu_seconds_mean"] / out[mode]["cpu_seconds_mean"]
         out[f"accuracy_delta_{mode}_vs_masked"] = out[mode]["accuracy_mean"] - out["masked"]["accuracy_mean"]
     emit(out)
