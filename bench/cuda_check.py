@@ -3,8 +3,8 @@ mixed-precision routed pass, the gate and its controller), runnable on CPU for t
 
 ResNet-8 on scikit-learn's digits (always present), 2 epochs at batch 64: FP32, FW8/BW8, auto PFQ, CPT 3->8, DFQ
 at cp 3 % masked (shared and per-option statistics) and routed (the defaults: ``sampled`` for half the batch,
-``skip_apart``, ``batch``; and ``routed_statistics: computed``, the ``grouped`` and ``exact`` estimators), and routed
-FracTrain.
+``skip_apart``, ``batch``; and ``routed_statistics: computed``, the ``grouped`` and ``exact`` estimators), routed
+FracTrain, and FracTrain at execution conv with the ImageNet preset's options.
 Where the embedded corpus (Debian's ``fortunes``, or ``--text-dir``) is present, the small Transformer language
 model too, one short epoch each: FW8/BW8, CPT, DFQ masked and routed (per-sequence gating: the mixed-precision
 attention products), routed FracTrain. Per run: test accuracy (language models: perplexity), the gated cp of the
@@ -39,6 +39,8 @@ SCHEDULES = {
     "dfq_routed_grouped": {"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_estimator": "grouped"},
     "dfq_routed_exact": {"kind": "dfq", "target_cp": 3.0, "execution": "routed", "routed_estimator": "exact"},
     "fractrain_routed": {"kind": "fractrain", "execution": "routed"},
+    "fractrain_conv": {"kind": "fractrain", "execution": "conv", "options": ["3/6", "4/8", "6/12", "8/16"],
+                       "weight_bits": 6, "cp0": 3.0, "cp_step": 0.5},  # the ImageNet preset's FracTrain
 }
 LM_SCHEDULES = {
     "lm_fw8bw8": {"kind": "static", "fw": 8, "bw": 8},
