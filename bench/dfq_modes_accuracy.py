@@ -1,6 +1,6 @@
 """Accuracy, held cp and wall time of DFQ's executions on the same short Fashion-MNIST run (ResNet-8, 4000
-training images, 3 epochs at batch 64, the paper's seven options, target cp 3 %, the dual cp controller), three
-seeds each, in one process: ``masked`` (the reference: every option on every sample), ``routed`` with the
+training images, 3 epochs at batch 64, the paper's seven options, target cp 3 %, the dual cp controller), seeds 0-2
+each (``--seeds``), in one process: ``masked`` (the reference: every option on every sample), ``routed`` with the
 ``sampled`` gate estimator (the default: the chosen option against one sampled alternative per sample) and
 ``routed`` with the ``skip`` estimator (computing against skipping only). ``--options reference``: the
 reference's five options instead (no skip), and ``masked``, ``routed`` (``sampled``) and ``conv`` (FracTrain's
@@ -38,9 +38,10 @@ BASE = {"model": {"name": "resnet8"},
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--options", choices=("paper", "reference"), default="paper")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = ap.parse_args()
     modes = MODES if args.options == "paper" else NOSKIP_MODES
-    out: dict = {"bench": "dfq_modes_accuracy", "options": args.options, "seeds": [0, 1, 2], **machine()}
+    out: dict = {"bench": "dfq_modes_accuracy", "options": args.options, "seeds": args.seeds, **machine()}
     for mode, overrides in modes.items():
         runs = []
         for seed in out["seeds"]:
