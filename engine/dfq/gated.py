@@ -308,9 +308,8 @@ class GatedModel(nn.Module):
                 mask: torch.Tensor) -> torch.Tensor:
         skip_k = self.skip_index
         can_skip = skip_k is not None and self._allowed[i][skip_k]
-        if not can_skip:  # every sample computes; the value is the chosen output, in the batch's order
-            y, rows_run = self._run_sorted(block, h, choice)
-            y = y.index_select(0, torch.argsort(rows_run))
+        if not can_skip:  # every sample computes; the value is the chosen output
+            y = self._every_sample(block, h, choice)
             return y * rows(mask.gather(1, choice.unsqueeze(1)), y)
         self._use_state(i, skip_k)
         y_skip = block.skip(h)
@@ -337,13 +336,19 @@ class GatedModel(nn.Module):
         alts = self._estimates(i, block, h, choice) if estimate else []
         return RoutedOutput.apply(y_run, y_skip, mask, computed, None, skip_k, alts)
 
+    def _every_sample(self, block: nn.Module, h: torch.Tensor, choice: torch.Tensor,
+                      mix: torch.Tensor | None = None) -> torch.Tensor:
+        """The block over every sample at its ``choice`` in one pass (``_run_sorted``), its outputs in the
+        batch's order."""
+        y, rows_run = self._run_sorted(block, h, choice, mix=mix)
+        return y.index_select(0, torch.argsort(rows_run))
+
     # -- conv -------------------------------------------------------------------------------------------
     def _conv(self, block: nn.Module, h: torch.Tensor, choice: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """FracTrain's ImageNet design: one pass of the block, each sample at its choice, its quantized layers
         mixing their inputs over the options (``ConvMix``); the output is not weighted by the mask (the
         reference's error mixing ``sum_k sg(m_k) Qg_k(dy)`` is the pass's per-sample error quantization)."""
-        y, rows_run = self._run_sorted(block, h, choice, mix=mask)
-        return y.index_select(0, torch.argsort(rows_run))
+        return self._every_sample(block, h, choice, mix=mask)
 
     # -- forward ----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, GateTrace]:
