@@ -197,7 +197,8 @@ class _InputMix(torch.autograd.Function):
     one-hot, so ``sum_k m_k Qa_k(x)`` is the chosen option's input, which the layer quantizes), ``dL/dx`` passes
     straight through as the reference's ``sum_k m_k`` of straight-through estimators does, and the mask gets
     ``<dL/dx, Qa_k(x)>`` per sample, each ``Qa_k`` over the batch range (lo, hi) the layer quantizes with,
-    recomputed here rather than kept from the forward."""
+    recomputed here rather than kept from the forward, once per FW bit-width (options that share one, 4/6 and 4/8,
+    share the product)."""
 
     @staticmethod
     def forward(ctx, x, mask, acts, lo, hi):
@@ -210,9 +211,9 @@ class _InputMix(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         acts, lo, hi = ctx.conf
         ones = [1] * (x.dim() - 1)
-        cols = [(g * (x if a >= FULL_BITS else quant.quantize(x, a, lo, hi))).sum_to_size(len(x), *ones).view(-1)
-                for a in acts]
-        return g, torch.stack(cols, 1), None, None, None
+        col = {a: (g * (x if a >= FULL_BITS else quant.quantize(x, a, lo, hi))).sum_to_size(len(x), *ones).view(-1)
+               for a in set(acts)}
+        return g, torch.stack([col[a] for a in acts], 1), None, None, None
 
 
 def _mixed(x: torch.Tensor, prec: Precision | MixedPrecision, act_range) -> torch.Tensor:
