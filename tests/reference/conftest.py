@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 
 from engine.numerics import autograd, quant
 from engine.numerics.precision import FULL_BITS
-from tests.reference.upstream import cpt_quantize, fractrain_imagenet_quantize, fractrain_quantize
+from tests.reference.upstream import cpt_quantize, fractrain_quantize
 
 
 @pytest.fixture
@@ -18,16 +17,7 @@ def nearest_errors(monkeypatch):
     can be compared value for value (the stochastic rounding itself is compared, with shared noise, in
     test_quantizers.py). The seams: the reference's module-level ``quantize_grad``, which its ``QConv2d`` calls,
     and the engine's ``autograd._q_grad``, which every quantized node's backward calls."""
-    for ref in (fractrain_quantize, cpt_quantize, fractrain_imagenet_quantize):
+    for ref in (fractrain_quantize, cpt_quantize):
         monkeypatch.setattr(ref, "quantize_grad", functools.partial(ref.quantize_grad, stochastic=False))
     monkeypatch.setattr(autograd, "_q_grad",
                         lambda g, bits, reuse=False: g if bits >= FULL_BITS else quant.quantize_tensor(g, bits))
-    rows = autograd._q_error  # per-sample precision (DFQ's routed and conv execution): each group's rows
-
-    def nearest_rows(g, bits, groups):
-        if groups is None:
-            return rows(g, bits, groups)
-        return quant.quantize_rows(g, groups, lambda p: p.grad, None, None, False,
-                                   torch.empty_like(g, memory_format=torch.contiguous_format))
-
-    monkeypatch.setattr(autograd, "_q_error", nearest_rows)
