@@ -56,7 +56,9 @@ def dashboard_address(address: str | None) -> str:
     return raw.rstrip("/")
 
 
-ANSWER_TIMEOUT_S = 10.0  # read at each call, so a caller (a test) can shorten it for a whole command
+# how long an --address check waits for an answer, here a Ray dashboard's and in orchestrator.sweep.ray_cluster a
+# GCS's; read at each call, so a caller (a test) can shorten it for a whole command
+ANSWER_TIMEOUT_S = 10.0
 
 
 def check_reachable(address: str, timeout: float = 3.0, answer_timeout: float | None = None) -> None:

@@ -10,13 +10,11 @@ from typing import Any
 
 from engine.errors import ConfigError
 
-ANSWER_TIMEOUT_S = 10.0  # read at each call, so a caller (a test) can shorten it for a whole command
-
 
 def check_ray_address(address: str | None, timeout: float = 3.0, answer_timeout: float | None = None) -> None:
     """``--address``: auto, local, or HOST:PORT / ray://HOST:PORT of a running cluster that accepts a connection
     within ``timeout`` seconds and answers as a gRPC server (Ray's GCS and its Ray Client server are) within
-    ``answer_timeout`` (``ANSWER_TIMEOUT_S`` unless given): Ray itself retries an unreachable address for minutes,
+    ``answer_timeout`` (``orchestrator.cluster.jobs.ANSWER_TIMEOUT_S`` unless given): Ray itself retries an unreachable address for minutes,
     and one where something listens but never answers forever."""
     import socket
     from urllib.parse import urlsplit
@@ -46,7 +44,9 @@ def check_ray_address(address: str | None, timeout: float = 3.0, answer_timeout:
         return  # a TLS cluster's handshake needs its certificates; Ray checks those itself
     import grpc
 
-    answer_timeout = ANSWER_TIMEOUT_S if answer_timeout is None else answer_timeout
+    from orchestrator.cluster import jobs
+
+    answer_timeout = jobs.ANSWER_TIMEOUT_S if answer_timeout is None else answer_timeout
     channel = grpc.insecure_channel(f"{host}:{port}")
     try:
         grpc.channel_ready_future(channel).result(timeout=answer_timeout)
