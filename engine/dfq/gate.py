@@ -8,6 +8,8 @@ to block); a linear layer gives the logits ``z_l`` over the K precision options,
 prices them (``z - price * c``, the dual controller of methods.md §6.5) and takes ``p_l = softmax``; the
 choice is ``u_l = onehot(argmax p_l)`` in train and eval (no sampling), and the straight-through mask is
 ``m_l = u_l + p_l - sg(p_l)``: the forward value is the one-hot, the backward the softmax Jacobian.
+A block floor (methods.md §6.5) turns the least decided skippers of a block into computing samples
+(``floor_skips``).
 Options a block cannot take (skip on a stride-2 MobileNetV2 block) get probability 0.
 
 Cost term, per sample (the reference's batch sum made independent of the batch size, methods.md §9):
@@ -21,6 +23,7 @@ its path runs in that block (engine.dfq.basis, methods.md §6.4). The reference'
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +80,23 @@ def straight_through(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     choice = p.argmax(dim=-1)  # ties go to the first option (the reference's numpy argmax gave multi-hot)
     hard = F.one_hot(choice, p.shape[-1]).to(p.dtype)
     return choice, hard + (p - p.detach())  # grouped so the value is exactly one-hot
+
+
+def floor_skips(p: torch.Tensor, choice: torch.Tensor, skip_k: int, floor: float) -> torch.Tensor:
+    """The choices (B,) with at least ``ceil(floor * B)`` samples computing the block (methods.md §6.5, "Block
+    floor"): where more samples chose to skip, the skippers whose skip was the least decided (the smallest gap
+    between the skip's priced probability and the best computing option's) take that computing option. On the
+    device, without a read on the host: the number to move is a tensor, compared with each skipper's rank."""
+    b = len(choice)
+    skipping = choice == skip_k
+    others = p.detach().clone()
+    others[:, skip_k] = -1.0  # below any probability: the best computing option
+    best, alt = others.max(dim=1)
+    gap = torch.where(skipping, p.detach()[:, skip_k] - best, torch.full_like(best, float("inf")))
+    rank = torch.empty_like(choice)
+    rank[torch.argsort(gap, stable=True)] = torch.arange(b, device=choice.device)
+    excess = skipping.sum() - (b - math.ceil(floor * b))
+    return torch.where(skipping & (rank < excess), alt, choice)
 
 
 @dataclass

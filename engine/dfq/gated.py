@@ -40,12 +40,10 @@ the block mixing its input over the options for the gate's gradient, ``ConvMix``
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from engine.dfq.gate import GateTrace, RecurrentGate, straight_through
+from engine.dfq.gate import GateTrace, RecurrentGate, floor_skips, straight_through
 from engine.dfq.routing import Permute, RoutedOutput, inverse
 from engine.dfq.vocabulary import EXECUTIONS, OPTION_STATES, ROUTED_ESTIMATORS, ROUTED_STATISTICS
 from engine.models.base import QModel
@@ -57,23 +55,6 @@ from engine.numerics.precision import FP32, ConvMix, MixedPrecision, Precision
 def rows(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A per-input (B,) weight shaped to broadcast over ``like``'s rows, whatever its rank."""
     return m.view(-1, *[1] * (like.dim() - 1))
-
-
-def floor_skips(p: torch.Tensor, choice: torch.Tensor, skip_k: int, floor: float) -> torch.Tensor:
-    """The choices (B,) with at least ``ceil(floor * B)`` samples computing the block (methods.md §6.5, "Block
-    floor"): where more samples chose to skip, the skippers whose skip was the least decided (the smallest gap
-    between the skip's priced probability and the best computing option's) take that computing option. On the
-    device, without a read on the host: the number to move is a tensor, compared with each skipper's rank."""
-    b = len(choice)
-    skipping = choice == skip_k
-    others = p.detach().clone()
-    others[:, skip_k] = -1.0  # below any probability: the best computing option
-    best, alt = others.max(dim=1)
-    gap = torch.where(skipping, p.detach()[:, skip_k] - best, torch.full_like(best, float("inf")))
-    rank = torch.empty_like(choice)
-    rank[torch.argsort(gap, stable=True)] = torch.arange(b, device=choice.device)
-    excess = skipping.sum() - (b - math.ceil(floor * b))
-    return torch.where(skipping & (rank < excess), alt, choice)
 
 
 class GatedModel(nn.Module):

@@ -694,7 +694,7 @@ def test_block_floor_keeps_every_gated_block_computing_where_a_low_target_collap
 
 
 def test_floor_skips_moves_the_least_decided_skippers_only():
-    from engine.dfq.gated import floor_skips
+    from engine.dfq.gate import floor_skips
 
     p = torch.tensor([[0.9, 0.1, 0.0], [0.6, 0.0, 0.4], [0.2, 0.8, 0.0], [0.7, 0.1, 0.2], [0.5, 0.3, 0.2]])
     choice = p.argmax(1)  # skip (0) for rows 0, 1, 3, 4
