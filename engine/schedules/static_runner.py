@@ -103,6 +103,7 @@ class StaticRunner:
         self.last_bitops, self.last_fw, self.last_bw = 0, 0.0, 0.0
         self.last_costs: dict[str, float] = {}
         self._last_iteration = 0
+        self._trained: Precision | None = None  # the bits the last iteration trained at
 
     @property
     def events(self) -> list[dict]:
@@ -116,12 +117,13 @@ class StaticRunner:
         self.last_bitops = b * self.counter.per_sample(prec)
         self.last_costs = self.counter.costs(prec, b)
         self.last_fw, self.last_bw = float(prec.act), float(prec.grad)
-        self._last_iteration = iteration
+        self._last_iteration, self._trained = iteration, prec
         return loss, correct
 
     def eval_logits(self, x: torch.Tensor) -> torch.Tensor:
-        # the precision in use at the end of training so far (the reference evaluates at the current bits)
-        return self.model(x, self.schedule.precision(self._last_iteration))
+        # The bits the last iteration trained at, as the reference evaluates: a PFQ switch found at the end of
+        # that iteration applies from the next one (methods.md §4.3), so asking the schedule now would give them.
+        return self.model(x, self._trained or self.schedule.precision(self._last_iteration))
 
     def end_epoch(self) -> dict:
         return self.schedule.epoch_metrics()
@@ -130,8 +132,11 @@ class StaticRunner:
         return {}
 
     def state_dict(self) -> dict:
-        return {**self.schedule.state_dict(), "last_iteration": self._last_iteration}
+        trained = self._trained and [self._trained.act, self._trained.weight, self._trained.grad]
+        return {**self.schedule.state_dict(), "last_iteration": self._last_iteration, "trained": trained}
 
     def load_state_dict(self, state: dict) -> None:
         self.schedule.load_state_dict(state)
         self._last_iteration = int(state.get("last_iteration", 0))
+        trained = state.get("trained")
+        self._trained = Precision(**dict(zip(("act", "weight", "grad"), trained))) if trained else None

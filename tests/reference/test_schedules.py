@@ -135,3 +135,37 @@ def test_manual_pfq_switches_at_the_references_iterations():
     ours = ManualPFQ(PFQSchedule(fw=fw, bw=bw, mode="manual", switch_at=[0.25, 0.5, 0.75]), RunLength(64000, 100))
     expected = pfq_manual_bits(64000, [16000, 32000, 48000], fw, bw)
     assert [(p.act, p.grad) for p in map(ours.precision, range(64000))] == expected
+
+
+def test_the_evaluation_at_a_pfq_turning_point_runs_at_the_bits_its_epoch_trained_at():
+    """train_pfq.py validates, then updates the indicator: the evaluation at the end of the window that fires a
+    turning point runs at the old stage's bits, the new ones train from the next iteration (methods.md §4.3).
+    One-epoch windows (the ImageNet script's) and a flat loss fire it at an epoch's end; that epoch's
+    evaluation, and the same evaluation from the state a checkpoint keeps, use the old bits."""
+    import torch
+
+    from engine.cost.bitops import CostTotals
+    from engine.data.datasets import load_data
+    from engine.train import Trainer
+
+    cfg = parse_config({"model": {"name": "tiny"}, "optim": {"epochs": 8, "lr": 1e-9},
+                        "data": {"dataset": "digits", "batch_size": 64, "train_subset": 256, "test_subset": 64},
+                        "schedule": {"kind": "pfq", "fw": [3, 4, 6, 8], "bw": [6, 6, 8, 8], "eval_every": 1,
+                                     "eval_unit": "epochs"}})
+    data = load_data(cfg.data)
+    trainer = Trainer(cfg, data, torch.device("cpu"), CostTotals(), None)
+    runner = trainer.runner
+    while not runner.events and trainer.epoch < cfg.optim.epochs:
+        trainer.train_epoch()
+    assert [e["iteration"] for e in runner.events] == [trainer.iteration]  # fired at this epoch's end
+    old, new = (runner.schedule.cfg.stage_precision(s) for s in (0, 1))
+    x, _ = next(data.test.batches(32, False, False))
+    trainer.model.eval()
+    with torch.no_grad():
+        at_old, at_new = trainer.model(x, old), trainer.model(x, new)
+        assert not torch.equal(at_old, at_new)
+        assert torch.equal(runner.eval_logits(x), at_old)
+        state = runner.state_dict()
+        runner._trained = None
+        runner.load_state_dict(state)
+        assert torch.equal(runner.eval_logits(x), at_old)
