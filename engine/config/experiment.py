@@ -33,7 +33,7 @@ from engine.config.sections import (
 from engine.config.types import MAX_ITERATIONS, Seed, Strict
 from engine.data.catalog import INFO
 from engine.errors import ConfigError
-from engine.models.catalog import LayerMap, is_language_model
+from engine.models.catalog import WITH_DEPTHWISE, LayerMap, is_language_model
 from engine.numerics.precision import Precision
 from engine.run_length import RunLength
 from engine.schedules.curves import cycles_problem
@@ -270,12 +270,13 @@ def target_problems(cfg: ExperimentConfig, reach: tuple[float, float] | None = N
     """A cp target the options cannot reach. ``reach``: the run's lowest and highest cp on its basis, known once
     the network is built (engine.dfq.basis, a skip priced at what its path runs); without it, from the config
     alone, the bound over the gated blocks with every sample at the cheapest or the dearest option (a skip at
-    no cost); on the whole model the config alone sets no bound."""
+    no cost); on the whole model, and over blocks with depthwise convs at their fixed bits, the config alone
+    sets no bound."""
     from engine.dfq.vocabulary import BASIS_WORDS
 
     sched = cfg.schedule
     if reach is None:
-        if sched.cost_basis == "model":
+        if sched.cost_basis == "model" or cfg.model.name in WITH_DEPTHWISE:
             return []
         cps = [option_cp(o) for o in sched.option_precisions(cfg.model.name)]
         reach = min(cps), max(cps)
@@ -295,11 +296,13 @@ def target_undecided(cfg: ExperimentConfig) -> bool:
     """Whether the config alone cannot tell that a gated run's cp targets are reachable, so that only the built
     network can (``engine.reach``): on the whole-model basis always; on the gated blocks a target below the
     cheapest option that computes, which only skips reach, at what their paths cost (a downsampling block's
-    fp32 projection). Between the cheapest and the dearest computing option every target is reachable."""
+    fp32 projection), and any target where the blocks hold depthwise convs at their fixed bits, which every
+    option's cost includes in proportion to their MACs. Otherwise between the cheapest and the dearest computing
+    option every target is reachable."""
     sched = cfg.schedule
     if not cfg.gated:
         return False
-    if sched.cost_basis == "model":
+    if sched.cost_basis == "model" or cfg.model.name in WITH_DEPTHWISE:
         return True
     cheapest = min(option_cp(o) for o in sched.option_precisions(cfg.model.name) if not o.skip)
     targets = [sched.target_cp] if sched.kind == "dfq" else sched.targets()

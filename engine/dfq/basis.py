@@ -2,7 +2,9 @@
 which its controller steers and both of which the run logs.
 
 * ``gated`` (the papers' cp, the default): the gated blocks only, ``100 * sum_l omega_l kappa_l,c_l / (3 sum_l
-  omega_l)`` per sample, ``kappa_k = (a w + g w + a g) / 1024`` for an option that computes the block.
+  omega_l)`` per sample, ``kappa_k = (a w + g w + a g) / 1024`` for an option that computes the block; a layer
+  at a fixed precision whatever the option (MobileNetV2's depthwise convs) at its own bits, so ``kappa_lk`` is
+  the block's cost per MAC.
 * ``model``: the whole model, ``100 * (fixed + gate + sum_l T_l,c_l) / FP32`` per sample: the layers outside the
   gated blocks (the stem, the FC, a MobileNetV2 head conv: fp32 in DFQ), the gate's own fp32 passes and each
   block at its chosen option, against the same network at FP32; the basis on which a gated run and a static run
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.dfq.gate import gated_cp_tensor, normalised_cost, option_kappa, price_for_target
+from engine.dfq.gate import gated_cp_tensor, normalised_cost, price_for_target
 from engine.numerics.precision import Precision
 
 
@@ -64,17 +66,18 @@ class CpBasis:
                 self.offset + scale * float((hi * self.omega).sum()))
 
 
-def build_bases(options: list[Precision], table: list[list[int]], block_macs: list[int], fixed: int, gate: float,
-                fp32: int, omega: torch.Tensor, allowed: torch.Tensor) -> dict[str, CpBasis]:
+def build_bases(options: list[Precision], table: list[list[int]], papers: list[list[int]], block_macs: list[int],
+                fixed: int, gate: float, fp32: int, omega: torch.Tensor, allowed: torch.Tensor) -> dict[str, CpBasis]:
     """Both bases of a gated model. ``table`` (L, K): BitOPs per sample of each block at each option, a skip's
-    path included; ``fixed``: the layers outside the blocks; ``gate``: the gate's BitOPs per sample; ``fp32``:
-    the whole network at FP32 per sample; ``omega``: the papers' block weights (uniform, or MACs)."""
+    path included; ``papers`` (L, K): the same priced as the papers' cp prices them (``BlockCosts.papers``);
+    ``fixed``: the layers outside the blocks; ``gate``: the gate's BitOPs per sample; ``fp32``: the whole network
+    at FP32 per sample; ``omega``: the papers' block weights (uniform, or MACs)."""
     blocks = len(table)
     computing = torch.tensor([not o.skip for o in options])
     bitops = torch.tensor(table, dtype=torch.float64)  # (L, K)
     macs = torch.tensor(block_macs, dtype=torch.float64).view(-1, 1)
-    # the papers' kappa for an option that computes; a skip's path at its BitOPs per block MAC, on the same scale
-    gated = torch.where(computing, option_kappa(options).view(1, -1), bitops / (1024.0 * macs))
+    # per block MAC: the papers' kappa_k where every layer follows the option, exactly
+    gated = torch.tensor(papers, dtype=torch.float64) / (1024.0 * macs)
     model = 3.0 * blocks * bitops / fp32
     return {
         "gated": CpBasis("gated", gated, omega.to(torch.float64), 0.0, allowed, computing),

@@ -41,6 +41,9 @@ class BlockCosts:
     def __init__(self, counter: BitOpsCounter, options: list[Precision], num_blocks: int, gate_macs: int):
         lm = counter.layer_map
         self.table = [[0] * len(options) for _ in range(num_blocks)]  # (L, K) BitOPs per sample
+        # The same as the papers' cp prices it (methods.md §6.4): a layer that follows the option at kappa_k, whatever
+        # its kind of layer; one at a fixed precision (MobileNetV2's depthwise convs) at that precision.
+        self.papers = [[0] * len(options) for _ in range(num_blocks)]
         self.block_macs = [0] * num_blocks
         self.fixed = 0
         for layer in counter.table:
@@ -48,12 +51,15 @@ class BlockCosts:
                 self.fixed += layer_cost(layer.macs, lm.resolve(layer.role, FP32)).total
                 continue
             self.block_macs[layer.block] += layer.macs
+            pinned = layer.role == "depthwise" and lm.depthwise is not None
             for k, opt in enumerate(options):
                 if opt.skip:  # the skip path runs the block's projection (if any) in fp32
-                    cost = layer_cost(layer.macs, FP32).total if layer.name.endswith(".proj") else 0
+                    cost = papers = layer_cost(layer.macs, FP32).total if layer.name.endswith(".proj") else 0
                 else:
                     cost = layer_cost(layer.macs, lm.resolve(layer.role, opt)).total
+                    papers = cost if pinned else layer.macs * opt.bitops_per_mac()
                 self.table[layer.block][k] += cost
+                self.papers[layer.block][k] += papers
         self.gate = 3 * gate_macs * 32 * 32
         self._model_tables(counter, options, num_blocks)
 
@@ -185,8 +191,8 @@ def cost_bases(sched, model: GatedModel, counter: BitOpsCounter, model_name: str
     macs = torch.tensor(costs.block_macs, dtype=torch.float64)
     omega = macs / macs.mean() if sched.omega_kind(model_name) == "macs" else torch.ones(len(macs),
                                                                                          dtype=torch.float64)
-    return costs, build_bases(model.options, costs.table, costs.block_macs, costs.fixed, costs.gate / tokens,
-                              counter.fp32_per_sample(), omega, model.gate.allowed.cpu())
+    return costs, build_bases(model.options, costs.table, costs.papers, costs.block_macs, costs.fixed,
+                              costs.gate / tokens, counter.fp32_per_sample(), omega, model.gate.allowed.cpu())
 
 
 class GatedRunner:

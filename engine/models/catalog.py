@@ -14,6 +14,9 @@ CIFAR_RESNETS = tuple(f"resnet{d}" for d in (8, 14, 20, 38, 74, 110, 164))
 IMAGE_CLASSIFIERS = (*CIFAR_RESNETS, "tiny", "resnet18", "resnet34", "mobilenetv2")
 LANGUAGE_MODELS = ("transformer_base", "transformer_small", "transformer_tiny")  # engine.models.transformer.PRESETS
 NAMES = (*IMAGE_CLASSIFIERS, *LANGUAGE_MODELS)
+# the models whose blocks hold depthwise convs, which run at their fixed ``quant.depthwise_*`` bits whatever a
+# gate decides: what a block costs at an option depends on their share of its MACs (docs/methods.md §6.4)
+WITH_DEPTHWISE = ("mobilenetv2",)
 
 
 def task_of(name: str) -> Task:

@@ -10,9 +10,9 @@ from engine.errors import ConfigError
 from engine.reach import exact_target_problems, parse_checked
 
 
-def config(model="resnet38", dataset="cifar10", **schedule):
+def config(model="resnet38", dataset="cifar10", options="paper", **schedule):
     return parse_config({"model": {"name": model}, "data": {"dataset": dataset},
-                         "schedule": {"kind": "dfq", "options": "paper", "weight_bits": 4, **schedule}})
+                         "schedule": {"kind": "dfq", "options": options, "weight_bits": 4, **schedule}})
 
 
 def test_the_config_alone_decides_between_the_cheapest_and_the_dearest_computing_option():
@@ -33,6 +33,17 @@ def test_a_target_only_skips_reach_is_checked_on_the_built_network():
     with pytest.raises(ConfigError, match=r"schedule\.target_cp: got 0\.5; allowed: 0\.955"):
         parse_checked({"model": {"name": "resnet8"}, "data": {"dataset": "fashion-mnist"},
                        "schedule": {"kind": "dfq", "options": "paper", "weight_bits": 4, "target_cp": 0.5}})
+
+
+def test_mobilenetv2s_targets_are_checked_with_its_depthwise_convs_at_their_bits():
+    """Every option's cost over MobileNetV2's blocks includes their depthwise convs at the fixed 8/8/16, so its
+    reach is not the options' own: a target beyond the dearest option's cp alone is reachable, one above the
+    cheapest's alone may not be, and only the network tells (methods.md §6.4)."""
+    mbv2 = dict(model="mobilenetv2", options="reference")
+    assert target_undecided(config(target_cp=3.0, **mbv2))
+    assert exact_target_problems(config(target_cp=5.0, **mbv2)) == []  # 6/12 alone: 4.688 %
+    [(field, value, allowed)] = exact_target_problems(config(target_cp=2.0, **mbv2))  # 3/6 alone: 1.758 %
+    assert (field, value) == ("schedule.target_cp", 2.0) and allowed.startswith("allowed: 2.366..5.090")
 
 
 def test_fractrain_stage_targets_and_the_model_basis_are_checked_alike():

@@ -3,6 +3,9 @@ gate, the options' costs, the batch's cp, the cost term and its sign rules."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -25,6 +28,7 @@ from tests.reference import REFERENCE_CODE_WARNINGS
 from tests.reference.upstream import fractrain_loops, fractrain_models
 from tests.reference.upstream.fractrain_loops import (
     dfq_cost,
+    dfq_dws_flops,
     dfq_option_costs,
     dfq_reg,
     dfq_total_loss,
@@ -81,6 +85,43 @@ def test_the_batch_cp_and_cost_term_are_the_references(conv_info):
         (loss_ref * reg).backward()
         loss_eng.backward()
         assert torch.allclose(p_eng.grad, p_ref.grad, rtol=1e-9, atol=1e-15)
+
+
+def test_mobilenetv2s_gated_cp_and_cost_term_are_the_references_with_its_depthwise_convs_at_their_bits():
+    """MobileNetV2 (``train_dfq.py --conv_info model_info_mbv2.npy``): the pointwise convs follow the option and
+    the depthwise convs cost their fixed 8/8/16 in every sample (lines 186-191). The engine's gated cp is the
+    reference's ``cp_ratio`` over the FP32 cost of the same convs (the reference divides by its depthwise
+    convs' quantized cost instead: methods.md §9, row 11), and its cost term's gradient the reference's up to
+    one factor: the mean of the blocks' pointwise MACs over the mean of all their MACs, over the batch size."""
+    from engine.data.catalog import INFO
+    from engine.dfq.gated_runner import cost_bases
+    from engine.train import prepare
+
+    shipped = json.loads((Path(__file__).with_name("upstream") / "model_info_mbv2.json").read_text())
+    conv, dws = shipped["conv"], shipped["dws"]  # FLOPs per block
+    cfg = parse_config({"model": {"name": "mobilenetv2"}, "data": {"dataset": "cifar10"},
+                        "schedule": {"kind": "dfq", "options": "reference", "weight_bits": 4, "target_cp": 3.0,
+                                     "controller": "reference"}})
+    model, counter = prepare(cfg, INFO["cifar10"], torch.device("cpu"))
+    basis = cost_bases(cfg.schedule, model, counter, "mobilenetv2")[1]["gated"]
+    fw, eb, gc = dfq_option_costs(REF_BITS, REF_GRAD_BITS, 4)
+    dws_cost = dfq_dws_flops(dws, 8, 16)
+    blocks, batch, k = len(conv), 128, len(REF_BITS)
+    over_fp32 = (3 * sum(conv) + dws_cost[0]) / (3 * (sum(conv) + sum(dws)))
+    factor = (sum(conv) / (sum(conv) + sum(dws))) / batch
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        z_ref = (torch.randn(batch, blocks, k, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+        z_eng = z_ref.detach().clone().requires_grad_(True)
+        p_ref, p_eng = torch.softmax(z_ref, -1), torch.softmax(z_eng, -1)
+        masks_ref = torch.nn.functional.one_hot(p_ref.argmax(-1), k).double() - p_ref.detach() + p_ref
+        choices, masks_eng = straight_through(p_eng)
+        as_lists = [[masks_ref[:, layer, j] for j in range(k)] for layer in range(blocks)]
+        cp_ref, loss_ref = dfq_cost(as_lists, fw, eb, gc, conv, batch, 1.0, dws_cost)
+        assert basis.cp(choices) == pytest.approx(cp_ref * over_fp32, rel=1e-12)
+        loss_ref.backward()
+        cost_per_sample(GateTrace(masks_eng, choices, p_eng), basis.kappa, basis.omega).mean().backward()
+        assert torch.allclose(z_eng.grad, z_ref.grad * factor, rtol=1e-9, atol=1e-15)
 
 
 @pytest.mark.parametrize("beta_ref", [1e-3, 1e-2])

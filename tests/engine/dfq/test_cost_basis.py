@@ -102,9 +102,9 @@ def test_a_controller_cannot_meet_its_target_by_skipping_into_a_dearer_path(monk
     priced = train_and_evaluate(cfg).history[-1]
     assert priced["cp_gated"] == pytest.approx(2.6, abs=0.15) and ran(priced) == pytest.approx(priced["cp_gated"], abs=0.02)
 
-    def free_skips(options, table, *args, **kwargs):
-        table = [[0 if o.skip else cost for o, cost in zip(options, row)] for row in table]
-        return build_bases(options, table, *args, **kwargs)
+    def free_skips(options, table, papers, *args, **kwargs):
+        table, papers = ([[0 if o.skip else cost for o, cost in zip(options, row)] for row in t] for t in (table, papers))
+        return build_bases(options, table, papers, *args, **kwargs)
 
     monkeypatch.setattr(runner_module, "build_bases", free_skips)
     free = train_and_evaluate(cfg).history[-1]

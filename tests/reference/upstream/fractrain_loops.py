@@ -110,12 +110,23 @@ def dfq_option_costs(bits, grad_bits, weight_bits):
     return cost_fw, cost_eb, cost_gc
 
 
-def dfq_cost(masks, cost_fw, cost_eb, cost_gc, conv_info, batch_size, beta):
-    """fractrain_cifar/train_dfq.py lines 358-392 (ResNet: no depthwise layers, lines 194-195), statistics
-    left out: (cp_ratio, computation_loss) of one batch's masks (a list per block of one (B,) mask per option)."""
+def dfq_dws_flops(dws_info, dws_bits, dws_grad_bits):
+    """fractrain_cifar/train_dfq.py lines 188-191 (MobileNetV2): its depthwise convs' cost at their fixed bits,
+    (dws_flops_total, dws_flops_fw, dws_flops_gc, dws_flops_eb)."""
+    args = _Args(dws_bits=dws_bits, dws_grad_bits=dws_grad_bits)
+    dws_flops_fw = sum(dws_info) * args.dws_bits * args.dws_bits /32 /32
+    dws_flops_gc = dws_flops_eb = sum(dws_info) * args.dws_bits * args.dws_grad_bits /32 /32 
+    dws_flops_total = dws_flops_fw + dws_flops_eb + dws_flops_gc
+    return dws_flops_total, dws_flops_fw, dws_flops_gc, dws_flops_eb
+
+
+def dfq_cost(masks, cost_fw, cost_eb, cost_gc, conv_info, batch_size, beta, dws=(0, 0, 0, 0)):
+    """fractrain_cifar/train_dfq.py lines 358-392, statistics left out: (cp_ratio, computation_loss) of one
+    batch's masks (a list per block of one (B,) mask per option); ``dws``: ``dfq_dws_flops`` for MobileNetV2, the
+    zeros of lines 194-195 for a ResNet (no depthwise layers)."""
     args = _Args(batch_size=batch_size, beta=beta)
     network_depth = len(masks)
-    dws_flops_total = dws_flops_fw = dws_flops_gc = dws_flops_eb = 0
+    dws_flops_total, dws_flops_fw, dws_flops_gc, dws_flops_eb = dws
     computation_cost_fw = 0
     computation_cost_eb = 0
     computation_cost_gc = 0
