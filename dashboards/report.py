@@ -14,6 +14,7 @@ Everything is read back from MLflow (``dashboards.data``), so a report can be re
 
 from __future__ import annotations
 
+import html
 import math
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from engine.errors import ConfigError
 from engine.metrics import TRAIN_BITOPS
 from results.objectives import Direction, Objective
 from results.output import emit_json, info, json_text
+from results.provenance import shown_uri
 from results.runs import check_objective, compared_stages, cost_of, front_quality, log_quality
 from results.store import artifact_json
 from results.summary import (
@@ -128,7 +130,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
         made.append(pngs.allocation_png(allocs, names, folder / "bit_allocation.png"))
     subtitle = (f"sweep {data.sweep_id} · experiment {data.experiment_id} · parent run {data.parent_run_id} · "
                 f"{len(whole.rows)} trials" + (f" ({len(data.rows)} in the last stage)" if stage_refs else "")
-                + f", {len(done)} finished · tracking {data.uri} · "
+                + f", {len(done)} finished · tracking {html.escape(shown_uri(data.uri))} · "
                 f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}<br>{_view_links(data)}")
     html_path = folder / "report.html"
     html_path.write_text(H.page(f"fractune report: {data.name}", sections, subtitle))
@@ -153,7 +155,6 @@ def _view_links(data: SweepData) -> str:
     """Links to the sweep's views in the MLflow UI when the server's address is known (a tracking server). On a
     sqlite store only `fractune ui` knows it (and MLflow's artifact viewer shows this page in a sandboxed frame
     whose links cannot leave it): the page names the command, and the parent run's description links the views."""
-    import html
     import re
 
     if not data.uri.startswith(("http://", "https://")):
