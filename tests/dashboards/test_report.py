@@ -125,9 +125,15 @@ def test_report_reads_events_and_bit_allocation_back(served_sweep, mlflow_server
 def test_report_cli_rebuilds_from_mlflow(served_sweep, mlflow_server, run_cli, tmp_path):
     rows = load_sweep(mlflow_server["uri"], "served_sweep").rows
     pfq, dfq = (next(r for r in rows if r["schedule"] == k) for k in ("pfq", "dfq"))
-    r = run_cli("report", "served_sweep", "--tracking-uri", mlflow_server["uri"], "--out", str(tmp_path / "rep"),
+    secret = "pw" + "7e1d" * 6  # credentials in the URI, which the server ignores: never on the page
+    with_credentials = mlflow_server["uri"].replace("://", f"://alice:{secret}@")
+    r = run_cli("report", "served_sweep", "--tracking-uri", with_credentials, "--out", str(tmp_path / "rep"),
                 "--run", dfq["trial_id"], "--run", pfq["name"], "--no-log", "--json")
     assert r.returncode == 0, r.stderr
+    assert secret not in r.stdout + r.stderr
+    for page in (tmp_path / "rep").iterdir():
+        assert page.suffix == ".png" or secret not in page.read_text(), page
+    assert f"tracking {mlflow_server['uri'].replace('://', '://***@')}" in (tmp_path / "rep" / "report.html").read_text()
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["report"] == str((tmp_path / "rep" / "report.html").resolve()) and out["artifact"] is None
     assert out["sweep_id"] == served_sweep["sweep_id"] and out["trials"] == 4
@@ -137,6 +143,18 @@ def test_report_cli_rebuilds_from_mlflow(served_sweep, mlflow_server, run_cli, t
     assert summary["bit_allocation_runs"] == [dfq["run_id"]]
     html = Path(out["report"]).read_text()
     assert "target cp %" in html  # the gated run's target CP in the precision figure
+
+
+def test_ending_a_run_on_a_server_prints_no_uri(mlflow_server, capfd):
+    """MLflow prints a "View run ... at <URI>" line, credentials included, for every run that ends on a server:
+    no fractune process does."""
+    from results import store
+
+    c = store.client(mlflow_server["uri"].replace("://", "://alice:pw-probe@"))
+    run = c.create_run(store.ensure_experiment(c, "uri_probe"))
+    c.set_terminated(run.info.run_id)
+    out, err = capfd.readouterr()
+    assert "pw-probe" not in out + err and "View run" not in out
 
 
 def test_report_errors_are_one_line_and_exit_2(served_sweep, mlflow_server, tmp_path, capsys):
