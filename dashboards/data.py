@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from results import runs
+from results import runs, store
 from results.store import artifact_json
 
 # A report downloads a few small JSON artifacts per run: MLflow's progress bar per file is only noise.
@@ -33,7 +33,7 @@ def histories(c, run_id: str, keys: tuple[str, ...] | list[str]) -> dict[str, li
     out = {}
     for key in keys:
         if key in logged:
-            out[key] = sorted((m.step, m.value) for m in c.get_metric_history(run_id, key))
+            out[key] = sorted((m.step, store.stored(m.value)) for m in c.get_metric_history(run_id, key))
     return out
 
 

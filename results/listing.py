@@ -51,7 +51,7 @@ def row(parent, experiment: str) -> dict:
     the sweep ends: None while it runs or after it was stopped (``status`` RUNNING or KILLED; ``planned`` says how
     many trials it plans). An ablation is ``kind`` ablation once it has ended (its tag is written then), a
     sweep until then."""
-    tags, params, m = parent.data.tags, parent.data.params, parent.data.metrics
+    tags, params, m = parent.data.tags, parent.data.params, store.metrics(parent)
     kind = "ablation" if tags.get("fractune.ablation") else "staged" if params.get("stages") else "sweep"
     return {"sweep": experiment, "sweep_id": tags.get(store.SWEEP_TAG, ""), "kind": kind,
             "status": parent.info.status, "started": _utc(parent.info.start_time),

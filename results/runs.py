@@ -134,13 +134,13 @@ def trial_rows(c, parent) -> tuple[list[dict], list[str]]:
 
 
 def _row(c, run, swept: list[str], record: set[str] | None) -> dict:
-    tags, m, status = run.data.tags, run.data.metrics, run.info.status
+    tags, m, status = run.data.tags, store.metrics(run), run.info.status
     planned = tags.get(store.PLANNED_TAG)
     schedule = tags.get("fractune.schedule", run.data.params.get("schedule.kind"))
     gated = {}
     for key in ("cp_gated", "cp_model"):  # DFQ and FracTrain: the cp on each basis, the mean over the epochs
         if key in m:
-            history = [x.value for x in c.get_metric_history(run.info.run_id, key)]
+            history = [store.stored(x.value) for x in c.get_metric_history(run.info.run_id, key)]
             gated[key] = math.fsum(history) / len(history) if history else math.nan
     cp_gated = gated.get("cp_gated", math.nan)
     row = make_row(run_id=run.info.run_id, trial_id=tags.get(store.TRIAL_TAG), name=run.info.run_name,

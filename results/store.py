@@ -7,7 +7,9 @@ only read a store (``pareto``, ``report``, ``ui``) start without importing Ray.
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from pathlib import Path
 
 from engine.metrics import readable_companions
@@ -47,6 +49,17 @@ def normalise_uri(uri: str) -> str:
     if "://" not in uri:  # a bare path to a database file
         return f"sqlite:///{Path(uri).expanduser().resolve()}"
     return uri
+
+
+def stored(value: float) -> float:
+    """A metric as it was logged: MLflow's SQL stores keep an infinite value (a diverged run's perplexity) as
+    the largest float, which every reader must take back as the infinity, never as a number on a front."""
+    return math.copysign(math.inf, value) if abs(value) >= sys.float_info.max else value
+
+
+def metrics(run) -> dict[str, float]:
+    """A run's latest metrics, as logged (``stored``)."""
+    return {key: stored(value) for key, value in run.data.metrics.items()}
 
 
 def redact(uri: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -255,6 +256,38 @@ def test_language_model_results_page_ranks_on_perplexity(tmp_path, monkeypatch):
     assert "| ppl. change (%) |" in page and "| +8.3 | 50.0% | no (perplexity above the reference) |" in page
     assert labels == {"y": "test perplexity (mean +/- std over seeds; lower is better)",
                       "title": "Test perplexity vs training cost (bitops) per method"}
+
+
+def test_an_infinite_perplexity_is_read_back_as_infinite_and_kept_off_the_front(tmp_path):
+    """MLflow's SQL store keeps an infinite metric as the largest float. A diverged language model's perplexity
+    (engine.run_metrics: infinite once the loss is beyond exp's range), on the cheapest trial, comes back as
+    infinite: never on the front, and the report's analysis runs over the other trials."""
+    from mlflow.entities import Metric
+
+    uri = f"sqlite:///{tmp_path / 'lm.db'}"
+    _lm_sweep(uri)
+    c = store.client(uri)
+    parent = store.sweep_parent(c, "lm_mini")
+    schedule = {"kind": "static", "fw": 2, "bw": 8}
+    run = c.create_run(parent.info.experiment_id, run_name="static s2", tags={
+        store.PARENT_TAG: parent.info.run_id, "fractune.kind": "trial", store.SWEEP_TAG: "lm_mini-1",
+        store.TRIAL_TAG: "static_2", store.PLANNED_TAG: "1", "fractune.swept": "schedule",
+        store.POINT_TAG: json.dumps({"schedule": schedule}), "fractune.schedule": "static"})
+    rid = run.info.run_id
+    c.log_param(rid, "seed", 2)
+    c.log_batch(rid, metrics=[Metric(k, v, 0, 1) for k, v in (
+        ("perplexity", math.inf), ("accuracy", 0.0), ("train_bitops", 10e9), ("cum_cp", 1.0), ("epoch", 1),
+        ("wall_seconds", 30.0))])
+    c.log_dict(rid, {**LM_BASE, "name": "lm_mini", "seed": 2, "schedule": schedule}, "config.yaml")
+    c.set_terminated(rid)
+    assert c.get_run(rid).data.metrics["perplexity"] < math.inf  # what the store holds
+    assert store.metrics(c.get_run(rid))["perplexity"] == math.inf
+    code, _, out = run_main("pareto", "lm_mini", "--tracking-uri", uri, "--json")
+    assert code == 0 and out["trials"] == 9 and rid not in {p["run_id"] for p in out["pareto"]}
+    assert all(p["perplexity"] < 200 for p in out["pareto"])
+    code, _, out = run_main("report", "lm_mini", "--tracking-uri", uri, "--out", str(tmp_path / "rep"), "--no-log",
+                            "--json")
+    assert code == 0 and rid not in {p["run_id"] for p in out["pareto"]}
 
 
 def test_results_page_names_the_spec_file_that_made_it(tmp_path):
