@@ -199,12 +199,13 @@ def cost_of(row: dict, objective: str = "bitops") -> float:
 
 
 def check_objective(objective: str, rows: list[dict] | None = None, field_name: str = "--objective") -> str:
-    """A known cost model name; with ``rows``, one that at least one of them logged."""
+    """A known cost model name; with ``rows``, one that at least one of them logged, where any logged a cost (a
+    sweep whose trials have logged none yet, or failed before, has an empty front under any model)."""
     check_model_name(objective, field_name)
-    if rows and not any(math.isfinite(cost_of(r, objective)) for r in rows):
-        logged = sorted({n for r in rows for n, v in r.get("costs", {}).items() if math.isfinite(v)})
+    logged = sorted({n for r in rows or [] for n, v in r.get("costs", {}).items() if math.isfinite(v)})
+    if logged and not any(math.isfinite(cost_of(r, objective)) for r in rows):
         raise ConfigError.single(field_name, objective, "no trial logged it (metric "
-                                 f"{cost_key(objective)}); allowed here: {', '.join(logged) or 'none'}")
+                                 f"{cost_key(objective)}); allowed here: {', '.join(logged)}")
     return objective
 
 
