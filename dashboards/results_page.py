@@ -66,6 +66,11 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
     if diverged:
         lines += ["**Diverged:** " + ", ".join(f"{r['name']} (from {r['diverged']})" for r in diverged)
                   + ": their training loss passed three times chance's (docs/methods.md §8).", ""]
+    if unread := [g["method"] for g in groups if g["config"] is None]:
+        lines += [f"**Configs unread:** the `config.yaml` of {', '.join(unread)} could not be read from the "
+                  "artifact store (moved, unreachable, or logged by an engine whose config this one no longer "
+                  "reads): named by their trials' `fractune.method` tags, they take no part in the comparisons "
+                  "that need a method's settings.", ""]
     if setup:
         lines += ["## Setting", ""] + [f"- {k}: {v}" for k, v in setup.items()] + [""]
     lines += paired_lines or []
@@ -78,9 +83,19 @@ def markdown(data: SweepData, groups: list[dict], checks: list[dict], front: lis
         lines += ["", f"{len(errored)} trial(s) did not finish and are left out: "
                   + ", ".join(f"{r['name']} ({'stopped early, ' + r['stopped'] if r.get('stopped') else r['status']})"
                               for r in errored)]
+    used = {r["run_id"] for r in data.finished()}
+    if unusable := [r for r in data.rows if r["complete"] and r["run_id"] not in used]:
+        lines += ["", f"{len(unusable)} trial(s) finished without a finite {task.word} and training cost and are "
+                  "left out: " + ", ".join(f"{r['name']} ({_missing(r, task)})" for r in unusable)]
     if notes:
         lines += ["", notes.strip()]
     return "\n".join(lines) + "\n"
+
+
+def _missing(row: dict, task: Objective) -> str:
+    """What a finished trial lacks for the tables: its metrics that are missing or not finite."""
+    values = {task.key: row.get(task.key, math.nan), TRAIN_BITOPS: row.get(TRAIN_BITOPS, math.nan)}
+    return ", ".join(f"{k} {'no value' if math.isnan(v) else v}" for k, v in values.items() if not math.isfinite(v))
 
 
 def section_title(task: Objective) -> str:

@@ -28,12 +28,14 @@ from results.pareto import pareto_rows
 from results.store import artifact_json
 
 
-def method_label(point: dict, cfg: ExperimentConfig | None) -> str:
-    """The schedule's name when the point sets the schedule, plus the other swept values; else the values."""
+def method_label(point: dict, cfg: ExperimentConfig | None, tagged: str | None = None) -> str:
+    """The schedule's name when the point sets the schedule, plus the other swept values; else the values.
+    Without the config, the schedule's name the trial was tagged with (``tagged``, ``fractune.method``)."""
     others = ", ".join(f"{k}={v}" for k, v in sorted(point.items()) if not k.startswith("schedule"))
-    if cfg is None or not any(k.startswith("schedule") for k in point):
+    name = cfg.schedule.label() if cfg is not None else tagged
+    if name is None or not any(k.startswith("schedule") for k in point):
         return others or "base"
-    return cfg.schedule.label() + (f", {others}" if others else "")
+    return name + (f", {others}" if others else "")
 
 
 def _std(values: list[float]) -> float:
@@ -52,7 +54,7 @@ def summarise(rows: list[dict], objective: Objective) -> list[dict]:
     groups: dict[str, dict] = {}
     for r in rows:
         key = json.dumps(r["point"], sort_keys=True, default=str)
-        g = groups.setdefault(key, {"method": method_label(r["point"], r["config"]), "point": r["point"],
+        g = groups.setdefault(key, {"method": method_label(r["point"], r["config"], r.get("method")), "point": r["point"],
                                     "config": r["config"], "runs": []})
         g["runs"].append(r)
     out = []
@@ -326,15 +328,18 @@ def as_logged(config: dict) -> dict:
 def with_configs(data: runs.SweepRuns) -> list[dict]:
     """The finished rows, each with ``config``: the trial's resolved ``ExperimentConfig``, parsed by the engine
     from the ``config.yaml`` the tracker logged (one read per swept point: the seeds share everything else;
-    settings the log predates as its engine ran them, ``as_logged``)."""
+    settings the log predates as its engine ran them, ``as_logged``). None where it cannot be read: its artifact
+    unreachable (a store moved without its artifacts), or logged by an engine whose config this one no longer
+    reads."""
     cache: dict[str, ExperimentConfig | None] = {}
     rows = []
     for r in data.finished():
         key = json.dumps(r["point"], sort_keys=True, default=str)
         if key not in cache:
+            logged = artifact_json(data.client, r["run_id"], "config.yaml")
             try:
-                cache[key] = parse_config(as_logged(artifact_json(data.client, r["run_id"], "config.yaml") or {}))
-            except ConfigError:  # logged by an engine whose config this one no longer reads
+                cache[key] = None if logged is None else parse_config(as_logged(logged))
+            except ConfigError:
                 cache[key] = None
         rows.append({**r, "config": cache[key]})
     return rows

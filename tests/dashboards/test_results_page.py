@@ -290,6 +290,31 @@ def test_an_infinite_perplexity_is_read_back_as_infinite_and_kept_off_the_front(
     assert code == 0 and rid not in {p["run_id"] for p in out["pareto"]}
 
 
+def test_a_method_whose_config_is_unread_keeps_its_name_and_a_trial_without_metrics_is_named(tmp_path):
+    """A store moved without its artifacts: a method's ``config.yaml`` cannot be read, so the page names it by its
+    trials' method tag and says so, never as the default config's FP32. A trial that finished without a finite
+    objective is named with what it lacks, not dropped in silence."""
+    from urllib.parse import urlparse
+
+    uri = f"sqlite:///{tmp_path / 'lm.db'}"
+    _lm_sweep(uri)
+    c = store.client(uri)
+    children = store.child_runs(c, store.sweep_parent(c, "lm_mini"))
+    for run in children:
+        if run.data.tags["fractune.schedule"] == "static":
+            c.set_tag(run.info.run_id, store.METHOD_TAG, "FW8/BW8")
+            (Path(urlparse(run.info.artifact_uri).path) / "config.yaml").unlink()
+    cpt = next(r for r in children if r.info.run_name == "cpt s0")
+    c.log_metric(cpt.info.run_id, "perplexity", math.nan, step=2)
+    code, _, out = run_main("results", "lm_mini", "--tracking-uri", uri, "--out", str(tmp_path / "p.md"), "--no-log",
+                            "--json")
+    assert code == 0, out
+    page = (tmp_path / "p.md").read_text()
+    assert "**Configs unread:** the `config.yaml` of FW8/BW8 could not be read" in page
+    assert [m["method"] for m in out["methods"]].count("FW8/BW8") == 1 and "base" not in page
+    assert "left out: cpt s0 (perplexity no value)" in page
+
+
 def test_results_page_names_the_spec_file_that_made_it(tmp_path):
     """The Setting's first line: the parent run's ``spec_file``; a sweep that predates it, the spec of its name in
     search_spaces/ or docs/studies/, said to be found by name; no line when there is none."""
