@@ -107,6 +107,7 @@ def test_secrets_never_reach_output_mlflow_or_storage(run_cli, tmp_path, store_t
                                                                  "data": {"dataset": "digits"}}}))
     uri = copy_store(store_template, tmp_path / "m.db")
     r = run_cli("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri, "--json",
+                "--report-dir", str(tmp_path / "reports"),
                 env={"RAY_AUTH_TOKEN": secret, "MLFLOW_TRACKING_TOKEN": secret, "RAY_ADDRESS": ""})
     assert r.returncode == 0, r.stderr[-2000:]
     assert secret not in r.stdout and secret not in r.stderr
@@ -120,6 +121,6 @@ def test_secrets_never_reach_output_mlflow_or_storage(run_cli, tmp_path, store_t
             local = Path(c.download_artifacts(run.info.run_id, art.path, str(tmp_path / "dl")))
             for f in ([local] if local.is_file() else [q for q in local.rglob("*") if q.is_file()]):
                 assert secret not in f.read_text(errors="replace"), f
-    for path in (tmp_path / "runs").rglob("*"):
-        if path.is_file() and path.suffix in (".json", ".csv", ".yaml", ".txt", ".log", ".journal"):
+    for path in [*(tmp_path / "runs").rglob("*"), *(tmp_path / "reports").rglob("*")]:
+        if path.is_file() and path.suffix in (".json", ".csv", ".yaml", ".txt", ".log", ".journal", ".html"):
             assert secret not in path.read_text(errors="replace"), path

@@ -177,7 +177,7 @@ def _lm_sweep(uri: str, name: str = "lm_mini", params: dict | None = None) -> No
     from mlflow.entities import Metric
 
     c = store.client(uri)
-    exp = c.create_experiment(name)
+    exp = c.create_experiment(name, artifact_location=store.artifact_root(uri, name))  # not ./mlruns of the cwd
     parent = c.create_run(exp, run_name=name, tags={"fractune.kind": "sweep", store.SWEEP_TAG: f"{name}-1"})
     for k, v in (params or {}).items():
         c.log_param(parent.info.run_id, k, v)
