@@ -6,14 +6,10 @@ Read-only: nothing here writes to the store.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from results import runs, store
 from results.store import artifact_json
-
-# A report downloads a few small JSON artifacts per run: MLflow's progress bar per file is only noise.
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 @dataclass

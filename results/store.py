@@ -96,14 +96,16 @@ def artifact_root(uri: str, experiment: str) -> str | None:
 
 def client(uri: str):
     """MLflow's client, failing fast when a server stops answering: its default retries back off for minutes
-    (a reader would hang, a sweep's Tune loop stall), and printing no URI. Every fractune process reads its store through this; the
+    (a reader would hang, a sweep's Tune loop stall), and printing no URI or progress bar. Every fractune process reads its store through this; the
     sweep's tracker queues and retries its writes itself. The environment may still set other values."""
     from mlflow.tracking import MlflowClient
 
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    # MLflow prints a "View run ... at" line with the URI as given, credentials included, for every run ended
+    # MLflow prints a "View run ... at" line with the URI as given, credentials included, for every run ended,
+    # and a progress bar for every artifact a reader downloads (a few small JSON files per run)
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     return MlflowClient(tracking_uri=uri)
 
 
