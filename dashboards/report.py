@@ -93,6 +93,8 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     folder = Path(out or Path("fractune_reports") / data.sweep_id).expanduser().resolve()
     folder.mkdir(parents=True, exist_ok=True)
     sections, made = [], []
+    if progress := whole.progress():
+        sections.append(("Partial", H.note(html.escape(progress[0].upper() + progress[1:]) + ".")))
     sections.append(("Trials", _trials_table(whole)))
     if stage_refs:
         sections.append(("Stages", _stages_html(whole, data, stage_refs)))
@@ -136,6 +138,7 @@ def build_report(uri: str, sweep: str, sweep_id: str | None = None, out: str | P
     html_path.write_text(H.page(f"fractune report: {data.name}", sections, subtitle))
     summary = {"sweep": data.name, "sweep_id": data.sweep_id, "experiment_id": data.experiment_id,
                "parent_run_id": data.parent_run_id, "trials": len(whole.rows), "finished": len(done),
+               "status": whole.status, "partial": progress is not None, "progress": progress,
                "objective": objective, "pareto": _front_rows(front, task, objective), "front_quality": quality,
                "importance": importance, "analysis": analysis,
                "chosen_runs": [r["run_id"] for r in chosen], "bit_allocation_runs": list(allocs),
@@ -248,6 +251,8 @@ def cmd_report(args) -> int:
                        objective=args.objective)
     print(f"report of sweep {out['sweep_id']}: {out['trials']} trials ({out['finished']} finished), "
           f"{len(out['pareto'])} on the Pareto front")
+    if out["progress"]:
+        info(out["progress"])
     print(f"HTML: {out['report']}")
     for p in out["pngs"]:
         print(f"PNG:  {p}")
@@ -255,7 +260,7 @@ def cmd_report(args) -> int:
         info(f"logged to the parent run {out['parent_run_id']}: {out['artifact']}")
     if args.json:
         emit_json({k: out[k] for k in ("sweep", "sweep_id", "experiment_id", "parent_run_id", "trials", "finished",
-                                       "report", "pngs", "artifact", "importance", "pareto")}
+                                       "status", "partial", "report", "pngs", "artifact", "importance", "pareto")}
                   | {"levels": (out["analysis"] or {}).get("levels"),
                      "verdicts": (out["analysis"] or {}).get("verdicts")})
     return 0

@@ -290,6 +290,19 @@ def test_an_infinite_perplexity_is_read_back_as_infinite_and_kept_off_the_front(
     assert code == 0 and rid not in {p["run_id"] for p in out["pareto"]}
 
 
+def test_the_report_of_a_running_sweep_says_it_is_partial(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'lm.db'}"
+    _lm_sweep(uri, params={"planned_trials": 12})
+    c = store.client(uri)
+    c.update_run(store.sweep_parent(c, "lm_mini").info.run_id, "RUNNING")
+    code, _, out = run_main("report", "lm_mini", "--tracking-uri", uri, "--out", str(tmp_path / "rep"), "--no-log",
+                            "--json")
+    assert code == 0 and out["status"] == "RUNNING" and out["partial"] is True
+    line = "sweep lm_mini-1 is running: 8 of 12 trials done; what follows is partial"
+    assert line in capsys.readouterr().err
+    assert line[0].upper() + line[1:] in (tmp_path / "rep" / "report.html").read_text()
+
+
 def test_a_method_whose_config_is_unread_keeps_its_name_and_a_trial_without_metrics_is_named(tmp_path):
     """A store moved without its artifacts: a method's ``config.yaml`` cannot be read, so the page names it by its
     trials' method tag and says so, never as the default config's FP32. A trial that finished without a finite
