@@ -162,16 +162,19 @@ def _one_line(text: str) -> str:
 
 
 def sweep_parent(c, experiment: str, sweep_id: str | None = None):
-    """The parent run of ``sweep_id``, or of the latest sweep of the experiment."""
+    """The parent run of ``sweep_id``, or of the latest sweep of the experiment. A sweep id the experiment does
+    not hold is looked for in every experiment, so that a sweep whose experiment was renamed (in MLflow's UI)
+    still opens by the id ``fractune sweeps`` lists; it must be one of ``experiment``'s (``<experiment>-...``)."""
     check_names(experiment, sweep_id)
     exp = c.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
     flt = PARENTS_FILTER
     if sweep_id:
         flt += f" and tags.`{SWEEP_TAG}` = '{sweep_id}'"
-    runs = c.search_runs([exp.experiment_id], filter_string=flt, order_by=["attributes.start_time DESC"],
-                         max_results=1)
+    first = {"filter_string": flt, "order_by": ["attributes.start_time DESC"], "max_results": 1}
+    runs = c.search_runs([exp.experiment_id], **first) if exp is not None else []
+    if not runs and sweep_id and sweep_id.startswith(experiment + "-"):
+        ids = [e.experiment_id for e in c.search_experiments()]
+        runs = c.search_runs(ids, **first) if ids else []
     return runs[0] if runs else None
 
 

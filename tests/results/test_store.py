@@ -231,3 +231,22 @@ def test_a_sweep_id_the_sweep_does_not_have_is_named_as_the_flag(tmp_path, store
         code = run_main("pareto", *args, "--tracking-uri", uri)[0]
         err = capsys.readouterr().err.splitlines()
         assert code == 2 and len(err) == 1 and line in err[0], err
+
+
+def test_a_sweep_whose_experiment_was_renamed_opens_by_its_sweep_id(tmp_path, store_template, capsys):
+    """MLflow's UI renames an experiment: the sweep id ``fractune sweeps`` lists still opens the sweep."""
+    import shutil
+
+    from results import store
+
+    shutil.copy(store_template, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = store.client(uri)
+    exp_id, _, child = hand_logged_sweep(c, "demo", "demo-20261129-000000",
+                                         {"accuracy": 0.8, "train_bitops": 1e9, "epoch": 1})
+    c.rename_experiment(exp_id, "demo (kept)")
+    code, _, out = run_main("pareto", "demo", "--sweep-id", "demo-20261129-000000", "--tracking-uri", uri, "--json")
+    assert code == 0 and out["experiment_id"] == exp_id and out["trials"] == 1
+    assert [p["run_id"] for p in out["pareto"]] == [child.info.run_id]
+    code = run_main("pareto", "other", "--sweep-id", "demo-20261129-000000", "--tracking-uri", uri)[0]
+    assert code == 2 and "sweep: got 'other'; no sweep of that name" in capsys.readouterr().err
