@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -172,8 +173,13 @@ class Paired(Strict):
     refute_margin: float = Field(0.3, ge=0.0, le=100.0)
 
 
+# A sweep's id is its name plus "-YYYYMMDD-HHMMSS" and, for another sweep of the name in the same second,
+# "-NN"; the id names each trial's experiment, whose name rule (NAME_PATTERN) it must meet.
+SWEEP_NAME_LENGTH = 100 - len("-YYYYMMDD-HHMMSS-NN")
+
+
 class SweepSpec(Strict):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str
     description: str = ""
     base: dict[str, Any] | str = Field(default_factory=dict)
     set: dict[str, Any] = Field(default_factory=dict)  # dotted overrides applied to the base
@@ -186,6 +192,14 @@ class SweepSpec(Strict):
     stages: list[Stage] = Field(default_factory=list)  # a staged sweep: run in order under one parent run
     objective: str = "bitops"  # the cost axis: a cost model of engine/cost/cost_models.py
     paired: Paired | None = None  # a claim decided by per-seed differences of twin runs (the results page)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.match(NAME_PATTERN, v) or len(v) > SWEEP_NAME_LENGTH:
+            raise PydanticCustomError("name", "allowed: letters, digits, '.', '_' and '-', starting with a letter or "
+                                      f"digit, at most {SWEEP_NAME_LENGTH} characters (the sweep id adds 19)")
+        return v
 
     @field_validator("objective")
     @classmethod

@@ -59,6 +59,20 @@ def test_several_errors_are_reported_at_once():
     assert len(info.value.lines()) == 5  # parameters are malformed, so no point is checked
 
 
+def test_the_longest_sweep_name_leaves_room_for_its_ids_stamp():
+    """A trial's experiment is named by its sweep's id, the name plus ``-YYYYMMDD-HHMMSS`` (and ``-NN`` for a
+    second sweep in the same second): a name too long for that is refused before any trial, not by each."""
+    from engine.config.experiment import parse_config
+    from search_spaces import trial
+
+    longest = parse_spec({**OK, "name": "s" * 81})
+    sweep_id = f"{longest.spec.name}-20261201-231230-99"
+    assert trial.decode(trial.encode(sweep_id, longest.base_tree, {}, 0)).name == sweep_id
+    with pytest.raises(ConfigError, match=r"^name: got 's{82}'; allowed: .* at most 81 characters"):
+        parse_spec({**OK, "name": "s" * 82})
+    parse_config({"name": "s" * 100})  # an experiment's own name may take the whole 100
+
+
 def test_every_grid_point_and_range_end_is_checked():
     bad = {**OK, "parameters": {"schedule": {"grid": [{"kind": "static", "fw": 40, "bw": 8}, {"kind": "fp33"}]},
                                 "optim.lr": {"grid": [0.1, -3.0]}, "data.batch_size": {"grid": [0]}}}
