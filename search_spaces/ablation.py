@@ -51,8 +51,14 @@ MAX_LEVELS = 1000  # levels of one factor
 
 def level_label(value: Any) -> str:
     """A level's name in tables, JSON keys and Optuna's categorical choices: strings as they are, the rest
-    as compact JSON (0.05 -> "0.05", [3, 4] -> "[3, 4]")."""
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    as compact JSON (0.05 -> "0.05", [3, 4] -> "[3, 4]"); what JSON cannot hold (a YAML date, bytes or set, a
+    mapping with mixed keys) by its repr, so that the check of the level's point names it."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 class LoadedAblation(LoadedSpec):

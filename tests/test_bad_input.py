@@ -134,16 +134,19 @@ def test_real_process_exit_codes(run_cli, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["FIFO"]
 
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**40, 10**40), st.floats(allow_nan=True),
-                      st.text(max_size=20))
+# what safe_load gives: JSON's values and YAML's own (dates, timestamps, !!binary bytes, !!set sets, mappings whose
+# keys are not text)
+yaml_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**40, 10**40), st.floats(allow_nan=True),
+                      st.text(max_size=20), st.dates(), st.datetimes(), st.binary(max_size=8),
+                      st.sets(st.integers(0, 9), max_size=3))
 KEYS = st.sampled_from(["name", "base", "set", "parameters", "seeds", "search", "scheduler", "budget", "resources",
                         "model", "data", "optim", "quant", "schedule", "kind", "fw", "bw", "grid", "choice",
                         "uniform", "int", "loguniform", "algorithm", "cpu", "gpu", "schedule.fw", "optim.lr",
                         "epochs", "dataset", "target_cp", "options", "x", "ablation", "mode", "factors",
                         "baseline", "importance", "verdict", "ofat"])
-tree = st.recursive(json_leaf, lambda children: st.one_of(st.lists(children, max_size=4),
-                                                          st.dictionaries(KEYS, children, max_size=5)),
-                    max_leaves=25)
+tree = st.recursive(yaml_leaf, lambda children: st.one_of(
+    st.lists(children, max_size=4), st.dictionaries(st.one_of(KEYS, st.integers(0, 3)), children, max_size=5)),
+    max_leaves=25)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
