@@ -188,6 +188,10 @@ def cross_field_problems(cfg: ExperimentConfig) -> list[tuple[str, object, str]]
     elif split is not None and split.by == "classes" and split.parts > INFO[cfg.data.dataset].classes:
         problems.append(("data.split.parts", split.parts,
                          f"allowed: <= {INFO[cfg.data.dataset].classes} (the classes of {cfg.data.dataset})"))
+    elif split is not None and split.parts > (per_class := INFO[cfg.data.dataset].train_size
+                                              // INFO[cfg.data.dataset].classes):
+        problems.append(("data.split.parts", split.parts, f"allowed: <= {per_class} (every part takes samples of "
+                         f"every class; {cfg.data.dataset} has about {per_class} training samples per class)"))
     if cfg.data.vocab_size is not None and not INFO[cfg.data.dataset].is_text:
         problems.append(("data.vocab_size", cfg.data.vocab_size, f"allowed: null with data.dataset "
                          f"{cfg.data.dataset} (an image data set has no vocabulary)"))

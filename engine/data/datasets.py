@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from engine.data.catalog import INFO, DatasetInfo
 from engine.data.files import fashion_mnist_arrays, imagenet_dir
-from engine.errors import DataError
+from engine.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # the config's types name the arguments; engine.config.experiment reads this module's table
     from engine.config.sections import DataConfig, SplitConfig
@@ -182,6 +182,12 @@ def load_data(cfg: DataConfig) -> DataSplits:
     loader = {"fashion-mnist": _fashion_mnist, "digits": _digits, "cifar10": _cifar, "cifar100": _cifar}[cfg.dataset]
     xtr, ytr, xte, yte = apply_split(*loader(cfg), cfg.split, info.classes)
     (x_train, y_train), val = _split(xtr, ytr, cfg)
+    if not len(y_train):  # nothing to train on: refused here, with what emptied it, not by a division later
+        if not len(ytr):
+            raise ConfigError.single("data.split.part", cfg.split.part, f"allowed: a part that holds training samples (of "
+                                     f"{cfg.split.parts} parts of {cfg.dataset}, this one holds none)")
+        raise ConfigError.single("data.val_fraction", cfg.val_fraction, f"allowed: a fraction that leaves training samples "
+                                 f"(the training set holds {len(ytr)})")
     if cfg.test_subset is not None:
         xte, yte = xte[: cfg.test_subset], yte[: cfg.test_subset]
     return DataSplits(

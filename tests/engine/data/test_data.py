@@ -91,3 +91,23 @@ def test_augmentation_crops_and_flips_per_sample():
     out = _augment(x.repeat(32, 1, 1, 1), info, torch.Generator().manual_seed(0))
     assert out.shape == (64, 3, 32, 32)
     assert len({tuple(o.flatten()[:40].tolist()) for o in out[::2]}) > 5  # different crops per sample
+
+
+def test_a_split_that_leaves_no_training_sample_is_refused_naming_the_field():
+    """Every class's samples are cut into the parts: on digits (about 143 per class) a part past that holds
+    none. The config check refuses such parts; the loader, which sees the real data (a copy smaller than the
+    catalog says), refuses an empty training set, never a division by zero later."""
+    from engine.config.experiment import parse_config
+    from engine.config.sections import DataConfig
+    from engine.data.datasets import load_data
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^data\.split\.parts: got 1000; allowed: <= 143 "):
+        parse_config({"data": {"dataset": "digits", "split": {"by": "samples", "parts": 1000, "part": 999}}})
+    cfg = DataConfig(dataset="digits", split={"by": "samples", "parts": 143, "part": 0})
+    unchecked = cfg.model_copy(update={"split": cfg.split.model_copy(update={"parts": 1000, "part": 999})})
+    with pytest.raises(ConfigError, match=r"^data\.split\.part: got 999; allowed: a part that holds training"):
+        load_data(unchecked)
+    everything_held_out = cfg.model_copy(update={"val_fraction": 0.999})
+    with pytest.raises(ConfigError, match=r"^data\.val_fraction: got 0\.999; allowed: a fraction that leaves"):
+        load_data(everything_held_out)
