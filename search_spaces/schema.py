@@ -131,7 +131,7 @@ class Pair(Strict):
     def _paths(cls, v: dict[str, Any]) -> dict[str, Any]:
         for path in v:
             if not all(part.isidentifier() for part in path.split(".")):
-                raise PydanticCustomError("pair", "allowed: dotted config paths, e.g. schedule.kind (got {p!r})",
+                raise PydanticCustomError("pair", "allowed: dotted config paths, e.g. schedule.kind (not '{p}')",
                                           {"p": path})
         return v
 

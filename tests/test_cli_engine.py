@@ -121,6 +121,9 @@ def test_bad_input_exits_2_with_one_line(run_cli, tmp_path, capsys):
     one_line_error(("train",), "config")
     one_line_error(("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/8", "--int-widths", "8,4"),
                    "--int-widths", "increasing")
+    for typed in ("1_6", "\u0664,\u0668"):  # int() reads both: 16, and Arabic-Indic 4,8
+        one_line_error(("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/8", "--int-widths",
+                        typed), "--int-widths", "comma-separated integers")
     bad_table = write_yaml(tmp_path / "accel.yaml", "fp32: 4\ncosts: {'8x99': 0.3}\n")
     one_line_error(("cost", "--model", "resnet38", "--dataset", "cifar10", "--precision", "8/8", "--table",
                     str(bad_table)), "--table", "costs.8x99", "1..31")

@@ -203,7 +203,8 @@ def test_a_paired_test_names_grid_points_of_its_sweep():
     fields = [f for f, _, _ in err.value.problems]
     assert fields == ["paired.pairs.0.arm", "paired.pairs.0.twin", "paired.pairs.1.twin"]
     assert "pick at least one grid point" in err.value.problems[0][2]
-    with pytest.raises(ConfigError, match="paired.pairs.0.arm.*dotted config paths"):
+    with pytest.raises(ConfigError, match=r"paired.pairs.0.arm.*dotted config paths, e\.g\. schedule\.kind \(not "
+                                          r"'schedule fw'\)$"):
         parse_spec({**spec, "paired": {"claim": "c", "pairs": [{"arm": {"schedule fw": 6}, "twin": {"x": 1}}]}})
 
 

@@ -121,8 +121,9 @@ def parse_cost_table(tree, source: str = "cost table") -> CostTable:
     if unknown:
         raise ConfigError.single(f"{source}: {unknown[0]}", unknown[0], "allowed keys: " + ", ".join(TABLE_KEYS))
     name = tree.get("name", "user")
-    if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
-        raise ConfigError.single(f"{source}: name", name, "allowed: letters, digits, '_' and '-'")
+    # the name ends up in MLflow metric keys (train_cost_table_<name>) and in --objective table:<name>
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise ConfigError.single(f"{source}: name", name, "allowed: 1 to 64 ASCII letters, digits, '_' and '-'")
     unit = tree.get("unit", "cost")
     if not isinstance(unit, str) or not unit or len(unit) > 32 or not unit.isprintable():
         # printed in tables and on figures: no newline or terminal escape may ride along

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from engine.errors import ConfigError
 from engine.metrics import ACCURACY, PERPLEXITY, VAL_ACCURACY, VAL_PERPLEXITY
 from results.output import PLOT_SUFFIXES, check_output_file, emit_json, info, table
@@ -64,11 +66,11 @@ def cost_config(args):
 
     tree = {}
     if getattr(args, "int_widths", None):
-        try:
-            tree["int_widths"] = [int(w) for w in args.int_widths.split(",")]
-        except ValueError:
+        widths = [w.strip() for w in args.int_widths.split(",")]
+        if not all(re.fullmatch(r"[0-9]+", w) for w in widths):  # int() also reads "1_6" and other scripts' digits
             raise ConfigError.single("--int-widths", args.int_widths, "allowed: comma-separated integers, "
-                                     "e.g. 4,8,16,32") from None
+                                     "e.g. 4,8,16,32")
+        tree["int_widths"] = [int(w) for w in widths]
     if getattr(args, "table", None):
         tree["table"] = args.table
     try:

@@ -131,6 +131,8 @@ def test_user_table_prices_pairs_and_rounds_up(tmp_path):
     ({**USER, "colour": "red"}, "colour"),
     ({**USER, "costs": {}}, "costs"),
     ([1, 2], "expected a mapping"),
+    ({**USER, "name": "n" * 65}, "name: got 'nnn"),  # a metric key holds it: MLflow's keys stop at 250
+    ({**USER, "name": "ñandú"}, "name: got 'ñandú'; allowed: 1 to 64 ASCII letters"),
 ])
 def test_user_table_errors_are_one_line(tree, needle):
     with pytest.raises(ConfigError) as err:
