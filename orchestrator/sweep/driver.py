@@ -117,7 +117,7 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
 
     tracker = None
     if opts.resume:
-        from orchestrator.sweep.tune_checkpoints import restore_state
+        from orchestrator.sweep.tune_checkpoints import restore_state, restored_tuner
 
         if note := restore_state(exp_path):  # a state file cut by a full or read-only disk
             print(f"fractune: {note}", file=sys.stderr)
@@ -125,7 +125,7 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
             raise ConfigError.single("--resume", spec.name, f"{exp_path} holds no restorable sweep")
         print(f"resuming sweep {sweep_id} from {exp_path}", file=sys.stderr)
         no_auto_loggers()
-        tuner = tune.Tuner.restore(str(exp_path), trainable, resume_unfinished=True, resume_errored=True)
+        tuner = restored_tuner(exp_path, trainable, spec.name)
     else:
         info = {"sweep_id": sweep_id, "spec": spec.name, "algorithm": spec.search.algorithm,
                 "sampler": spec.search.sampler, "num_samples": spec.search.num_samples,

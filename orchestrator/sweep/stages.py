@@ -89,14 +89,14 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
         if stage.init_from:
             inits = {int(s): v for s, v in manifest["stages"][stage.init_from]["seeds"].items()}
         tracker = None
-        from orchestrator.sweep.tune_checkpoints import restore_state
+        from orchestrator.sweep.tune_checkpoints import restore_state, restored_tuner
 
         if opts.resume and (note := restore_state(stage_path)):
             print(f"fractune: stage {stage.name}: {note}", file=sys.stderr)
         if opts.resume and tune.Tuner.can_restore(str(stage_path)):
             print(f"stage {stage.name}: resuming from {stage_path}", file=sys.stderr)
             no_auto_loggers()
-            tuner = tune.Tuner.restore(str(stage_path), trainable, resume_unfinished=True, resume_errored=True)
+            tuner = restored_tuner(stage_path, trainable, spec.name)
         else:
             tracker = MLflowTracker(uri, spec.name, sweep_id, info, spec.model_dump(mode="json"), str(stage_path),
                                     variation=naming.variation(sub))

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ray import tune
 
+from engine.errors import ConfigError
 from results.output import write_atomic
 
 CHECKPOINT_DIR = re.compile(r"checkpoint_(\d+)")
@@ -302,3 +303,13 @@ class StateKeeper(tune.Callback):
                 self._seen = signature
         except OSError:  # full or read-only: the last complete copy stays as it is
             pass
+
+
+def restored_tuner(path: Path, trainable, field_value: str):
+    """``Tuner.restore`` of the sweep (or stage) at ``path``; a ``tuner.pkl`` that cannot be read back (cut,
+    overwritten, from another Ray) is one line naming ``--resume``, not a traceback."""
+    try:
+        return tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+    except Exception as exc:  # unpickling raises whatever the damaged bytes lead to
+        raise ConfigError.single("--resume", field_value, f"allowed: a sweep folder Ray Tune can restore, not {path} ("
+                                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'unreadable'})") from None

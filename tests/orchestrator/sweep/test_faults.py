@@ -145,6 +145,23 @@ def test_a_killed_driver_resumes_every_trial_exactly_once(ray_local, tmp_path, s
     assert out["trials"] == 3 and out["errored"] == 0
 
 
+@pytest.mark.slow
+def test_a_sweep_folder_tune_cannot_restore_is_one_line_naming_resume(ray_local, tmp_path, sqlite_uri, capsys):
+    """A ``tuner.pkl`` of bytes that are no pickle, and no complete copy to fall back on (``restore_state``):
+    ``--resume`` says so in one line, exit 2, not Tune's traceback."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "garbled", "base": {**SLOW, "optim": {"epochs": 1}}}))
+    folder = tmp_path / "runs" / "garbled-20260101-000000"
+    folder.mkdir(parents=True)
+    (folder / "tuner.pkl").write_bytes(bytes(range(7, 250)))
+    code = run_main("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri", sqlite_uri, "--quiet",
+                    "--no-report", "--address", ray_local.get_runtime_context().gcs_address, "--resume")[0]
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("fractune sweep: error: --resume: got 'garbled'; allowed: a sweep "
+                                                   f"folder Ray Tune can restore, not {folder} (UnpicklingError: ")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
