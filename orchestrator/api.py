@@ -94,10 +94,13 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     """
 
     from engine.data.files import check_available
+    from engine.reach import exact_target_problems
     from results import lineage
     from results.output import check_output_file, check_output_folder, epoch_lines, info, json_text
 
     cfg = lineage.resolve_config(experiment_config(config, overrides, data_dir), tracking_uri)
+    if problems := exact_target_problems(cfg):  # a cp target the built network cannot reach, as validate says
+        raise ConfigError(problems)
     check_available(cfg.data)
     if cfg.workers > 1:
         check_workers(cfg.workers)

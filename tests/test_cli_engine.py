@@ -112,6 +112,10 @@ def test_bad_input_exits_2_with_one_line(run_cli, tmp_path, capsys):
     one_line_error(("train", str(cfg), "--set", "model.name=vgg"), "model.name", "'vgg'", "resnet38")
     one_line_error(("train", str(cfg), "--set", "data.dataset=mnist"), "data.dataset", "fashion-mnist")
     one_line_error(("train", str(cfg), "--set", "optim.bogus=1"), "optim.bogus", "unknown key")
+    # a target only the built network refuses: refused before the line that says training starts
+    far = write_yaml(tmp_path / "far.yaml", "model: {name: resnet8}\ndata: {dataset: digits}\n"
+                     "schedule: {kind: dfq, cost_basis: model, target_cp: 0.0001}\n")
+    one_line_error(("train", str(far)), "schedule.target_cp", "0.0001")
     one_line_error(("train", str(cfg), "--set", "optim.epochs=many"), "optim.epochs", "'many'")
     one_line_error(("train", str(tmp_path / "none.yaml")), "none.yaml")
     one_line_error(("train", str(cfg), "--set", "data.dataset=fashion-mnist", "--data-dir", str(tmp_path)),
