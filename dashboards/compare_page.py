@@ -38,7 +38,7 @@ def check_inputs(uri: str, refs: list[str], out_field: str, out: str) -> None:
     from results.output import check_output_file
 
     ConfigError.check_all(*(lambda ref=ref: store.check_names(*sweep_ref(ref)) for ref in refs),
-                          lambda: check_output_file(out_field, out, (".md", ".markdown", ".txt")),
+                          lambda: check_output_file(out_field, out, (".md", ".markdown", ".txt"), ("_fronts.png",)),
                           lambda: store_checks.check_uri(uri))
 
 

@@ -42,6 +42,8 @@ from results.summary import (
 
 MAX_CHOSEN = 6  # runs in the precision figure when none are named
 MAX_GATED = 4  # heatmaps
+REPORT_FILES = ("report.html", "report.json", "pareto.png", "sensitivity.png", "importance.png", "precision.png",
+                "bit_allocation.png")  # what build_report writes into its folder
 PED_ANOVA_FROM = 200  # finished trials above which importance uses PED-ANOVA (fast at many trials) over fANOVA
 
 
@@ -239,7 +241,7 @@ def check_inputs(uri: str, sweep: str, sweep_id: str | None, out: str | None, lo
 
     ConfigError.check_all(lambda: store.check_names(sweep, sweep_id), lambda: store_checks.check_uri(uri),
                           lambda: store_checks.check_writable(uri, f"or {no_log}") if log else None,
-                          lambda: check_output_folder("--out", out) if out else None)
+                          lambda: check_output_folder("--out", out, REPORT_FILES) if out else None)
 
 
 def cmd_report(args) -> int:

@@ -372,7 +372,8 @@ def cmd_results(args) -> int:
     uri = store.normalise_uri(args.tracking_uri or store.default_tracking_uri())
     ConfigError.check_all(lambda: store.check_names(args.sweep, args.sweep_id),
                           lambda: read_text(args.notes, "--notes", "markdown file") if args.notes else None,
-                          lambda: check_output_file("--out", args.out, (".md", ".markdown", ".txt")),
+                          lambda: check_output_file("--out", args.out, (".md", ".markdown", ".txt"),
+                                                    ("_pareto.png", "_seeds.png")),
                           lambda: store_checks.check_uri(uri), lambda: None if args.no_log else store_checks.check_writable(uri, "or --no-log"))
     command = "fractune results " + " ".join(
         [args.sweep] + (["--sweep-id", args.sweep_id] if args.sweep_id else [])

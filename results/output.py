@@ -135,10 +135,10 @@ def _writable_folder(folder, field: str, value: str) -> None:
         raise ConfigError.single(field, value, f"folder {folder} is not writable ({exc.strerror})") from None
 
 
-def check_output_file(field: str, value: str, suffixes: tuple[str, ...] | None = None):
+def check_output_file(field: str, value: str, suffixes: tuple[str, ...] | None = None, beside: tuple[str, ...] = ()):
     """The resolved path of an output file: not a folder or special file, in an existing writable folder,
-    with one of ``suffixes`` when given. Nothing is created or changed."""
-    import stat
+    with one of ``suffixes`` when given; nor is any file the command writes beside it (``beside``: endings of
+    its stem, ``_pareto.png`` for ``results.md`` -> ``results_pareto.png``). Nothing is created or changed."""
     from pathlib import Path
 
     from engine.errors import ConfigError
@@ -146,27 +146,41 @@ def check_output_file(field: str, value: str, suffixes: tuple[str, ...] | None =
     p = Path(value).expanduser()
     if suffixes and p.suffix.lower() not in suffixes:
         raise ConfigError.single(field, value, f"allowed: a file name ending in {', '.join(suffixes)}")
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise ConfigError.single(field, value, f"allowed: a writable file path ({exc.strerror})") from None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        what = "a folder" if stat.S_ISDIR(st.st_mode) else "a special file"
-        raise ConfigError.single(field, value, f"is {what}; allowed: a file path")
+    _not_in_the_way(p, field, value, "is")
+    for ending in beside:
+        _not_in_the_way(p.with_name(p.stem + ending), field, value, f"writes {p.stem + ending} beside it, which is")
     _writable_folder(p.resolve().parent, field, value)
     return p.resolve()
 
 
-def check_output_folder(field: str, value: str):
+def _not_in_the_way(p, field: str, value: str, what: str) -> None:
+    """``p`` is a regular file or nothing: a folder or special file there would fail the write midway."""
+    import stat
+
+    from engine.errors import ConfigError
+
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError.single(field, value, f"allowed: a writable file path ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a special file"
+        raise ConfigError.single(field, value, f"{what} {kind}; allowed: a file path")
+
+
+def check_output_folder(field: str, value: str, files: tuple[str, ...] = ()):
     """The resolved path of an output folder: a writable folder, or a path whose nearest existing ancestor is
-    a writable folder (created later, once the work is known good). Nothing is created here."""
+    a writable folder (created later, once the work is known good), where none of the ``files`` the command
+    writes into it is a folder or special file. Nothing is created here."""
     from pathlib import Path
 
     from engine.errors import ConfigError
 
     p = Path(value).expanduser().resolve()
+    for name in files:
+        _not_in_the_way(p / name, field, value, f"holds {name}, which is")
     probe = p
     while not probe.exists():
         if probe.parent == probe:

@@ -303,6 +303,30 @@ def test_the_report_of_a_running_sweep_says_it_is_partial(tmp_path, capsys):
     assert line[0].upper() + line[1:] in (tmp_path / "rep" / "report.html").read_text()
 
 
+def test_a_folder_where_a_page_or_its_figure_goes_is_refused_before_anything_is_written(tmp_path, capsys):
+    """``results``, ``compare`` and ``report`` write figures beside (or into) their ``--out``: a folder in the
+    way of any of them is one line naming ``--out``, exit 2, and nothing written, not a failure midway."""
+    from dashboards.report import REPORT_FILES
+
+    uri = f"sqlite:///{tmp_path / 'lm.db'}"
+    _lm_sweep(uri)
+    _lm_sweep(uri, "lm_other")
+    capsys.readouterr()
+    out = tmp_path / "out"
+    for blocked, args in [("p_seeds.png", ("results", "lm_mini", "--out", str(out / "p.md"))),
+                          ("c_fronts.png", ("compare", "lm_mini", "lm_other", "--out", str(out / "c.md"))),
+                          ("rep/precision.png", ("report", "lm_mini", "--out", str(out / "rep")))]:
+        (out / blocked).mkdir(parents=True)
+        code = run_main(*args, "--tracking-uri", uri, "--no-log")[0] if args[0] != "compare" else \
+            run_main(*args, "--tracking-uri", uri)[0]
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "--out: got" in err[0] and "a folder; allowed: a file path" in err[0]
+        assert [p for p in out.rglob("*") if p.is_file()] == [], err
+        (out / blocked).rmdir()
+    assert run_main("report", "lm_mini", "--tracking-uri", uri, "--no-log", "--out", str(out / "rep"))[0] == 0
+    assert {p.name for p in (out / "rep").iterdir()} <= set(REPORT_FILES)  # the list the check reads is whole
+
+
 def test_a_method_whose_config_is_unread_keeps_its_name_and_a_trial_without_metrics_is_named(tmp_path):
     """A store moved without its artifacts: a method's ``config.yaml`` cannot be read, so the page names it by its
     trials' method tag and says so, never as the default config's FP32. A trial that finished without a finite
