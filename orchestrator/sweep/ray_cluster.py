@@ -48,13 +48,36 @@ def check_ray_address(address: str | None, timeout: float = 3.0, answer_timeout:
 
     answer_timeout = jobs.ANSWER_TIMEOUT_S if answer_timeout is None else answer_timeout
     channel = grpc.insecure_channel(f"{host}:{port}")
+    silent = (f"something listens there but does not answer as a Ray cluster within {answer_timeout:g} s; "
+              f"{allowed}")
     try:
         grpc.channel_ready_future(channel).result(timeout=answer_timeout)
+        _ask_as_ray(channel, address.startswith("ray://"), answer_timeout)
     except grpc.FutureTimeoutError:
-        raise ConfigError.single("--address", address, f"something listens there but does not answer as a Ray "
-                                 f"cluster within {answer_timeout:g} s; {allowed}") from None
+        raise ConfigError.single("--address", address, silent) from None
+    except grpc.RpcError as err:
+        if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise ConfigError.single("--address", address, silent) from None
+        if err.code() == grpc.StatusCode.UNIMPLEMENTED:  # another gRPC or HTTP/2 service: Ray would retry it
+            raise ConfigError.single("--address", address, f"a gRPC service there, but not a Ray cluster's (it "
+                                     f"does not know Ray's calls); {allowed}") from None
+        # anything else (a token cluster refusing a call without its token, say) is Ray answering
     finally:
         channel.close()
+
+
+def _ask_as_ray(channel, client: bool, timeout: float) -> None:
+    """One call of Ray's own to the address: the GCS's cluster id, or a Ray Client server's ping."""
+    if client:
+        from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+        ping = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING)
+        ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(ping, timeout=timeout)
+    else:
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(gcs_service_pb2.GetClusterIdRequest(),
+                                                                         timeout=timeout)
 
 
 RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False, "enable_worker_prestart": False,

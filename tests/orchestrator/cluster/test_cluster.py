@@ -347,6 +347,34 @@ def test_an_address_where_something_listens_but_never_answers_is_refused(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # no store, no storage
 
 
+def test_a_grpc_service_that_is_not_ray_is_refused_before_ray_retries_it(tmp_path, capsys):
+    """A gRPC (or HTTP/2) service on the port answers the channel check, but not Ray's own calls: Ray's driver
+    would retry it for minutes, logging a line per try; ``sweep --address`` refuses it in one line at once."""
+    from concurrent import futures
+
+    import grpc
+
+    from tests.conftest import run_main
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # serves no method at all
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+            code = run_main("sweep", str(spec), "--storage", str(tmp_path / "runs"), "--tracking-uri",
+                            f"sqlite:///{tmp_path}/m.db", "--address", address)[0]
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert code == 2 and lines == [f"fractune sweep: error: --address: got '{address}'; a gRPC service "
+                                           "there, but not a Ray cluster's (it does not know Ray's calls); allowed: "
+                                           "auto, or a running cluster's HOST:PORT (its GCS, port 6379 by default) "
+                                           "or ray://HOST:PORT"], lines
+    finally:
+        server.stop(0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # no store, no storage
+
+
 def test_a_dashboard_behind_tls_this_machine_does_not_trust_is_left_to_rays_client(tmp_path):
     """The answer check takes a TLS handshake as an answer: the certificate is Ray's Jobs client's to check, with
     its own settings (``verify``, ``REQUESTS_CA_BUNDLE``), not this machine's default CAs; a listener that never
