@@ -88,6 +88,8 @@ def resolved_path(v: str) -> str:
     the error names the field instead of surfacing from the first open, perhaps inside a trial."""
     import os
 
+    if not v.strip():  # Path("") is the working folder: never what an empty setting meant
+        raise PydanticCustomError("path", "allowed: a path, not empty text")
     if "\x00" in v:
         raise PydanticCustomError("path", "allowed: a path without a NUL character")
     try:  # YAML's "\ud800" escape: text that no file name can hold

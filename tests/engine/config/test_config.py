@@ -51,6 +51,11 @@ def test_a_path_no_file_name_can_hold_is_refused_in_one_line_naming_its_field(tm
     with pytest.raises(ConfigError, match="--data-dir: got .*allowed: a path without an unpaired surrogate"):
         check_path("--data-dir", "x\ud800")
     assert check_path("--data-dir", str(tmp_path)) == str(tmp_path)
+    for tree, field in (({"data": {"data_dir": ""}}, "data.data_dir"), ({"cost": {"table": " "}}, "cost.table")):
+        with pytest.raises(ConfigError) as err:  # an empty path would be the working folder
+            parse_config(tree)
+        (line,) = err.value.lines()
+        assert line.startswith(f"{field}: got ") and line.endswith("allowed: a path, not empty text"), line
 
 
 def test_unknown_key_names_allowed_keys():
