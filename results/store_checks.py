@@ -155,6 +155,9 @@ def preflight(uri: str, timeout: float = 5.0, mode: str = "create") -> None:
         elif not stat.S_ISREG(st.st_mode):
             raise ConfigError.single("--tracking-uri", shown, f"{db} is not a regular file; allowed: a sqlite "
                                      "database file")
+        elif not os.access(db, os.R_OK):
+            raise ConfigError.single("--tracking-uri", shown, f"cannot read {db} (Permission denied); allowed: a "
+                                     "store this user may read")
         elif not _is_sqlite(db):
             raise ConfigError.single("--tracking-uri", shown, f"{db} is not a sqlite database")
         else:

@@ -5,12 +5,14 @@ that starts failing after that check gives one line and exit 1, never a tracebac
 from __future__ import annotations
 
 import http.server
+import os
+import shutil
 import threading
 import time
 
 import pytest
 
-from tests.conftest import hand_logged_sweep, run_main, self_signed_cert
+from tests.conftest import ROOT, hand_logged_sweep, run_main, self_signed_cert
 
 
 def _serve(api_status: int, other_status: int, api_body: bytes = b'{"experiments": []}', tls=None):
@@ -250,3 +252,23 @@ def test_a_sweep_whose_experiment_was_renamed_opens_by_its_sweep_id(tmp_path, st
     assert [p["run_id"] for p in out["pareto"]] == [child.info.run_id]
     code = run_main("pareto", "other", "--sweep-id", "demo-20261129-000000", "--tracking-uri", uri)[0]
     assert code == 2 and "sweep: got 'other'; no sweep of that name" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="drops root's file-access capabilities")
+def test_a_store_this_user_may_not_read_is_named_so(tmp_path, store_template):
+    """A store file of mode 000: the line says it cannot be read, not that it is no sqlite database. Run without
+    root's capability to read any file (``setpriv``), as a user's process is."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "mlflow.db"
+    shutil.copy(store_template, db)
+    db.chmod(0)
+    r = subprocess.run(["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                        "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m", "orchestrator.cli",
+                        "sweeps", "--tracking-uri", f"sqlite:///{db}"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"fractune sweeps: error: --tracking-uri: got 'sqlite:///{db}'; cannot read {db} (Permission denied); "
+        "allowed: a store this user may read"], r.stderr
