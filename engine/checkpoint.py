@@ -37,25 +37,27 @@ def _cause(exc: Exception) -> str:
     return line.split(". ")[0][:200]  # the first sentence: the rest is torch's advice
 
 
-def load(directory: str | Path, map_location: str | torch.device = "cpu") -> dict:
+def load(directory: str | Path, map_location: str | torch.device = "cpu", field: str = "checkpoint") -> dict:
+    """The state a run saved in ``directory`` (or the file itself); ``field``: the setting that named it, which
+    every refusal names (``init.checkpoint``, ``--resume``)."""
     path = Path(directory)
     path = path / FILENAME if path.is_dir() else path
     if not path.is_file():
-        raise CheckpointError(f"checkpoint: {path} does not exist")
+        raise CheckpointError(f"{field}: {path} does not exist")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:  # torch's message advises turning weights_only off: never repeat that
         if FOREIGN.search(str(exc)):
-            raise CheckpointError(f"checkpoint: {path} holds objects other than tensors and plain data; refused "
+            raise CheckpointError(f"{field}: {path} holds objects other than tensors and plain data; refused "
                                   "(loading it could run code)") from None
-        raise CheckpointError(f"checkpoint: {path} is damaged (not a readable checkpoint: "
+        raise CheckpointError(f"{field}: {path} is damaged (not a readable checkpoint: "
                               f"{_cause(exc)})") from None
     except Exception as exc:  # a truncated archive, flipped bytes, an empty file...
-        raise CheckpointError(f"checkpoint: {path} is damaged ({type(exc).__name__}: {_cause(exc)})") from None
+        raise CheckpointError(f"{field}: {path} is damaged ({type(exc).__name__}: {_cause(exc)})") from None
     if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint: {path} holds a {type(state).__name__}; expected fractune's state dict")
+        raise CheckpointError(f"{field}: {path} holds a {type(state).__name__}; expected fractune's state dict")
     if state.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint: {path} has format {state.get('format')!r}; expected {FORMAT}")
+        raise CheckpointError(f"{field}: {path} has format {state.get('format')!r}; expected {FORMAT}")
     return state
 
 
@@ -67,7 +69,7 @@ def load_init(init, model_name: str) -> dict:
         raise CheckpointError(f"init.checkpoint: none for init.run_id {init.run_id}; allowed: a checkpoint folder, "
                               "or run the config with fractune train/sweep --tracking-uri, which resolve the run "
                               "to its final checkpoint")
-    state = load(init.checkpoint)
+    state = load(init.checkpoint, field="init.checkpoint")
     written = ((state.get("config") or {}).get("model") or {}).get("name")
     if written != model_name:
         raise CheckpointError(f"init.checkpoint: {init.checkpoint} holds a {written} model; allowed: a checkpoint "

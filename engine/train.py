@@ -147,9 +147,10 @@ def load_resume_state(cfg: ExperimentConfig, resume_from, device: torch.device) 
     """The checkpoint to resume from, refused when another configuration wrote it."""
     if resume_from is None:
         return None
-    state = checkpoint.load(resume_from, map_location=device)
+    state = checkpoint.load(resume_from, map_location=device, field="--resume")
     if state.get("config") != cfg.to_dict():
-        raise CheckpointError("checkpoint: it was written by a different configuration; refusing to resume")
+        raise CheckpointError(f"--resume: {resume_from} was written by a different configuration; refusing to "
+                              "resume")
     return state
 
 

@@ -94,13 +94,11 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     """
 
     from engine.data.files import check_available
-    from engine.reach import exact_target_problems
     from results import lineage
     from results.output import check_output_file, check_output_folder, epoch_lines, info, json_text
 
     cfg = lineage.resolve_config(experiment_config(config, overrides, data_dir), tracking_uri)
-    if problems := exact_target_problems(cfg):  # a cp target the built network cannot reach, as validate says
-        raise ConfigError(problems)
+    _check_run(cfg, None, lambda: cfg.init)  # as validate checks it, before the line that says training starts
     check_available(cfg.data)
     if cfg.workers > 1:
         check_workers(cfg.workers)
@@ -457,18 +455,26 @@ def validate(file: PathLike, *, tracking_uri: str | None = None) -> ValidationRe
         return ValidationResult(file=str(file), kind="sweep" if kind == "spec" else "ablation", name=obj.name,
                                 trials=obj.num_trials(), stages=stages)
     from engine.data.files import check_available
-    from engine.reach import exact_target_problems
 
-    if problems := exact_target_problems(obj):  # what the built network can reach, where the config cannot tell
-        raise ConfigError(problems, str(file))
-    if obj.device == "cuda":  # where no GPU is visible it would fail at the first step (auto and cpu never do)
-        from engine.train import pick_device
-
-        pick_device(obj.device)
+    _check_run(obj, str(file), lambda: lineage.resolve_config(obj, tracking_uri).init)
     if obj.data.data_dir:  # a folder named in the config must hold the data
         check_available(obj.data)
-    if obj.init is not None:  # the pretrained checkpoint (or init.run_id's) must exist, of this run's model
+    return ValidationResult(file=str(file), kind="experiment", name=obj.name)
+
+
+def _check_run(cfg, source: str | None, init) -> None:
+    """What only the machine or the built network can refuse, checked before a run starts (``train``) or is
+    called valid (``validate``): the cp targets' exact reach, a GPU for ``device: cuda``, and the pretrained
+    checkpoint (``init()``: the resolved ``init`` section) of this run's model."""
+    from engine.reach import exact_target_problems
+
+    if problems := exact_target_problems(cfg):  # what the built network can reach, where the config cannot tell
+        raise ConfigError(problems, source)
+    if cfg.device == "cuda":  # where no GPU is visible it would fail at the first step (auto and cpu never do)
+        from engine.train import pick_device
+
+        pick_device(cfg.device)
+    if cfg.init is not None:  # the pretrained checkpoint (or init.run_id's) must exist, of this run's model
         from engine.checkpoint import load_init
 
-        load_init(lineage.resolve_config(obj, tracking_uri).init, obj.model.name)
-    return ValidationResult(file=str(file), kind="experiment", name=obj.name)
+        load_init(init(), cfg.model.name)

@@ -116,6 +116,8 @@ def test_bad_input_exits_2_with_one_line(run_cli, tmp_path, capsys):
     far = write_yaml(tmp_path / "far.yaml", "model: {name: resnet8}\ndata: {dataset: digits}\n"
                      "schedule: {kind: dfq, cost_basis: model, target_cp: 0.0001}\n")
     one_line_error(("train", str(far)), "schedule.target_cp", "0.0001")
+    one_line_error(("train", str(cfg), "--set", f"init.checkpoint={tmp_path / 'gone'}"), "init.checkpoint: ",
+                   "does not exist")
     one_line_error(("train", str(cfg), "--set", "optim.epochs=many"), "optim.epochs", "'many'")
     one_line_error(("train", str(tmp_path / "none.yaml")), "none.yaml")
     one_line_error(("train", str(cfg), "--set", "data.dataset=fashion-mnist", "--data-dir", str(tmp_path)),
