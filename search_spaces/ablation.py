@@ -148,7 +148,7 @@ def parse_ablation(tree: dict, source: Path | None = None) -> LoadedAblation:
     ab = _section(tree, problems)
     rest = {k: v for k, v in tree.items() if k != "ablation"}
     if rest.get("parameters"):
-        problems.append(("parameters", sorted(rest["parameters"]) if isinstance(rest["parameters"], dict)
+        problems.append(("parameters", sorted(map(str, rest["parameters"])) if isinstance(rest["parameters"], dict)
                          else rest["parameters"], "an ablation sweeps its ablation.factors: leave parameters out"))
         rest.pop("parameters")
     search = rest.get("search")

@@ -20,7 +20,7 @@ import shutil
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.config.experiment import parse_config
@@ -160,6 +160,7 @@ def test_fuzz_spec_parsing_raises_only_fractune_errors(doc):
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(KEYS, tree, max_size=6), st.dictionaries(KEYS, tree, max_size=4))
+@example({"name": None, "parameters": {"name": None, 0: None}}, {})  # mixed keys: no order among them
 def test_fuzz_ablation_parsing_raises_only_fractune_errors(doc, section):
     try:
         parse_ablation({**doc, "ablation": section})
