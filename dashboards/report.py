@@ -30,7 +30,7 @@ from results.objectives import Direction, Objective
 from results.output import emit_json, info, json_text
 from results.provenance import shown_uri
 from results.runs import check_objective, compared_stages, cost_of, front_quality, log_quality
-from results.store import artifact_json
+from results.store import artifact_json, without_credentials
 from results.summary import (
     compared_what,
     delta_column,
@@ -160,12 +160,10 @@ def _view_links(data: SweepData) -> str:
     """Links to the sweep's views in the MLflow UI when the server's address is known (a tracking server). On a
     sqlite store only `fractune ui` knows it (and MLflow's artifact viewer shows this page in a sandboxed frame
     whose links cannot leave it): the page names the command, and the parent run's description links the views."""
-    import re
-
     if not data.uri.startswith(("http://", "https://")):
         return (f"the trials and their charts in the MLflow UI: <code>fractune ui --sweep {html.escape(data.name)}"
                 "</code> prints their URLs (the sweep's parent run links them too)")
-    base = re.sub(r"(?<=://)[^/@\s]+@", "", data.uri)  # never credentials in a page
+    base = without_credentials(data.uri)  # never credentials in a page
     links = [(view_url(base, data.experiment_id, data.sweep_id), "the trials in the MLflow UI"),
              (view_url(base, data.experiment_id, data.sweep_id, charts=True), "their charts")]
     return " · ".join(f'<a href="{html.escape(u)}" target="_blank">{t}</a>' for u, t in links)
