@@ -31,6 +31,9 @@ def test_the_catalog_names_exactly_the_zoo():
 
     assert set(MODELS) == set(catalog.NAMES) and len(catalog.NAMES) == len(set(catalog.NAMES))
     assert set(transformer.PRESETS) == set(catalog.LANGUAGE_MODELS)
+    # the config's reach rule names these models without building them: exactly those with depthwise layers
+    assert set(catalog.WITH_DEPTHWISE) == {n for n in catalog.IMAGE_CLASSIFIERS if any(
+        x.role == "depthwise" for x in build_model(n, 3, 10).layer_table((3, 32, 32)))}
     with pytest.raises(RuntimeError, match="resnet9000"):
         register_model("resnet9000")(lambda **kw: None)
     assert "resnet9000" not in MODELS
