@@ -122,8 +122,6 @@ def importances(rows: list[dict], factors: list[str], objective: Objective, eval
     two-objective study (``objectives``: accuracy maximize, or a language model's test perplexity minimize;
     BitOPs minimize) holding one trial per finished run. Keyed by the objectives' names (``accuracy`` or
     ``perplexity``, ``train_bitops``), with ``objective`` and ``direction`` naming the task objective."""
-    import optuna
-
     (task, direction), _ = study_objectives = objectives(objective)
     usable = [r for r in rows if all(f in (r.get("point") or {}) for f in factors)
               and math.isfinite(r.get(task, math.nan)) and math.isfinite(r.get(TRAIN_BITOPS, math.nan))]
@@ -133,6 +131,10 @@ def importances(rows: list[dict], factors: list[str], objective: Objective, eval
     if len(usable) < 3 or not varied:
         out["note"] = "needs three or more finished trials and a factor with two or more levels"
         return out
+    if len(varied) == 1 and evaluator == "fanova":
+        return _one_factor(out, usable, varied[0], task)
+    import optuna
+
     dists = {f: _distribution([r["point"][f] for r in usable]) for f in varied}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=[d for _, d in study_objectives])
@@ -151,6 +153,17 @@ def importances(rows: list[dict], factors: list[str], objective: Objective, eval
             warnings.simplefilter("ignore")
             imp = optuna.importance.get_param_importances(study, evaluator=_evaluator(evaluator), target=target)
         out[name] = {k: float(v) for k, v in imp.items()}
+    return out
+
+
+def _one_factor(out: dict, usable: list[dict], factor: str, task: str) -> dict:
+    """fANOVA's answer for a single varied factor, without fitting its forests (or importing scikit-learn, which
+    they need): the factor explains all the variance there is, so its normalized importance is 1.0; a target with
+    no variance at all is refused with fANOVA's own error. Most sweeps vary one factor (the schedule)."""
+    for name in (task, TRAIN_BITOPS):
+        if len({r[name] for r in usable}) < 2:
+            raise RuntimeError("Encountered zero total variance in all trees.")
+        out[name] = {factor: 1.0}
     return out
 
 

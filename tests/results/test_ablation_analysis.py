@@ -149,6 +149,53 @@ def test_importance_with_categorical_levels_and_too_few_trials():
     assert few["accuracy"] == {} and "three or more" in few["note"]
 
 
+def _forest(rows: list[dict], factor: str) -> dict:
+    """Optuna's fANOVA fitted on one factor's trials (a two-objective study, as ``importances`` builds): per target,
+    the normalized importances, or the error it raises."""
+    import optuna
+
+    from results.ablation_analysis import _distribution
+    from search_spaces.ablation import level_label
+
+    dist, cat = _distribution([r["point"][factor] for r in rows])
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for r in rows:
+        value = level_label(r["point"][factor]) if cat else r["point"][factor]
+        study.add_trial(optuna.trial.create_trial(params={factor: value}, distributions={factor: dist},
+                                                  values=[r["accuracy"], r["train_bitops"]]))
+    out = {}
+    for i, name in enumerate(("accuracy", "train_bitops")):
+        try:
+            out[name] = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
+                target=lambda t, i=i: t.values[i])
+        except RuntimeError as err:
+            return {"error": str(err)}
+    return out
+
+
+@pytest.mark.parametrize("levels", [[{"kind": "fp32"}, {"kind": "static"}, {"kind": "pfq"}], [2, 4, 8],
+                                    [0.05, 0.1, 0.2]], ids=["categorical", "int", "float"])
+@pytest.mark.parametrize("accuracy, cost", [
+    (lambda i, s: 0.8 + 0.01 * i + 0.001 * s, lambda i, s: 10.0 - i),
+    (lambda i, s: 0.8 + 0.001 * s, lambda i, s: 10.0 - i),  # levels alike, seeds apart
+    (lambda i, s: 0.8, lambda i, s: 10.0 - i),  # no variance in accuracy
+    (lambda i, s: 0.8 + 0.01 * i, lambda i, s: 3.0),  # none in the cost
+], ids=["levels apart", "seeds apart", "constant accuracy", "constant cost"])
+def test_one_varied_factor_gets_what_fanovas_forest_gives(levels, accuracy, cost):
+    """A sweep that varies one factor is answered without fitting fANOVA's forests: the same importances, and the
+    same refusal when a target does not vary, as the forests give."""
+    rows = [{"point": {"f": level}, "accuracy": accuracy(i, s), "train_bitops": cost(i, s), "run_id": f"{i}-{s}"}
+            for i, level in enumerate(levels) for s in (0, 1)]
+    forest = _forest(rows, "f")
+    if "error" in forest:
+        with pytest.raises(RuntimeError, match=forest["error"]):
+            importances(rows, ["f"], ACC)
+    else:
+        imp = importances(rows, ["f"], ACC)
+        assert {k: imp[k] for k in forest} == forest
+
+
 def test_analyse_reports_levels_verdicts_and_importance():
     la = parse_ablation(OFAT)
     rng = np.random.default_rng(1)
