@@ -67,9 +67,12 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     gather(store_checks.preflight, uri, mode="check")
     root = gather(storage_root, storage, create=False)
     if resume and root is not None and loaded is not None:
+        from orchestrator.sweep.lifecycle import check_resume_store
         from orchestrator.sweep.storage import latest_sweep_id
 
-        gather(latest_sweep_id, root, loaded.name)
+        sweep_id = gather(latest_sweep_id, root, loaded.name)
+        if sweep_id is not None and not any(field == "--tracking-uri" for field, _, _ in problems):
+            gather(check_resume_store, uri, root / sweep_id, sweep_id)
     for field, value in (outputs or {}).items():
         if value:
             gather(check_output_folder, field, value)

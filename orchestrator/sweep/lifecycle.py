@@ -133,6 +133,49 @@ def reconcile(uri: str, experiment: str, sweep_id: str, parent_status: str | Non
         return 0
 
 
+def recorded_parents(exp_path: Path) -> list[str]:
+    """The parent runs a sweep's folder records (its tracker's file; a staged sweep's, one per stage folder).
+    None where the store was never reached: the tracker creates the parent run when it is."""
+    import json
+
+    from orchestrator.tracking.tracker import REPORT_FILE
+
+    found = []
+    for path in [exp_path / REPORT_FILE, *sorted(exp_path.glob(f"*/{REPORT_FILE}"))]:
+        try:
+            parent = json.loads(path.read_text()).get("parent_run_id")
+        except (OSError, ValueError, AttributeError):  # not written, or cut: nothing recorded
+            continue
+        if isinstance(parent, str) and parent:
+            found.append(parent)
+    return found
+
+
+def check_resume_store(uri: str, exp_path: Path, sweep_id: str) -> None:
+    """Refuse to resume into a store that does not hold the sweep's parent runs: another ``--tracking-uri`` than
+    the one it started with (or none, where it started with one). Resumed there, the trials would be logged
+    beside runs they are not part of and the front named without them. Nothing is created: a store that does not
+    exist is refused as the readers refuse it."""
+    from mlflow.exceptions import MlflowException
+
+    from results import store, store_checks
+
+    parents = recorded_parents(exp_path)
+    if not parents:
+        return
+    store_checks.preflight(uri, mode="read")
+    c = store.client(uri)
+    for parent in parents:
+        try:
+            c.get_run(parent)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":  # a store that fails now: the tracker's backlog keeps it
+                return
+            raise ConfigError.single("--tracking-uri", store.redact(uri), f"sweep {sweep_id} was not tracked here "
+                                     f"(its parent run {parent} is not in this store); allowed: the tracking URI the "
+                                     "sweep started with") from None
+
+
 def resume_command(spec: str, storage: str | None, tracking_uri: str | None) -> str:
     """The exact command that continues a sweep, with the storage and tracking store it used."""
     import shlex

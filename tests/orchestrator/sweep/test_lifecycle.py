@@ -148,6 +148,42 @@ def test_a_second_resume_of_a_running_sweep_is_refused(tmp_path):
     assert (exp / LOCK_FILE).read_text().strip().isdigit()
 
 
+def _folder_state(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_resume_into_a_store_that_never_tracked_the_sweep_is_refused(tmp_path, store_template, capsys, staged):
+    """The sweep's folder records its parent run; a --tracking-uri whose store lacks it (another store, or one that
+    does not exist) is refused in one line naming the field, before anything is created or written; the store
+    that holds the parent run passes the check."""
+    import json as json_
+
+    from tests.conftest import copy_store, hand_logged_sweep
+
+    spec = _spec(tmp_path, "moved", 1, GRID[:1])
+    exp = tmp_path / "runs" / "moved-20260101-000000"
+    home = copy_store(store_template, tmp_path / "home.db")
+    _, parent, _ = hand_logged_sweep(store.client(home), "moved", exp.name, {"accuracy": 0.5})
+    tracked = exp / "pre" if staged else exp
+    tracked.mkdir(parents=True)
+    (exp / ("stages.json" if staged else "tuner.pkl")).write_bytes(b"{}")
+    (tracked / "fractune_tracking.json").write_text(json_.dumps({"parent_run_id": parent.info.run_id}))
+    other = copy_store(store_template, tmp_path / "other.db")
+    before = _folder_state(tmp_path)
+    for uri, cause in ((other, f"sweep {exp.name} was not tracked here (its parent run {parent.info.run_id} is not "
+                               "in this store)"), (f"sqlite:///{tmp_path / 'none.db'}", "no tracking store at")):
+        code, _, _ = run_main("sweep", str(spec), "--resume", "--storage", str(tmp_path / "runs"), "--tracking-uri",
+                              uri, "--no-report")
+        err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"fractune sweep: error: --tracking-uri: got {uri!r}")
+        assert cause in err[0], err
+        assert _folder_state(tmp_path) == before  # nothing created, nothing written
+    from orchestrator.sweep.lifecycle import check_resume_store
+
+    check_resume_store(home, exp, exp.name)  # the store it started in
+
+
 @pytest.mark.slow
 def test_a_trial_whose_loss_explodes_is_flagged_diverged(ray_local, tmp_path, sqlite_uri, capsys):
     """A loss far past chance's that never turns NaN: the run finishes, tagged diverged, and `pareto` names it."""
