@@ -62,7 +62,7 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     if loaded is not None and hasattr(loaded, "base_trial"):  # the data every trial reads: damaged files exit 2 here
         from engine.data.files import check_available
 
-        gather(check_available, trial_data(loaded))
+        gather(check_available, trial_data(loaded), here=address is None and not os.environ.get("RAY_ADDRESS"))
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
     gather(store_checks.preflight, uri, mode="check")
     root = gather(storage_root, storage, create=False)

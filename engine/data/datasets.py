@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.data.catalog import INFO, DatasetInfo
-from engine.data.files import fashion_mnist_arrays, imagenet_dir
+from engine.data.files import cifar_root, fashion_mnist_arrays, imagenet_dir
 from engine.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # the config's types name the arguments; engine.config.experiment reads this module's table
@@ -126,7 +126,7 @@ def _cifar(cfg: DataConfig):
     except Exception as exc:  # pragma: no cover - torchvision is a dependency
         raise DataError(f"data.dataset: {cfg.dataset} needs torchvision ({exc})") from None
     cls = datasets.CIFAR10 if cfg.dataset == "cifar10" else datasets.CIFAR100
-    root = cfg.data_dir or str(Path.home() / ".cache" / "fractune" / cfg.dataset)
+    root = str(cifar_root(cfg))
     try:
         tr = cls(root, train=True, download=cfg.download)
         te = cls(root, train=False, download=cfg.download)

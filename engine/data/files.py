@@ -119,8 +119,10 @@ def _find_idx(folder: Path, stem: str) -> Path:
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
-def check_available(cfg: DataConfig) -> None:
-    """Fail fast, with a one-line DataError, when a data set's files are not where the config says."""
+def check_available(cfg: DataConfig, here: bool = True) -> None:
+    """Fail fast, with a one-line DataError, when a data set's files are not where the config says. ``here``:
+    the data is read on this machine (``False`` for a sweep on a cluster, whose trials may run where this
+    machine's cache is not: CIFAR's files are then looked for by the trials only)."""
     if INFO[cfg.dataset].is_text:
         from engine.data.text import check_text
 
@@ -129,6 +131,8 @@ def check_available(cfg: DataConfig) -> None:
         fashion_mnist_arrays(cfg)
     elif cfg.dataset == "imagenet":
         imagenet_dir(cfg)
+    elif cfg.dataset in CIFAR_FILES and not cfg.download and here:
+        cifar_files(cfg)
     elif cfg.data_dir and not cfg.download and not Path(cfg.data_dir).is_dir():
         raise DataError(f"data.data_dir: {cfg.data_dir} is not a folder; pass --data-dir to the folder holding "
                         f"{cfg.dataset}, or set data.download: true")
@@ -144,6 +148,27 @@ def fashion_mnist_arrays(cfg: DataConfig) -> dict[str, np.ndarray]:
     for x, y in (("xtr", "ytr"), ("xte", "yte")):
         _check_pair(arr[x], arr[y], info.classes, info.size, f"{files[x].name} / {files[y].name}")
     return arr
+
+
+# the python-version archives' folders and files, as torchvision's CIFAR10 and CIFAR100 read them
+CIFAR_FILES = {"cifar10": ("cifar-10-batches-py", (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")),
+               "cifar100": ("cifar-100-python", ("train", "test"))}
+
+
+def cifar_root(cfg: DataConfig) -> Path:
+    return Path(cfg.data_dir) if cfg.data_dir else Path.home() / ".cache" / "fractune" / cfg.dataset
+
+
+def cifar_files(cfg: DataConfig) -> None:
+    """Every file of the archive where the loader will look: a missing one is refused here, before any work, as
+    the loader would refuse it (it checks their contents when it reads them)."""
+    root = cifar_root(cfg)
+    folder, names = CIFAR_FILES[cfg.dataset]
+    missing = [name for name in names if not (root / folder / name).is_file()]
+    if missing:
+        raise DataError(f"data.data_dir: {root} holds no {cfg.dataset} ({folder}/{missing[0]} is missing); pass "
+                        "--data-dir to the folder with the python-version archive's contents, or set "
+                        "data.download: true")
 
 
 def imagenet_dir(cfg: DataConfig) -> None:

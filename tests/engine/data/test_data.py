@@ -52,6 +52,34 @@ def test_missing_data_says_how_to_get_it(tmp_path):
         load_data(DataConfig(dataset="cifar10", data_dir=str(tmp_path)))
 
 
+@pytest.mark.parametrize("dataset, folder, first", [("cifar10", "cifar-10-batches-py", "data_batch_1"),
+                                                     ("cifar100", "cifar-100-python", "train")])
+def test_cifar_files_missing_where_the_loader_looks_are_refused_before_any_work(tmp_path, monkeypatch, dataset,
+                                                                                  folder, first):
+    """In the folder named, or in the default cache where none is: the first missing file named, in one line;
+    a sweep on a cluster leaves the check to its trials (this machine's cache is not theirs); with every file
+    there, the check passes and the loader checks their contents."""
+    from engine.data.files import CIFAR_FILES, check_available
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for cfg, root in ((DataConfig(dataset=dataset), tmp_path / "home" / ".cache" / "fractune" / dataset),
+                      (DataConfig(dataset=dataset, data_dir=str(tmp_path)), tmp_path)):
+        with pytest.raises(DataError) as info:
+            check_available(cfg)
+        msg = str(info.value)
+        assert msg.startswith(f"data.data_dir: {root} holds no {dataset} ({folder}/{first} is missing)"), msg
+        assert "\n" not in msg and "data.download: true" in msg
+    check_available(DataConfig(dataset=dataset), here=False)
+    check_available(DataConfig(dataset=dataset, download=True))
+    (tmp_path / folder).mkdir()
+    for name in CIFAR_FILES[dataset][1][:-1]:
+        (tmp_path / folder / name).write_bytes(b"")
+    with pytest.raises(DataError, match=f"{folder}/{CIFAR_FILES[dataset][1][-1]} is missing"):
+        check_available(DataConfig(dataset=dataset, data_dir=str(tmp_path)))
+    (tmp_path / folder / CIFAR_FILES[dataset][1][-1]).write_bytes(b"")
+    check_available(DataConfig(dataset=dataset, data_dir=str(tmp_path)))
+
+
 def test_digits_split_is_fixed_and_disjoint():
     a = load_data(DataConfig(dataset="digits", val_fraction=0.1, split_seed=0))
     b = load_data(DataConfig(dataset="digits", val_fraction=0.1, split_seed=0))
