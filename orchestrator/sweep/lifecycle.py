@@ -135,7 +135,7 @@ def reconcile(uri: str, experiment: str, sweep_id: str, parent_status: str | Non
 
 def recorded_parents(exp_path: Path) -> list[str]:
     """The parent runs a sweep's folder records (its tracker's file; a staged sweep's, one per stage folder).
-    None where the store was never reached: the tracker creates the parent run when it is."""
+    A tracker that never reached its store records none: it creates the parent run once it does."""
     import json
 
     from orchestrator.tracking.tracker import REPORT_FILE
