@@ -6,6 +6,7 @@ logged over HTTP (``served_sweep``: the report, UI, tracker and browser tests re
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -209,6 +210,20 @@ def hand_logged_sweep(c, name: str, sweep_id: str, metrics: dict[str, float], po
     c.log_batch(child.info.run_id, metrics=[Metric(k, v, 0, 1) for k, v in metrics.items()])
     c.set_terminated(child.info.run_id)
     return exp_id, parent, child
+
+
+def snapshot(folder) -> dict:
+    """What a refused command must leave as it was under ``folder``: every entry's name; files also by size,
+    mtime and content."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        st_ = p.lstat()
+        rel = str(p.relative_to(folder))
+        if p.is_file():
+            out[rel] = (st_.st_size, st_.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        else:
+            out[rel] = "entry"
+    return out
 
 
 def start_ui(db: str, *extra: str, timeout: float = 180.0) -> tuple[subprocess.Popen, dict]:

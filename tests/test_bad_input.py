@@ -12,7 +12,6 @@ fresh folder holding ``adir/``, ``afile``, ``history.jsonl``, a FIFO named ``FIF
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import shlex
@@ -28,7 +27,7 @@ from engine.errors import FractuneError
 from orchestrator.cli.main import main
 from search_spaces.ablation import parse_ablation
 from search_spaces.spec import parse_spec
-from tests.conftest import ROOT
+from tests.conftest import ROOT, snapshot
 
 BAD_DIR = ROOT / "tests" / "data" / "bad"
 BAD = sorted(BAD_DIR.glob("*.yaml"))
@@ -72,19 +71,6 @@ def case_dir(tmp_path, empty_store, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def snapshot(folder) -> dict:
-    """Every entry's name; files also by size, mtime and (the store) content."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        st_ = p.lstat()
-        rel = str(p.relative_to(folder))
-        if p.is_file():
-            out[rel] = (st_.st_size, st_.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-        else:
-            out[rel] = "entry"
-    return out
 
 
 def test_the_corpus_is_large_enough_and_covers_every_subcommand():

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from results import store
-from tests.conftest import ROOT, needs_root, run_main
+from tests.conftest import ROOT, needs_root, run_main, snapshot
 from tests.orchestrator.procs import SLOW, histories, kill_session, start_cli, wait_for
 
 GRID = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static", "fw": 4, "bw": 8}]
@@ -148,10 +148,6 @@ def test_a_second_resume_of_a_running_sweep_is_refused(tmp_path):
     assert (exp / LOCK_FILE).read_text().strip().isdigit()
 
 
-def _folder_state(folder) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.parametrize("staged", [False, True])
 def test_a_resume_into_a_store_that_never_tracked_the_sweep_is_refused(tmp_path, store_template, capsys, staged):
     """The sweep's folder records its parent run; a --tracking-uri whose store lacks it (another store, or one that
@@ -170,7 +166,7 @@ def test_a_resume_into_a_store_that_never_tracked_the_sweep_is_refused(tmp_path,
     (exp / ("stages.json" if staged else "tuner.pkl")).write_bytes(b"{}")
     (tracked / "fractune_tracking.json").write_text(json_.dumps({"parent_run_id": parent.info.run_id}))
     other = copy_store(store_template, tmp_path / "other.db")
-    before = _folder_state(tmp_path)
+    before = snapshot(tmp_path)
     for uri, cause in ((other, f"sweep {exp.name} was not tracked here (its parent run {parent.info.run_id} is not "
                                "in this store)"), (f"sqlite:///{tmp_path / 'none.db'}", "no tracking store at")):
         code, _, _ = run_main("sweep", str(spec), "--resume", "--storage", str(tmp_path / "runs"), "--tracking-uri",
@@ -178,7 +174,7 @@ def test_a_resume_into_a_store_that_never_tracked_the_sweep_is_refused(tmp_path,
         err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
         assert code == 2 and len(err) == 1 and err[0].startswith(f"fractune sweep: error: --tracking-uri: got {uri!r}")
         assert cause in err[0], err
-        assert _folder_state(tmp_path) == before  # nothing created, nothing written
+        assert snapshot(tmp_path) == before  # nothing created, nothing written
     from orchestrator.sweep.lifecycle import check_resume_store
 
     check_resume_store(home, exp, exp.name)  # the store it started in
