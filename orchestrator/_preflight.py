@@ -32,6 +32,7 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
 
     from engine.config.experiment import read_yaml
     from orchestrator.sweep.ray_cluster import (
+        attaches,
         check_local_resources,
         check_ray_address,
         check_resources,
@@ -62,7 +63,7 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     if loaded is not None and hasattr(loaded, "base_trial"):  # the data every trial reads: damaged files exit 2 here
         from engine.data.files import check_available
 
-        gather(check_available, trial_data(loaded), here=address is None and not os.environ.get("RAY_ADDRESS"))
+        gather(check_available, trial_data(loaded), here=not attaches(address))
     uri = store.normalise_uri(tracking_uri or store.default_tracking_uri())
     gather(store_checks.preflight, uri, mode="check")
     root = gather(storage_root, storage, create=False)

@@ -84,6 +84,12 @@ RAY_SYSTEM_CONFIG = {"enable_metrics_collection": False, "enable_worker_prestart
                      "prestart_worker_first_driver": False}
 
 
+def attaches(address: str | None) -> bool:
+    """Whether ``init_ray`` attaches to a running cluster (``--address``, or the ``RAY_ADDRESS`` a Ray job's driver
+    is given) rather than starting a local Ray on this machine."""
+    return bool(address or os.environ.get("RAY_ADDRESS"))
+
+
 def init_ray(address: str | None, dashboard: bool = False) -> None:
     import ray
 
@@ -91,10 +97,9 @@ def init_ray(address: str | None, dashboard: bool = False) -> None:
         return
     kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": True, "logging_level": "ERROR"}
     try:
-        if address:
-            ray.init(address=address, **kwargs)  # attaching: never pass CPU/GPU counts
-        elif os.environ.get("RAY_ADDRESS"):  # a Ray job's driver: attach to its cluster (no _system_config there)
-            ray.init(**kwargs)
+        if attaches(address):
+            # never CPU/GPU counts or a _system_config: those belong to whoever started the cluster
+            ray.init(**({"address": address} if address else {}), **kwargs)
         else:
             # The dashboard (HTTP, Jobs API) binds 127.0.0.1; Ray's gRPC ports are guarded by its token auth.
             # Metrics collection is off: its Prometheus endpoint would listen on every interface, unauthenticated.
