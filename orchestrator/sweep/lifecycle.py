@@ -136,15 +136,13 @@ def reconcile(uri: str, experiment: str, sweep_id: str, parent_status: str | Non
 def recorded_parents(exp_path: Path) -> list[str]:
     """The parent runs a sweep's folder records (its tracker's file; a staged sweep's, one per stage folder).
     A tracker that never reached its store records none: it creates the parent run once it does."""
-    import json
-
-    from orchestrator.tracking.tracker import REPORT_FILE
+    from orchestrator.tracking.tracker import REPORT_FILE, read_report
 
     found = []
-    for path in [exp_path / REPORT_FILE, *sorted(exp_path.glob(f"*/{REPORT_FILE}"))]:
+    for folder in [exp_path, *sorted(p.parent for p in exp_path.glob(f"*/{REPORT_FILE}"))]:
         try:
-            parent = json.loads(path.read_text()).get("parent_run_id")
-        except (OSError, ValueError, AttributeError):  # not written, or cut: nothing recorded
+            parent = read_report(folder).get("parent_run_id")
+        except (OSError, ValueError, AttributeError):  # unreadable or cut: nothing recorded
             continue
         if isinstance(parent, str) and parent:
             found.append(parent)

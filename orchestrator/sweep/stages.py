@@ -59,7 +59,7 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
     from ray import tune
 
     from orchestrator.sweep.progress_lines import ProgressPrinter
-    from orchestrator.tracking.tracker import MLflowTracker
+    from orchestrator.tracking.tracker import MLflowTracker, read_report
     from results import objectives
     from search_spaces import naming
 
@@ -116,17 +116,10 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
             raise SweepError(storage_problem(root) or f"Ray Tune could not finish stage {stage.name} of sweep "
                              f"{sweep_id}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
                              "rerun with --resume") from None
-        report = getattr(tracker, "last_report", None) or _report_file(stage_path)
+        report = getattr(tracker, "last_report", None) or read_report(stage_path)
         manifest["stages"][stage.name] = stage_record(stage.name, grid, report)
         write_manifest(exp_root, manifest)
     return finish_staged(loaded, manifest, uri, sweep_id, exp_root, time.perf_counter() - started)
-
-
-def _report_file(stage_path: Path) -> dict:
-    from orchestrator.tracking.tracker import REPORT_FILE
-
-    path = stage_path / REPORT_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def stage_record(name: str, grid, report: dict) -> dict:

@@ -69,6 +69,13 @@ DIVERGED_TAG = "fractune.diverged"  # the first epoch whose loss passed the engi
 FLUSH_RETRIES, FLUSH_WAIT_S = 5, 2.0
 
 
+def read_report(folder: str | Path) -> dict:
+    """The tracker's file in a sweep's (or a stage's) folder: its parent run, run ids and backlog counts; ``{}``
+    where none was written."""
+    path = Path(folder) / REPORT_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def _stopped_early(trial) -> str | None:
     """"epoch E of P" for a trial Tune completed after E of its P planned epochs (``results.runs.stopped_early``)."""
     epoch = (trial.last_result or {}).get("epoch")
