@@ -36,9 +36,13 @@ def train_on_workers(cfg, ckpt_dir, resume) -> tuple[dict, list[dict]]:
     from orchestrator.sweep.ray_cluster import init_ray
 
     init_ray(None)
+    from trainables import scratch
     from trainables.data_parallel import train_data_parallel
 
-    with tempfile.TemporaryDirectory(prefix="fractune-train-") as storage:
+    # Ray Train's storage for the run, named after this process: a run killed here leaves it, and the next
+    # fractune process that makes such a folder on this machine removes it (trainables/scratch.py)
+    scratch.remove_stale()
+    with tempfile.TemporaryDirectory(prefix=scratch.prefix()) as storage:
         try:
             metrics, history, result = train_data_parallel(cfg, storage, cfg.name, resume=resume)
         except RuntimeError as err:  # a worker's error past its restarts: the run failed, not its input

@@ -26,8 +26,10 @@ def worker_loop(config: dict) -> None:
 
     from engine.config.experiment import ExperimentConfig
     from engine.train import train_and_evaluate
+    from trainables import scratch
 
     cfg = ExperimentConfig.model_validate(config["experiment"])
+    scratch.remove_stale()  # the folders of workers killed while they held one (a lost worker restarts the group)
     torch.set_num_threads(int(config.get("threads", 1)))
     rank = ray.train.get_context().get_world_rank()
 
@@ -35,7 +37,7 @@ def worker_loop(config: dict) -> None:
 
     def report(metrics: dict, save) -> None:
         if rank == 0:
-            folder = tempfile.mkdtemp(prefix="fractune-train-")
+            folder = tempfile.mkdtemp(prefix=scratch.prefix())
             save(folder)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
             for old in last:

@@ -10,16 +10,14 @@ the trial ran (``PLACEMENT_KEYS``: node id, torch device and threads), which the
 metrics. Only ``ray.tune`` APIs are used (``ray.train.*`` is deprecated inside Tune functions and fails in
 Ray 2.60).
 
-A result's checkpoint is written to a temporary folder named after the trial's process
-(``fractune-ckpt-PID-...``) that Tune copies into the sweep's storage; a trial killed while reporting cannot
-remove its folder, so every trial removes, when it starts, the folders of processes that no longer exist.
+A result's checkpoint is written to a temporary folder named after the trial's process (``trainables.scratch``)
+that Tune copies into the sweep's storage; every trial removes, when it starts, the folders of processes killed
+while they had one.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -27,31 +25,9 @@ import ray
 from ray import tune
 
 from search_spaces import trial
+from trainables import scratch
 
 PLACEMENT_KEYS = ("node_id", "device", "torch_threads")  # added to every result by this adapter, not the engine
-CKPT_PREFIX = "fractune-ckpt-"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def remove_stale_checkpoint_folders(where: str | None = None) -> list[str]:
-    """Remove the temporary checkpoint folders of trial processes that no longer exist (killed while
-    reporting); the folders of live processes are left alone. Returns the removed paths."""
-    removed = []
-    for folder in Path(where or tempfile.gettempdir()).glob(f"{CKPT_PREFIX}*-*"):
-        pid = folder.name[len(CKPT_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) > 0 and folder.is_dir() and not _alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(str(folder))
-    return removed
 
 
 def trial_threads() -> int:
@@ -73,7 +49,7 @@ def train_trial(config: dict) -> None:
     if (reason := trial.init_error(config)) is not None:
         raise DependencyFailed(f"not run: {reason}")
     cfg = trial.decode(config)
-    remove_stale_checkpoint_folders()
+    scratch.remove_stale()
     workers = config.get(trial.WORKERS)
     threads = max(1, math.floor(workers["cpu"])) if workers else trial_threads()
     torch.set_num_threads(threads)
@@ -83,7 +59,7 @@ def train_trial(config: dict) -> None:
                                       threads)))
 
     def report(metrics: dict, save) -> None:
-        with tempfile.TemporaryDirectory(prefix=f"{CKPT_PREFIX}{os.getpid()}-") as d:
+        with tempfile.TemporaryDirectory(prefix=scratch.prefix()) as d:
             save(d)
             tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(d))
 

@@ -1,11 +1,12 @@
 """A sweep whose trials train on two Ray Train workers each (``resources.workers``), through the CLI on a real
-local Ray, with a worker process killed mid-trial (docs/methods.md §12)."""
+local Ray, with its rank-0 worker process killed mid-trial (docs/methods.md §12)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import yaml
 from results import store
 from tests.conftest import run_main
 from tests.orchestrator.procs import SLOW, histories, kill_session, our_ray_processes, start_cli, wait_for
+from trainables import scratch
 
 EPOCHS = 3
 
@@ -41,8 +43,13 @@ def test_a_sweep_on_two_workers_per_trial_survives_a_killed_worker_with_every_ep
                 return False
 
         wait_for(first_epoch_logged, timeout=240, what="a data-parallel trial's first epoch")
-        victims = wait_for(lambda: our_ray_processes(b"RayTrainWorker"), timeout=60, interval=0.1, what="a Ray Train worker")
-        os.kill(victims[-1], signal.SIGKILL)
+
+        def rank0_holding_a_checkpoint_folder():  # rank 0 keeps its last checkpoint's folder until the next one
+            return [pid for pid in our_ray_processes(b"RayTrainWorker")
+                    if list(Path(tempfile.gettempdir()).glob(f"{scratch.PREFIX}{pid}-*"))]
+
+        victim = wait_for(rank0_holding_a_checkpoint_folder, timeout=60, interval=0.1, what="rank 0's folder")[0]
+        os.kill(victim, signal.SIGKILL)
         assert proc.wait(timeout=400) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
     finally:
         kill_session(proc.pid)
@@ -64,6 +71,8 @@ def test_a_sweep_on_two_workers_per_trial_survives_a_killed_worker_with_every_ep
     for folder in folders:
         epochs = sorted(torch.load(f, weights_only=True)["epoch"] for f in folder.glob("run-*/checkpoint_*/state.pt"))
         assert epochs.count(1) == 1 and epochs[-1] == EPOCHS, (folder, epochs)
+    # the killed rank's temporary checkpoint folder went with the group's restart, not left in the machine's /tmp
+    assert not list(Path(tempfile.gettempdir()).glob(f"{scratch.PREFIX}{victim}-*"))
 
 
 @pytest.mark.parametrize("resources, base, line", [

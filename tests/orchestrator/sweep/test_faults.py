@@ -27,7 +27,7 @@ from tests.orchestrator.procs import (
     start_cli,
     wait_for,
 )
-from trainables.tune_trainable import CKPT_PREFIX, remove_stale_checkpoint_folders
+from trainables import scratch
 
 FOUR = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static", "fw": 4, "bw": 8},
         {"kind": "static", "fw": 2, "bw": 4}]
@@ -90,19 +90,19 @@ def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, t
 
 
 def test_a_killed_trials_checkpoint_folder_is_removed_and_a_live_ones_kept(tmp_path):
-    """A trial killed while reporting leaves its temporary checkpoint folder; the next trial that starts on the
-    machine removes the folders of dead processes only."""
+    """A trial or data-parallel worker killed while it held a temporary checkpoint folder leaves it; the next one
+    that starts on the machine removes the folders of dead processes only."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    stale = tmp_path / f"{CKPT_PREFIX}{gone.pid}-k1"
+    stale = tmp_path / f"{scratch.PREFIX}{gone.pid}-k1"
     stale.mkdir()
     (stale / "state.pt").write_bytes(b"x")
-    live = tmp_path / f"{CKPT_PREFIX}{os.getpid()}-k2"  # a trial reporting right now
+    live = tmp_path / f"{scratch.PREFIX}{os.getpid()}-k2"  # a trial reporting right now
     live.mkdir()
-    foreign = [tmp_path / f"{CKPT_PREFIX}abc", tmp_path / f"{CKPT_PREFIX}x-y", tmp_path / "other-1-2"]
+    foreign = [tmp_path / f"{scratch.PREFIX}abc", tmp_path / f"{scratch.PREFIX}x-y", tmp_path / "other-1-2"]
     for folder in foreign:
         folder.mkdir()
-    assert remove_stale_checkpoint_folders(str(tmp_path)) == [str(stale)]
+    assert scratch.remove_stale(str(tmp_path)) == [str(stale)]
     assert not stale.exists() and live.exists() and all(f.exists() for f in foreign)
 
 
