@@ -75,6 +75,39 @@ def test_train_on_two_workers_runs_ray_train_and_counts_what_one_worker_at_twice
     assert (tmp_path / "ck" / "state.pt").is_file()
 
 
+@pytest.mark.slow
+def test_an_input_only_the_workers_can_refuse_is_their_error_in_one_line(ray_local, tmp_path, capsys):
+    """A sequence longer than the corpus's test split is found by the workers as they load the data: `fractune
+    train --workers 2` exits with that error's own code and line (Ray Train raises it wrapped, with every
+    rank's traceback), and no checkpoint folder is made."""
+    cfg = write_yaml(tmp_path / "lm.yaml", "model: {name: transformer_tiny}\n"
+                     "data: {dataset: fortunes, seq_len: 65536, vocab_size: 512}\noptim: {epochs: 1}\n")
+    code, _, _ = run_main("train", str(cfg), "--workers", "2", "--checkpoint-dir", str(tmp_path / "ck"))
+    err = capsys.readouterr().err
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert code == 2 and "Traceback" not in err and len(lines) == 2, err[-3000:]  # the line that says it starts
+    assert lines[1].startswith("fractune train: error: data.seq_len: 65536 is longer than the fortunes"), lines
+    assert not (tmp_path / "ck").exists()
+
+
+def test_a_failed_data_parallel_run_raises_its_lowest_ranks_own_error():
+    """What a run on Ray Train raises when it fails: a rank's fractune error itself (its exit code travels), the
+    last line of any other rank's or the controller's error, never Ray Train's multi-line wrapper."""
+    from ray.train import ControllerError, WorkerGroupError
+
+    from engine.errors import DataError, TrainingDiverged
+    from trainables.data_parallel import _run_error
+
+    data = DataError("data.seq_len: too long")
+    assert _run_error(WorkerGroupError("2 ranks", {1: ValueError("x"), 0: data})) is data
+    diverged = TrainingDiverged("training loss is nan")
+    assert _run_error(WorkerGroupError("1 rank", {3: diverged})) is diverged
+    other = _run_error(WorkerGroupError("1 rank", {0: RuntimeError("Traceback:\n  at line 1\nActorDiedError: gone")}))
+    assert type(other) is RuntimeError and str(other) == "rank 0: ActorDiedError: gone"
+    ctl = _run_error(ControllerError(ValueError("first\nthe controller's last line")))
+    assert type(ctl) is RuntimeError and str(ctl) == "the controller's last line"
+
+
 @pytest.mark.parametrize("workers, line", [
     ("0", "--workers: got 0; allowed: 1 or more"),
     ("4096", "workers: got 4096; allowed: >= 1 and <= 1024"),

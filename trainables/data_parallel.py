@@ -67,8 +67,10 @@ def train_data_parallel(cfg, storage: str, name: str, cpus_per_worker: float = 1
                         callbacks: list | None = None) -> tuple[dict, list[dict], Any]:
     """Run ``cfg`` on ``cfg.workers`` workers of the Ray this process is connected to; returns the summary
     metrics, the per-epoch history and Ray Train's result (its ``checkpoint``: the last one rank 0 wrote).
-    Raises ``RuntimeError`` with the workers' error when the run fails past ``max_failures`` restarts."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    When the run fails past ``max_failures`` restarts, raises the lowest failed rank's own error where it is a
+    fractune error (a ``DataError`` or a ``TrainingDiverged`` the engine raised in that worker, with its exit
+    code), else ``RuntimeError`` with its last line."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
 
     per_worker = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
@@ -80,15 +82,32 @@ def train_data_parallel(cfg, storage: str, name: str, cpus_per_worker: float = 1
         run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=max_failures),
                              callbacks=callbacks or []),
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except TrainingFailedError as err:  # Ray Train raises what its workers or controller raised, wrapped
+        raise _run_error(err) from None
     if result.error is not None:
-        raise RuntimeError(str(result.error).strip().splitlines()[-1] if str(result.error).strip() else
-                           repr(result.error))
+        raise _run_error(result.error)
     final = Path(result.checkpoint.path) / FINAL_FILE if result.checkpoint is not None else None
     if final is None or not final.is_file():
         raise RuntimeError("the run ended without its final report")
     data = json.loads(final.read_text())
     return data["metrics"], data["history"], result
+
+
+def _run_error(err: BaseException) -> BaseException:
+    """What a failed run raises: the error of its lowest failed rank (``WorkerGroupError.worker_failures``) or of
+    its controller (``ControllerError.controller_failure``), itself when fractune raised it, else a
+    ``RuntimeError`` of its last line (never Ray Train's multi-line wrapper with the workers' tracebacks)."""
+    from engine.errors import FractuneError
+
+    failures = getattr(err, "worker_failures", None) or {}
+    cause = (failures[min(failures)] if failures else getattr(err, "controller_failure", None)) or err
+    if isinstance(cause, FractuneError):
+        return cause
+    lines = [x.strip() for x in str(cause).strip().splitlines() if x.strip()]
+    where = f"rank {min(failures)}: " if failures else ""
+    return RuntimeError(where + (lines[-1] if lines else repr(cause)))
 
 
 def train_in_trial(cfg, workers: dict, storage: str, report_epoch, resume: str | None = None) -> None:
