@@ -107,6 +107,21 @@ def swept_values(trial: dict) -> dict[str, Any]:
     return dict(trial.get(PARAMS) or {})
 
 
+def label(trial: dict, variation: dict) -> str | None:
+    """``METHOD [RUN NAME]`` (``FW4/BW8 [static fw4/bw8 s0]``): how the sweep's progress and error lines name a
+    trial, by its method label and the run name the tracker gives it (before any ``#2`` that tells apart two
+    trials that read the same); ``variation``: what tells the sweep's trials apart (``naming.variation``). None
+    for a config that does not decode (the caller names the trial by Tune's id)."""
+    from search_spaces import naming
+
+    try:
+        schedule = decode(trial).schedule
+        name = naming.run_name(swept_values(trial), trial.get(SEED), variation, schedule.kind, trial.get(STAGE))
+    except Exception:  # a line naming the trial must not fail on a config it cannot read
+        return None
+    return f"{schedule.label()} [{name}]"
+
+
 def point_tag(values: dict[str, Any]) -> str:
     """The swept values as the JSON of the ``fractune.point`` tag; empty when too long for a tag."""
     text = json.dumps(values, sort_keys=True, default=str)

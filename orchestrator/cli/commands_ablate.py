@@ -22,7 +22,7 @@ def cmd_ablate(args) -> int:
           f"{out['trials']} trials, {out['errored']} errored, {a['trials']} finished with results")
     print_analysis(a)
     for e in out["errors"]:
-        info(f"trial {e['trial_id']} errored: {e['error']}")
+        info(f"trial {e.get('label') or e['trial_id']} errored: {e['error']}")
     print_report(out)
     print(f"\nMLflow: experiment {out['sweep']!r} (id {out['experiment_id']}), parent run {out['parent_run_id']}")
     print(f"open the UI: {out['ui']}")

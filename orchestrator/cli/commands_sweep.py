@@ -63,7 +63,7 @@ def cmd_sweep(args) -> int:
     if out.get("stopped"):
         info(stopped_line(out["stopped"]))
     for e in out["errors"]:
-        info(f"trial {e['trial_id']} errored: {e['error']}")
+        info(f"trial {e.get('label') or e['trial_id']} errored: {e['error']}")
     if out.get("log") and (out["errors"] or out["tracking"].get("failed_calls")):
         info(f"Ray Tune's and MLflow's full log lines: {out['log']} (--verbose puts them on stderr)")
     storage_msgs = [t for t in (out["tracking"].get("storage_error"), out["tracking"].get("report_error")) if t]

@@ -11,7 +11,7 @@ from pathlib import Path
 from dashboards.ui import ui_command
 from orchestrator.sweep.storage import storage_problem
 from results.output import json_text
-from search_spaces import trial
+from search_spaces import naming, trial
 from search_spaces.spec import LoadedSpec
 
 
@@ -74,8 +74,10 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
     report_file = exp_path / REPORT_FILE
     track = dict(report) if report else (json.loads(report_file.read_text()) if report_file.is_file() else {})
     run_ids, parent_id = track.get("runs", {}), track.get("parent_run_id")
+    variation = naming.variation(loaded)
     errors = [{"trial_id": r.metrics.get("trial_id"), "run_id": run_ids.get(r.metrics.get("trial_id")),
-               "error": store.one_line_error(r.error)} for r in grid if r.error is not None]
+               "label": trial.label(r.config, variation), "error": store.one_line_error(r.error)}
+              for r in grid if r.error is not None]
     c = parent = rows = None
     factors: list[str] = []
     try:
@@ -92,8 +94,9 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         errors = [e for e in errors if e["run_id"] not in final]
         known = {e["run_id"] for e in errors}
         # a trial MLflow holds as FAILED is an error even where Tune could not write (or read back) its error
-        errors += [{"trial_id": r["trial_id"], "run_id": r["run_id"], "error": "the run FAILED (see its "
-                    "fractune.error tag)"} for r in rows if r.get("status") == "FAILED" and r["run_id"] not in known]
+        errors += [{"trial_id": r["trial_id"], "run_id": r["run_id"], "label": f"{r.get('method') or r.get('schedule')} [{r.get('name')}]",
+                    "error": "the run FAILED (see its fractune.error tag)"}
+                   for r in rows if r.get("status") == "FAILED" and r["run_id"] not in known]
     objective, task = loaded.spec.objective, objectives.of_spec(loaded)
     front, quality = sweep_front(rows, task, objective)
     summary = {"objective": objective, "front_quality": quality, "pareto": front, "errors": errors, "trials": rows}

@@ -12,7 +12,7 @@ import sys
 from ray import tune
 
 from results.objectives import Objective
-from search_spaces import naming, trial
+from search_spaces import trial
 
 
 class ProgressPrinter(tune.Callback):
@@ -27,17 +27,9 @@ class ProgressPrinter(tune.Callback):
         self.labels: dict[str, str] = {}
 
     def label(self, t) -> str:
-        """``METHOD [RUN NAME]``: the trial's method label and the run name the tracker gives it (before any
-        ``#2`` that tells apart two trials that read the same)."""
+        """``METHOD [RUN NAME]`` (``search_spaces.trial.label``); Tune's id for a config it cannot read."""
         if t.trial_id not in self.labels:
-            try:
-                config = t.config
-                schedule = trial.decode(config).schedule
-                name = naming.run_name(trial.swept_values(config), config.get(trial.SEED), self.variation,
-                                       schedule.kind, config.get(trial.STAGE))
-                self.labels[t.trial_id] = f"{schedule.label()} [{name}]"
-            except Exception:  # a config this cannot read: Tune's id still tells the trial apart
-                self.labels[t.trial_id] = t.trial_id
+            self.labels[t.trial_id] = trial.label(t.config, self.variation) or t.trial_id
         return self.labels[t.trial_id]
 
     def on_trial_result(self, iteration, trials, trial, result, **info):

@@ -117,13 +117,14 @@ def run_staged(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swe
                              f"{sweep_id}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
                              "rerun with --resume") from None
         report = getattr(tracker, "last_report", None) or read_report(stage_path)
-        manifest["stages"][stage.name] = stage_record(stage.name, grid, report)
+        manifest["stages"][stage.name] = stage_record(stage.name, grid, report, naming.variation(sub))
         write_manifest(exp_root, manifest)
     return finish_staged(loaded, manifest, uri, sweep_id, exp_root, time.perf_counter() - started)
 
 
-def stage_record(name: str, grid, report: dict) -> dict:
-    """A finished stage: its trials, errors and per seed the run a later stage starts from (or why not)."""
+def stage_record(name: str, grid, report: dict, variation: dict) -> dict:
+    """A finished stage: its trials, errors (each with its trial's label: ``search_spaces.trial.label`` of the
+    stage's ``variation``) and per seed the run a later stage starts from (or why not)."""
     from results import store
 
     run_ids = report.get("runs", {})
@@ -133,7 +134,8 @@ def stage_record(name: str, grid, report: dict) -> dict:
         run_id, seed = run_ids.get(tid), int(r.config[trial.SEED])
         if r.error is not None:
             reason = store.one_line_error(r.error)
-            errors.append({"stage": name, "trial_id": tid, "run_id": run_id, "seed": seed, "error": reason})
+            errors.append({"stage": name, "trial_id": tid, "run_id": run_id, "seed": seed,
+                           "label": trial.label(r.config, variation), "error": reason})
             seeds[str(seed)] = {"error": f"the {name} run {run_id} of seed {seed} failed ({reason})",
                                 "run_id": run_id, "stage": name}
         elif r.checkpoint is None:

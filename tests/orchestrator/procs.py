@@ -27,6 +27,7 @@ def histories(uri: str, name: str) -> dict[str, dict]:
     for run in store.child_runs(c, parent):
         hist = c.get_metric_history(run.info.run_id, "accuracy")
         out[run.data.tags[store.TRIAL_TAG]] = {"status": run.info.status, "steps": [m.step for m in hist],
+                                                 "name": run.info.run_name,
                                                  "start": run.info.start_time, "end": run.info.end_time,
                                                  "last_ts": max((m.timestamp for m in hist), default=0),
                                                  "tags": run.data.tags, "parent": parent.info.run_id}

@@ -17,6 +17,7 @@ import yaml
 
 from orchestrator.sweep.driver import SweepOptions
 from orchestrator.sweep.launch import run_sweep
+from results import store
 from search_spaces.spec import parse_spec
 from tests.conftest import needs_root, run_main
 from tests.orchestrator.procs import (
@@ -54,6 +55,10 @@ def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, 
     assert "Traceback" not in err and len(lines) <= 12, err
     assert len([x for x in lines if "errored:" in x]) == 1 and any("fractune.log" in x for x in lines), err
     assert f"full log lines: {out['log']}" in err and "nan" in Path(out["log"]).read_text()
+    # the error names its trial as the progress lines and MLflow do: method label and run name
+    failed = next(r for r in runs.values() if r["status"] == "FAILED")
+    assert out["errors"][0]["label"] == f"{failed['tags'][store.METHOD_TAG]} [{failed['name']}]"
+    assert f"trial {out['errors'][0]['label']} errored: " in err
 
 
 @pytest.mark.slow

@@ -107,6 +107,8 @@ def test_staged_sweep_links_each_retrain_run_to_its_pretrain_run_and_a_failed_pr
             assert "TrainingDiverged" in r.data.tags["fractune.error"]
     errors = {(e["stage"], e["seed"]) for e in result["errors"]}
     assert errors == {("pretrain", 1), ("retrain", 1)}
+    failed = {f"{r.data.tags[store.METHOD_TAG]} [{name}]" for name, r in runs.items() if r.info.status == "FAILED"}
+    assert len(failed) == 3 and {e["label"] for e in result["errors"]} == failed  # each named as in MLflow
     # the front is the retrain stage's (finished trials of seed 0)
     assert {e["run_id"] for e in result["pareto"]} <= {r.info.run_id for r in retrain}
     assert result["compared_stages"] == ["retrain"]
