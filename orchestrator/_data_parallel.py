@@ -27,9 +27,10 @@ def check_workers(workers: int) -> None:
         raise ConfigError.single("workers", workers, f"allowed: <= {cpus} ({where})")
 
 
-def train_on_workers(cfg, ckpt_dir, resume) -> tuple[dict, list[dict]]:
-    """``cfg`` on its ``workers`` data-parallel workers of a local Ray (Ray Train): refused before anything starts
-    when this machine has too few CPUs for them; the last checkpoint goes to ``ckpt_dir``."""
+def train_on_workers(cfg, resume, report) -> tuple[dict, list[dict]]:
+    """``cfg`` on its ``workers`` data-parallel workers of a local Ray (Ray Train), each epoch handed to
+    ``report(metrics, save)`` as it ends (``save(folder)`` copies that epoch's checkpoint there), as the engine
+    hands its epochs to ``train``'s reporter; returns the summary metrics and the per-epoch history."""
     import shutil
     import tempfile
 
@@ -37,16 +38,20 @@ def train_on_workers(cfg, ckpt_dir, resume) -> tuple[dict, list[dict]]:
 
     init_ray(None)
     from trainables import scratch
-    from trainables.data_parallel import train_data_parallel
+    from trainables.data_parallel import train_epoch_by_epoch
+
+    def report_epoch(metrics: dict, folder: str | None) -> None:
+        def save(dest) -> None:
+            if folder is not None:
+                shutil.copytree(folder, dest, dirs_exist_ok=True)
+
+        report(metrics, save)
 
     # Ray Train's storage for the run, named after this process: a run killed here leaves it, and the next
     # fractune process that makes such a folder on this machine removes it (trainables/scratch.py)
     scratch.remove_stale()
     with tempfile.TemporaryDirectory(prefix=scratch.prefix()) as storage:
         try:
-            metrics, history, result = train_data_parallel(cfg, storage, cfg.name, resume=resume)
+            return train_epoch_by_epoch(cfg, {"cpu": 1, "gpu": 0, "max_failures": 0}, storage, report_epoch, resume)
         except RuntimeError as err:  # a worker's error past its restarts: the run failed, not its input
             raise TrainingFailed(f"the run on {cfg.workers} workers failed: {err}") from None
-        if ckpt_dir is not None and result.checkpoint is not None:
-            shutil.copytree(result.checkpoint.path, ckpt_dir, dirs_exist_ok=True)
-    return metrics, history

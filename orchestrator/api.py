@@ -131,18 +131,12 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     if progress:
         info(f"training {cfg.name}: {cfg.model.name} on {cfg.data.dataset}, schedule {cfg.schedule.kind}, "
              f"seed {cfg.seed}" + (f", {cfg.workers} data-parallel workers" if cfg.workers > 1 else ""))
-    if cfg.workers > 1:
-        metrics, epochs = train_on_workers(cfg, ckpt_dir, resume)
-        try:
-            for m in epochs:  # Ray Train hands the epochs back when the run ends
-                report(m, lambda folder: None)
-        finally:
-            for fh in opened:
-                fh.close()
-        return TrainResult.of(cfg.name, metrics, epochs)
-    from engine.train import train_and_evaluate  # torch: loaded once the run is known to be able to start
-
     try:
+        if cfg.workers > 1:
+            metrics, epochs = train_on_workers(cfg, resume, report)
+            return TrainResult.of(cfg.name, metrics, epochs)
+        from engine.train import train_and_evaluate  # torch: loaded once the run is known to be able to start
+
         result = train_and_evaluate(cfg, report=report, resume_from=resume,
                                     progress=progress and sys.stderr.isatty())
     finally:

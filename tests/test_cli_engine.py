@@ -4,10 +4,13 @@ and exit code, the rest through the same entry point in this process (``main``: 
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
+import torch
 
 from tests.conftest import ROOT, run_main, write_yaml
+from tests.orchestrator.procs import kill_session, start_cli, wait_for
 
 TINY = """
 name: cli_tiny
@@ -59,20 +62,36 @@ schedule: {kind: static, fw: 8, bw: 8}
 
 
 @pytest.mark.slow
-def test_train_on_two_workers_runs_ray_train_and_counts_what_one_worker_at_twice_the_batch_counts(
-        ray_local, tmp_path, capsys):
-    """`fractune train --workers 2` on the session's Ray: two Ray Train workers at batch 32 take the steps and
-    count the BitOPs of one worker at batch 64; the history, the checkpoint and the world size are recorded."""
-    cfg = write_yaml(tmp_path / "dp.yaml", DATA_PARALLEL)
-    code, text, two = run_main("train", str(cfg), "--workers", "2", "--checkpoint-dir", str(tmp_path / "ck"),
-                               "--history", str(tmp_path / "h.jsonl"), "--json")
+def test_train_on_two_workers_stops_on_ctrl_c_resumes_and_counts_what_one_worker_at_twice_the_batch_counts(
+        ray_local, tmp_path, capsys, monkeypatch):
+    """`fractune train --workers 2` (a real process, on the session's Ray): each epoch printed, written to the
+    history and its checkpoint copied as it ends; Ctrl-C after the first ends it with code 130 and one line, and
+    `--resume` (a relative path: Ray Train runs its workers in folders of their own) finishes the run. Two Ray
+    Train workers at batch 32 take the steps and count the BitOPs of one worker at batch 64."""
+    cfg = write_yaml(tmp_path / "dp.yaml", DATA_PARALLEL + "debug: {sleep_per_iteration: 0.1}\n")
+    history = tmp_path / "h.jsonl"
+    args = ("train", str(cfg), "--workers", "2", "--checkpoint-dir", "ck", "--history", str(history))
+    proc = start_cli(*args, cwd=tmp_path, env={"RAY_ADDRESS": ray_local.get_runtime_context().gcs_address})
+    try:
+        wait_for(lambda: history.is_file() and history.read_text().count("\n") >= 1, timeout=240, interval=0.1,
+                 what="the first epoch")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, (tmp_path / "stderr.log").read_text()[-3000:]
+    finally:
+        kill_session(proc.pid)
+    err = (tmp_path / "stderr.log").read_text()
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "fractune train: interrupted", err[-3000:]
+    assert [json.loads(x)["epoch"] for x in history.read_text().splitlines()] == [1]
+    assert torch.load(tmp_path / "ck" / "state.pt", weights_only=True)["epoch"] == 1
+    monkeypatch.chdir(tmp_path)
+    code, text, two = run_main(*args, "--resume", "ck", "--json")
     assert code == 0, text[-2000:] + capsys.readouterr().err[-2000:]
+    assert [json.loads(x)["epoch"] for x in history.read_text().splitlines()] == [1, 2]  # each epoch once
+    assert torch.load(tmp_path / "ck" / "state.pt", weights_only=True)["epoch"] == 2
     code, _, one = run_main("train", str(cfg), "--set", "data.batch_size=64", "--json")
     assert two["workers"] == 2 and one["workers"] == 1
     assert (two["iterations"], two["train_bitops"]) == (one["iterations"], one["train_bitops"])
     assert abs(two["accuracy"] - one["accuracy"]) < 0.1
-    assert [json.loads(x)["epoch"] for x in (tmp_path / "h.jsonl").read_text().splitlines()] == [1, 2]
-    assert (tmp_path / "ck" / "state.pt").is_file()
 
 
 @pytest.mark.slow

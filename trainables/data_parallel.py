@@ -76,7 +76,9 @@ def train_data_parallel(cfg, storage: str, name: str, cpus_per_worker: float = 1
     per_worker = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
     trainer = TorchTrainer(
         worker_loop,
-        train_loop_config={"experiment": cfg.to_dict(), "threads": max(1, int(cpus_per_worker)), "resume": resume},
+        # the checkpoint to resume from as an absolute path: Ray Train runs each worker in a folder of its own
+        train_loop_config={"experiment": cfg.to_dict(), "threads": max(1, int(cpus_per_worker)),
+                           "resume": str(Path(resume).resolve()) if resume else None},
         scaling_config=ScalingConfig(num_workers=cfg.workers, use_gpu=bool(gpus_per_worker),
                                      resources_per_worker=per_worker),
         run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=max_failures),
@@ -110,41 +112,57 @@ def _run_error(err: BaseException) -> BaseException:
     return RuntimeError(where + (lines[-1] if lines else repr(cause)))
 
 
-def train_in_trial(cfg, workers: dict, storage: str, report_epoch, resume: str | None = None) -> None:
-    """A sweep's data-parallel trial (spec ``resources.workers``): the Tune trial starts the Ray Train run and
-    hands each epoch to ``report_epoch(metrics, checkpoint folder)`` as it ends, from rank 0's report, so Tune
-    holds a checkpoint of every epoch and a restored trial continues from it (``resume``) like any other. Each
-    start is a new Ray Train run under ``storage``: the trial's Tune checkpoint, not Ray Train's own state, says
-    where it resumes. A lost worker restarts the group from its last checkpoint up to ``max_failures`` times."""
+def train_epoch_by_epoch(cfg, workers: dict, storage: str, report_epoch,
+                         resume: str | None = None) -> tuple[dict, list[dict]]:
+    """Run ``cfg`` on Ray Train, handing each epoch to ``report_epoch(metrics, checkpoint folder)`` in this
+    thread as it ends (rank 0's report); returns the summary metrics and the per-epoch history. ``workers``: the
+    ``cpu`` and ``gpu`` of each worker and the group's ``max_failures`` (a lost worker restarts the group from its
+    last checkpoint). Each call is a new Ray Train run under ``storage``; ``resume``: a checkpoint folder it
+    continues from.
+
+    A sweep's data-parallel trial (spec ``resources.workers``) reports each epoch to Tune with its checkpoint, so
+    a restored trial continues from it like any other; ``fractune train --workers`` prints each epoch and copies
+    its checkpoint to ``--checkpoint-dir`` as it ends. The run goes on in a thread of its own, where Ray Train
+    installs no SIGINT handler of its own (it would abort the run and exit the process with code 1): Ctrl-C is a
+    ``KeyboardInterrupt`` here, after the last epoch's checkpoint was handed over."""
     import threading
     import time
 
     from ray.util.queue import Queue
 
     epochs: Queue = Queue(actor_options={"num_cpus": 0})
-    ended: dict[str, BaseException] = {}
+    ended: dict[str, Any] = {}
+    left = threading.Event()  # the caller stopped listening (Ctrl-C): Ray may be shut down under this thread
 
     def fit() -> None:
         try:
-            train_data_parallel(cfg, storage, f"run-{time.time_ns()}", workers["cpu"], workers["gpu"],
-                                workers.get("max_failures", 0), resume, callbacks=[_epoch_forwarder(epochs)])
-        except BaseException as err:  # raised in the trial's thread below
+            ended["result"] = train_data_parallel(cfg, storage, f"run-{time.time_ns()}", workers["cpu"],
+                                                  workers["gpu"], workers.get("max_failures", 0), resume,
+                                                  callbacks=[_epoch_forwarder(epochs)])
+        except BaseException as err:  # raised in the caller's thread below
             ended["error"] = err
         finally:
-            epochs.put(None)
+            if not left.is_set():  # a Ray call after Ray's shutdown would start a new local Ray
+                epochs.put(None)
 
     runner = threading.Thread(target=fit, name="fractune-data-parallel", daemon=True)
     runner.start()
-    while (item := epochs.get()) is not None:
-        report_epoch(*item)
+    try:
+        while (item := epochs.get()) is not None:
+            report_epoch(*item)
+    except BaseException:
+        left.set()
+        raise
     runner.join()
     if "error" in ended:
         raise ended["error"]
+    metrics, history, _ = ended["result"]
+    return metrics, history
 
 
 def _epoch_forwarder(queue):
     """A Ray Train callback, run in its controller, that puts rank 0's metrics of each epoch and the checkpoint
-    reported with them on ``queue`` (the class is built here: ray.train loads in trial processes only)."""
+    reported with them on ``queue`` (the class is built here, as a run starts: ray.train is imported only then)."""
     from ray.train.v2.api.callback import UserCallback
 
     class ForwardEpochs(UserCallback):

@@ -67,13 +67,13 @@ def train_trial(config: dict) -> None:
         if cfg.workers == 1:
             train_and_evaluate(cfg, report=report, resume_from=resume_from)
             return
-        from trainables.data_parallel import train_in_trial
+        from trainables.data_parallel import train_epoch_by_epoch
 
         def report_epoch(metrics: dict, folder: str | None) -> None:
             tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(folder) if folder else None)
 
-        train_in_trial(cfg, workers, str(Path(tune.get_context().get_trial_dir()) / "data_parallel"), report_epoch,
-                       resume_from)
+        train_epoch_by_epoch(cfg, workers, str(Path(tune.get_context().get_trial_dir()) / "data_parallel"),
+                             report_epoch, resume_from)
 
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:
