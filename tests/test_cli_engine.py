@@ -88,7 +88,8 @@ def test_train_on_two_workers_stops_on_ctrl_c_resumes_and_counts_what_one_worker
     assert code == 0, text[-2000:] + capsys.readouterr().err[-2000:]
     assert [json.loads(x)["epoch"] for x in history.read_text().splitlines()] == [1, 2]  # each epoch once
     assert torch.load(tmp_path / "ck" / "state.pt", weights_only=True)["epoch"] == 2
-    code, _, one = run_main("train", str(cfg), "--set", "data.batch_size=64", "--json")
+    code, _, one = run_main("train", str(cfg), "--set", "data.batch_size=64", "--set", "debug.sleep_per_iteration=0",
+                            "--json")
     assert two["workers"] == 2 and one["workers"] == 1
     assert (two["iterations"], two["train_bitops"]) == (one["iterations"], one["train_bitops"])
     assert abs(two["accuracy"] - one["accuracy"]) < 0.1
