@@ -78,7 +78,7 @@ def train_data_parallel(cfg, storage: str, name: str, cpus_per_worker: float = 1
         worker_loop,
         # the checkpoint to resume from as an absolute path: Ray Train runs each worker in a folder of its own
         train_loop_config={"experiment": cfg.to_dict(), "threads": max(1, int(cpus_per_worker)),
-                           "resume": str(Path(resume).resolve()) if resume else None},
+                           "resume": str(Path(resume).absolute()) if resume else None},
         scaling_config=ScalingConfig(num_workers=cfg.workers, use_gpu=bool(gpus_per_worker),
                                      resources_per_worker=per_worker),
         run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=max_failures),
@@ -122,42 +122,64 @@ def train_epoch_by_epoch(cfg, workers: dict, storage: str, report_epoch,
 
     A sweep's data-parallel trial (spec ``resources.workers``) reports each epoch to Tune with its checkpoint, so
     a restored trial continues from it like any other; ``fractune train --workers`` prints each epoch and copies
-    its checkpoint to ``--checkpoint-dir`` as it ends. The run goes on in a thread of its own, where Ray Train
-    installs no SIGINT handler of its own (it would abort the run and exit the process with code 1): Ctrl-C is a
-    ``KeyboardInterrupt`` here, after the last epoch's checkpoint was handed over."""
-    import threading
-    import time
+    its checkpoint to ``--checkpoint-dir`` as it ends.
 
+    The run is driven from a Ray task of its own on this node (``_drive``), which owns Ray Train's controller.
+    When this thread stops listening (Tune stopping the trial raises in ``report_epoch``; Ctrl-C is a
+    ``KeyboardInterrupt`` here) the run is aborted (``_stop``), instead of training on beside the next trial. Ray
+    Train's own SIGINT handler, which would abort the run and exit the process with code 1, is installed in that
+    task's process, never in this one."""
+    import ray
+    from ray.exceptions import RayTaskError
     from ray.util.queue import Queue
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     epochs: Queue = Queue(actor_options={"num_cpus": 0})
-    ended: dict[str, Any] = {}
-    left = threading.Event()  # the caller stopped listening (Ctrl-C): Ray may be shut down under this thread
-
-    def fit() -> None:
-        try:
-            ended["result"] = train_data_parallel(cfg, storage, f"run-{time.time_ns()}", workers["cpu"],
-                                                  workers["gpu"], workers.get("max_failures", 0), resume,
-                                                  callbacks=[_epoch_forwarder(epochs)])
-        except BaseException as err:  # raised in the caller's thread below
-            ended["error"] = err
-        finally:
-            if not left.is_set():  # a Ray call after Ray's shutdown would start a new local Ray
-                epochs.put(None)
-
-    runner = threading.Thread(target=fit, name="fractune-data-parallel", daemon=True)
-    runner.start()
+    # here: the checkpoint folders it hands over are paths on this node's disk (a local storage)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    # the task runs in a Ray worker's folder, not this process's: paths go as absolute ones
+    run = ray.remote(_drive).options(num_cpus=0, max_retries=0, scheduling_strategy=here).remote(
+        cfg, workers, str(Path(storage).absolute()), str(Path(resume).absolute()) if resume else None, epochs)
     try:
         while (item := epochs.get()) is not None:
             report_epoch(*item)
+        return ray.get(run)
+    except RayTaskError as err:  # the run's own error, as train_data_parallel raised it in the task
+        raise err.cause from None
     except BaseException:
-        left.set()
+        _stop(run)
         raise
-    runner.join()
-    if "error" in ended:
-        raise ended["error"]
-    metrics, history, _ = ended["result"]
-    return metrics, history
+
+
+STOP_S = 30.0  # how long a stopped run's abort may take before its driving task's process is killed
+
+
+def _stop(run) -> None:
+    """End a run whose caller stopped listening. ``ray.cancel`` interrupts the driving task as Ctrl-C would, and
+    Ray Train's SIGINT handler there aborts the run: the workers stop and their placement group is removed. (A
+    killed controller would leave that group holding the workers' CPUs: Ray Train's cleaner of it needs Ray's
+    state API, which a Ray without its dashboard does not serve.) The task's process is killed if the abort does
+    not end it within ``STOP_S``."""
+    import ray
+
+    ray.cancel(run)
+    ended, _ = ray.wait([run], timeout=STOP_S)
+    if not ended:
+        ray.cancel(run, force=True)
+
+
+def _drive(cfg, workers: dict, storage: str, resume: str | None, epochs) -> tuple[dict, list[dict]]:
+    """``train_epoch_by_epoch``'s task: the Ray Train run, each epoch put on ``epochs`` by its controller, then
+    the end (None) whatever happened."""
+    import time
+
+    try:
+        metrics, history, _ = train_data_parallel(cfg, storage, f"run-{time.time_ns()}", workers["cpu"],
+                                                  workers["gpu"], workers.get("max_failures", 0), resume,
+                                                  callbacks=[_epoch_forwarder(epochs)])
+        return metrics, history
+    finally:
+        epochs.put(None)
 
 
 def _epoch_forwarder(queue):

@@ -18,6 +18,7 @@ while they had one.
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -67,7 +68,12 @@ def train_trial(config: dict) -> None:
         if cfg.workers == 1:
             train_and_evaluate(cfg, report=report, resume_from=resume_from)
             return
-        from trainables.data_parallel import train_epoch_by_epoch
+        from trainables.data_parallel import STOP_S, train_epoch_by_epoch
+
+        # A trial Tune stops (ASHA, a time budget) aborts its Ray Train run before its thread ends; Tune, reusing
+        # this actor for the next trial, waits for that thread TUNE_FUNCTION_THREAD_TIMEOUT_S (2 s by default)
+        # and otherwise kills the actor, which would cut the abort short and leave the workers' CPUs held.
+        os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", str(int(STOP_S) + 5))
 
         def report_epoch(metrics: dict, folder: str | None) -> None:
             tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(folder) if folder else None)

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,34 @@ def test_workers_a_sweep_cannot_have_are_refused_in_one_line_before_anything_sta
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert code == 2 and len(err) == 1 and line in err[0], err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.slow
+def test_a_data_parallel_run_whose_caller_stops_listening_stops_its_workers(ray_local, tmp_path):
+    """Tune stops a trial (ASHA, a time budget) by raising in its thread as it reports an epoch; the trial's Ray
+    Train run must end with it, its workers gone at once, not train on to its last epoch beside the next trial
+    (which, reusing the actor, would wait for the same CPUs)."""
+    from engine.config.experiment import ExperimentConfig
+    from trainables.data_parallel import train_epoch_by_epoch
+
+    cfg = ExperimentConfig.model_validate({"model": {"name": "tiny"}, "workers": 2, "optim": {"epochs": 30},
+                                           "data": {"dataset": "digits", "batch_size": 32},
+                                           "debug": {"sleep_per_iteration": 0.05}})
+    seen = []
+
+    def stop_after_the_first(metrics, folder):
+        seen.append(metrics["epoch"])
+        assert our_ray_processes(b"RayTrainWorker")  # the run's two workers, training
+        raise SystemExit(0)  # what Tune's report raises in a trial it stops
+
+    with pytest.raises(SystemExit):
+        train_epoch_by_epoch(cfg, {"cpu": 1, "gpu": 0}, str(tmp_path / "dp"), stop_after_the_first)
+    assert seen == [1]
+    wait_for(lambda: not our_ray_processes(b"RayTrainWorker"), timeout=20, interval=0.2,
+             what="the stopped run's workers to end")
+    # and their CPUs free again (a killed controller would leave its placement group holding them)
+    wait_for(lambda: ray_local.available_resources().get("CPU") == ray_local.cluster_resources()["CPU"],
+             timeout=20, interval=0.2, what="every CPU free")
+    # nothing trains on: no later epoch's checkpoint appears in the run's storage
+    time.sleep(3)
+    assert len([p for p in (tmp_path / "dp").rglob("checkpoint_*") if p.is_dir()]) == 1  # the first epoch's
