@@ -94,7 +94,8 @@ def finish(loaded: LoadedSpec, grid, uri: str, sweep_id: str, exp_path: Path, wa
         errors = [e for e in errors if e["run_id"] not in final]
         known = {e["run_id"] for e in errors}
         # a trial MLflow holds as FAILED is an error even where Tune could not write (or read back) its error
-        errors += [{"trial_id": r["trial_id"], "run_id": r["run_id"], "label": f"{r.get('method') or r.get('schedule')} [{r.get('name')}]",
+        errors += [{"trial_id": r["trial_id"], "run_id": r["run_id"],
+                    "label": f"{r.get('method') or r.get('schedule')} [{r.get('name')}]",
                     "error": "the run FAILED (see its fractune.error tag)"}
                    for r in rows if r.get("status") == "FAILED" and r["run_id"] not in known]
     objective, task = loaded.spec.objective, objectives.of_spec(loaded)
