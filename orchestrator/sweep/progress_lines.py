@@ -39,7 +39,10 @@ class ProgressPrinter(tune.Callback):
               f"bw {result.get('bw_bits', 0):.2f}", file=sys.stderr, flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._ended(trial, "finished")
+        from orchestrator.tracking.tracker import stopped_at  # a Tune callback's module: imported where used
+
+        at = stopped_at(trial)  # ASHA or the time limit ended it before its planned epochs
+        self._ended(trial, f"stopped early ({at})" if at else "finished")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._ended(trial, "ERRORED")

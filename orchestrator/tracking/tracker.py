@@ -76,7 +76,7 @@ def read_report(folder: str | Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _stopped_early(trial) -> str | None:
+def stopped_at(trial) -> str | None:
     """"epoch E of P" for a trial Tune completed after E of its P planned epochs (``results.runs.stopped_early``)."""
     epoch = (trial.last_result or {}).get("epoch")
     return stopped_early("FINISHED", int(epoch) if epoch is not None else None,
@@ -290,7 +290,7 @@ class MLflowTracker(tune.Callback):
         checkpoint = trial.checkpoint  # the final weights: a later run may start from this one (init.run_id)
         if checkpoint is not None:
             self._submit({"op": "tag", "trial_id": trial.trial_id, "key": CHECKPOINT_TAG, "value": checkpoint.path})
-        if (stopped := _stopped_early(trial)) is not None:  # ASHA or the time limit ended it before its epochs
+        if (stopped := stopped_at(trial)) is not None:  # ASHA or the time limit ended it before its epochs
             self._submit({"op": "tag", "trial_id": trial.trial_id, "key": STOPPED_TAG, "value": stopped})
         self._submit({"op": "status", "trial_id": trial.trial_id, "status": "FINISHED", "at": _now_ms()})
 

@@ -102,12 +102,13 @@ ASHA = {
 
 
 @pytest.mark.slow
-def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_local, tmp_path, sqlite_uri, run_cli):
+def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_local, tmp_path, sqlite_uri, run_cli,
+                                                                           capsys):
     from results import runs
     from results.pareto import pareto_rows
 
-    out = run_sweep(parse_spec(ASHA), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs"),
-                                                    progress=False))
+    out = run_sweep(parse_spec(ASHA), SweepOptions(tracking_uri=sqlite_uri, storage=str(tmp_path / "runs")))
+    ended = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[")]  # "[k/3] LABEL how"
     assert out["trials"] == 3 and out["errored"] == 0
     data = runs.load(sqlite_uri, "digits_asha")
     stopped = [r for r in data.rows if not r["complete"]]
@@ -135,6 +136,11 @@ def test_pareto_command_gives_the_sweeps_front_after_asha_stopped_a_trial(ray_lo
     stopped_ids = sorted(r["run_id"] for r in stopped)
     assert sorted(s["run_id"] for s in out["stopped"]) == stopped_ids and sorted(again["stopped"]) == stopped_ids
     assert f"{len(stopped)} trial(s) stopped early by the scheduler" in r.stderr
+    # the progress line of each trial as it ended says which: finished, or stopped early and where
+    assert len(ended) == 3
+    for row in data.rows:
+        (line,) = [x for x in ended if f"[{row['name']}]" in x]
+        assert line.endswith(f"stopped early (epoch {row['epochs']} of 3)" if row in stopped else "finished"), line
     parent = data.client.get_run(data.parent_run_id)
     assert parent.data.metrics["sweep/stopped_early"] == len(stopped)
     assert f"{len(stopped)} stopped early" in parent.data.tags["mlflow.note.content"]
