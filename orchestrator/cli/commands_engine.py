@@ -34,8 +34,15 @@ def cmd_train(args) -> int:
         if args.workers < 1:
             raise ConfigError.single("--workers", args.workers, "allowed: 1 or more")
         overrides.append(f"workers={args.workers}")
-    result = train(args.config, overrides=overrides, data_dir=args.data_dir, tracking_uri=args.tracking_uri,
-                   checkpoint_dir=args.checkpoint_dir, resume=args.resume, history=args.history)
+    try:
+        result = train(args.config, overrides=overrides, data_dir=args.data_dir, tracking_uri=args.tracking_uri,
+                       checkpoint_dir=args.checkpoint_dir, resume=args.resume, history=args.history)
+    except ConfigError as err:
+        if args.workers is None:
+            raise
+        # the config's ``workers`` is the flag's value here: the refusal names the flag the user typed
+        raise ConfigError([("--workers" if f == "workers" else f, v, a) for f, v, a in err.problems],
+                          err.source) from None
     m = result.metrics
     table([{"metric": k, "value": m[k]} for k in LM_KEYS + SUMMARY_KEYS + GATED_KEYS if k in m])
     if m.get("costs"):
