@@ -260,7 +260,9 @@ def _text(cfg: DataConfig, info: DatasetInfo) -> DataSplits:
     va = TokenSplit(valid, cfg.seq_len)
     te = TokenSplit(test, cfg.seq_len, cfg.test_subset)
     if min(len(tr), len(te)) == 0:
-        raise DataError(f"data.seq_len: {cfg.seq_len} is longer than the {cfg.dataset} train or test split "
-                        f"({len(train)} and {len(test)} tokens); allowed: a shorter seq_len")
+        # a sequence reads seq_len + 1 tokens (its inputs and their next-token targets)
+        raise DataError(f"data.seq_len: got {cfg.seq_len}; allowed: <= {min(len(train), len(test)) - 1} (the "
+                        f"{cfg.dataset} train and test splits hold {len(train)} and {len(test)} tokens; a sequence "
+                        "takes seq_len + 1)")
     return DataSplits(replace(info, classes=len(vocab), tokens=len(train)), tr, va if len(va) else None, te,
                       unigram_perplexity(train, te.stream[1:te.tokens + 1], len(vocab)))

@@ -231,6 +231,19 @@ def test_wikitext_layout_vocabulary_and_errors(tmp_path):
     assert code == 2
 
 
+def test_a_sequence_longer_than_a_split_is_refused_naming_the_longest_that_fits(tmp_path):
+    folder = write_wikitext(tmp_path / "wt")
+    cfg = lm_config(folder, {"kind": "fp32"})
+    full = load_data(cfg.data)
+    longest = min(len(full.train.stream), len(full.test.stream)) - 1
+    data = load_data(cfg.data.model_copy(update={"seq_len": longest}))
+    assert len(data.test) == 1 and data.test.tokens == longest  # the bound the refusal names holds one sequence
+    with pytest.raises(DataError) as err:
+        load_data(cfg.data.model_copy(update={"seq_len": longest + 1}))
+    assert str(err.value).startswith(f"data.seq_len: got {longest + 1}; allowed: <= {longest} (the "
+                                 f"{cfg.data.dataset} train and test splits hold "), err
+
+
 def _yaml(tmp_path, cfg):
     import yaml
 
