@@ -1,5 +1,5 @@
-"""``train(workers=N)``: one experiment on N data-parallel workers of a local Ray (Ray Train), refused before
-anything starts where this machine (or the Ray this process runs on) has too few CPUs for them."""
+"""``train(workers=N)``: one experiment on N data-parallel workers (Ray Train) of a local Ray, or of this
+process's node of the Ray it runs on, refused before anything starts where that has too few CPUs for them."""
 
 from __future__ import annotations
 
@@ -13,13 +13,17 @@ class TrainingFailed(FractuneError):
 
 
 def check_workers(workers: int) -> None:
-    """Workers of a local run: one CPU each, on this machine (or the Ray this process runs on)."""
+    """Workers of a local run: one CPU each, on this machine, or on this process's node of the Ray it runs on or
+    attaches to (``RAY_ADDRESS``): the run keeps its checkpoints on this node's disk, so its workers run here."""
     import ray
 
-    from orchestrator.sweep.ray_cluster import local_cpus
+    from orchestrator.sweep.ray_cluster import attaches, init_ray, local_cpus
 
-    if ray.is_initialized():
-        cpus, where = int(ray.cluster_resources().get("CPU", 0)), "CPUs of the running Ray"
+    if ray.is_initialized() or attaches(None):
+        init_ray(None)
+        node = ray.get_runtime_context().get_node_id()
+        cpus = int(next((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["NodeID"] == node), 0))
+        where = "CPUs of this process's node of the running Ray, which keeps the run's checkpoints"
     else:
         cpus = local_cpus()
         where = "one CPU per worker on this machine, where a local Ray starts"
@@ -52,6 +56,7 @@ def train_on_workers(cfg, resume, report) -> tuple[dict, list[dict]]:
     scratch.remove_stale()
     with tempfile.TemporaryDirectory(prefix=scratch.prefix()) as storage:
         try:
-            return train_epoch_by_epoch(cfg, {"cpu": 1, "gpu": 0, "max_failures": 0}, storage, report_epoch, resume)
+            return train_epoch_by_epoch(cfg, {"cpu": 1, "gpu": 0, "max_failures": 0, "this_node": True}, storage,
+                                        report_epoch, resume)
         except RuntimeError as err:  # a worker's error past its restarts: the run failed, not its input
             raise TrainingFailed(f"the run on {cfg.workers} workers failed: {err}") from None

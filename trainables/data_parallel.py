@@ -63,26 +63,33 @@ def worker_loop(config: dict) -> None:
 
 
 def train_data_parallel(cfg, storage: str, name: str, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
-                        max_failures: int = 0, resume: str | None = None,
-                        callbacks: list | None = None) -> tuple[dict, list[dict], Any]:
-    """Run ``cfg`` on ``cfg.workers`` workers of the Ray this process is connected to; returns the summary
-    metrics, the per-epoch history and Ray Train's result (its ``checkpoint``: the last one rank 0 wrote).
+                        max_failures: int = 0, resume: str | None = None, callbacks: list | None = None,
+                        this_node: bool = False) -> tuple[dict, list[dict], Any]:
+    """Run ``cfg`` on ``cfg.workers`` workers of the Ray this process is connected to (``this_node``: all on this
+    process's node, for a ``storage`` on its disk alone; otherwise ``storage`` must be a folder every node
+    sees); returns the summary metrics, the per-epoch history and Ray Train's result (its ``checkpoint``: the last
+    one rank 0 wrote).
     When the run fails past ``max_failures`` restarts, raises the lowest failed rank's own error where it is a
     fractune error (a ``DataError`` or a ``TrainingDiverged`` the engine raised in that worker, with its exit
     code), else ``RuntimeError`` with its last line."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
 
     per_worker = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+    here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()} if this_node else None
     trainer = TorchTrainer(
         worker_loop,
         # the checkpoint to resume from as an absolute path: Ray Train runs each worker in a folder of its own
         train_loop_config={"experiment": cfg.to_dict(), "threads": max(1, int(cpus_per_worker)),
                            "resume": str(Path(resume).absolute()) if resume else None},
         scaling_config=ScalingConfig(num_workers=cfg.workers, use_gpu=bool(gpus_per_worker),
-                                     resources_per_worker=per_worker),
+                                     resources_per_worker=per_worker, label_selector=here),
+        # the two newest checkpoints: the one a restarted group resumes from, and the one before it, which the
+        # caller may still be copying (each epoch's is handed over as it is reported); on a long run the others
+        # would fill the storage
         run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=max_failures),
-                             callbacks=callbacks or []),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2), callbacks=callbacks or []),
     )
     try:
         result = trainer.fit()
@@ -116,9 +123,10 @@ def train_epoch_by_epoch(cfg, workers: dict, storage: str, report_epoch,
                          resume: str | None = None) -> tuple[dict, list[dict]]:
     """Run ``cfg`` on Ray Train, handing each epoch to ``report_epoch(metrics, checkpoint folder)`` in this
     thread as it ends (rank 0's report); returns the summary metrics and the per-epoch history. ``workers``: the
-    ``cpu`` and ``gpu`` of each worker and the group's ``max_failures`` (a lost worker restarts the group from its
-    last checkpoint). Each call is a new Ray Train run under ``storage``; ``resume``: a checkpoint folder it
-    continues from.
+    ``cpu`` and ``gpu`` of each worker, the group's ``max_failures`` (a lost worker restarts the group from its
+    last checkpoint) and ``this_node`` (every worker on this node, where ``storage`` is a folder of this node's
+    disk; otherwise they may spread over the cluster, and ``storage`` must be a folder every node sees). Each call
+    is a new Ray Train run under ``storage``; ``resume``: a checkpoint folder it continues from.
 
     A sweep's data-parallel trial (spec ``resources.workers``) reports each epoch to Tune with its checkpoint, so
     a restored trial continues from it like any other; ``fractune train --workers`` prints each epoch and copies
@@ -135,7 +143,7 @@ def train_epoch_by_epoch(cfg, workers: dict, storage: str, report_epoch,
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     epochs: Queue = Queue(actor_options={"num_cpus": 0})
-    # here: the checkpoint folders it hands over are paths on this node's disk (a local storage)
+    # on this node: the run's storage is read here (the checkpoints handed over, the final report)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     # the task runs in a Ray worker's folder, not this process's: paths go as absolute ones
     run = ray.remote(_drive).options(num_cpus=0, max_retries=0, scheduling_strategy=here).remote(
@@ -176,7 +184,8 @@ def _drive(cfg, workers: dict, storage: str, resume: str | None, epochs) -> tupl
     try:
         metrics, history, _ = train_data_parallel(cfg, storage, f"run-{time.time_ns()}", workers["cpu"],
                                                   workers["gpu"], workers.get("max_failures", 0), resume,
-                                                  callbacks=[_epoch_forwarder(epochs)])
+                                                  callbacks=[_epoch_forwarder(epochs)],
+                                                  this_node=workers.get("this_node", False))
         return metrics, history
     finally:
         epochs.put(None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -78,8 +79,16 @@ def train_trial(config: dict) -> None:
         def report_epoch(metrics: dict, folder: str | None) -> None:
             tune.report({**metrics, **where}, checkpoint=tune.Checkpoint.from_directory(folder) if folder else None)
 
-        train_epoch_by_epoch(cfg, workers, str(Path(tune.get_context().get_trial_dir()) / "data_parallel"),
-                             report_epoch, resume_from)
+        # Ray Train's run lives in the sweep's storage, which every node sees (the sweep checks it): rank 0 writes
+        # its checkpoints there from whichever node it runs on, and this trial reads them from its own. (The
+        # trial's own folder is a path on this node's disk alone.) A new attempt of the trial restarts from
+        # Tune's checkpoint, so an earlier attempt's run is removed, and this one once it ends.
+        storage = Path(tune.get_context().get_storage().trial_fs_path) / "data_parallel"
+        shutil.rmtree(storage, ignore_errors=True)
+        try:
+            train_epoch_by_epoch(cfg, workers, str(storage), report_epoch, resume_from)
+        finally:
+            shutil.rmtree(storage, ignore_errors=True)
 
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:

@@ -287,6 +287,23 @@ def test_attaching_refuses_storage_that_a_node_cannot_see(cluster):
     assert not list(blind.glob("cluster_sweep-*"))  # no sweep started
 
 
+def test_train_on_workers_attached_to_a_cluster_counts_only_its_own_nodes_cpus(cluster):
+    """`fractune train --workers N` keeps its run's checkpoints on this machine's disk, so its workers run on this
+    process's node: attached to the two one-CPU nodes, two workers are refused, although the cluster has two CPUs
+    (spread over both nodes, rank 0 would write checkpoints to a disk this process never sees)."""
+    cfg = cluster["folder"] / "dp.yaml"
+    cfg.write_text("model: {name: tiny}\ndata: {dataset: digits, batch_size: 32}\noptim: {epochs: 1}\n")
+    ck = cluster["folder"] / "dp_ck"
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", str(cfg), "--workers", "2",
+                        "--checkpoint-dir", str(ck)], capture_output=True, text=True, timeout=300,
+                       env=_env(RAY_ADDRESS=cluster["gcs"]), cwd=cluster["folder"])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.stdout[-2000:], r.stderr[-2000:])
+    assert lines[0].startswith("fractune train: error: --workers: got 2; allowed: <= 1 (CPUs of this process's "
+                               "node"), lines
+    assert not ck.exists() and TOKEN not in r.stdout + r.stderr
+
+
 def test_a_token_without_auth_mode_is_enough(cluster):
     """Only RAY_AUTH_TOKEN in the shell (no RAY_AUTH_MODE): fractune's Jobs client turns token mode on, as the
     image's entry point does for the nodes (found with docker/compose_test.py against the compose cluster)."""
