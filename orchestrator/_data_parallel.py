@@ -12,9 +12,11 @@ class TrainingFailed(FractuneError):
     exit_code = 1
 
 
-def check_workers(workers: int) -> None:
-    """Workers of a local run: one CPU each, on this machine, or on this process's node of the Ray it runs on or
-    attaches to (``RAY_ADDRESS``): the run keeps its checkpoints on this node's disk, so its workers run here."""
+def check_workers(cfg) -> dict:
+    """The resources of each of ``cfg``'s workers, refused where this node cannot hold them all: one CPU each, and
+    one GPU each where the config's device asks for GPUs (``cuda``, or ``auto`` on a node that has any). The node
+    is this machine (a local Ray starts here) or this process's node of the Ray it runs on or attaches to
+    (``RAY_ADDRESS``): the run keeps its checkpoints on this node's disk, so its workers run here."""
     import ray
 
     from orchestrator.sweep.ray_cluster import attaches, init_ray, local_cpus
@@ -22,17 +24,29 @@ def check_workers(workers: int) -> None:
     if ray.is_initialized() or attaches(None):
         init_ray(None)
         node = ray.get_runtime_context().get_node_id()
-        cpus = int(next((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["NodeID"] == node), 0))
-        where = "CPUs of this process's node of the running Ray, which keeps the run's checkpoints"
+        have = next((n["Resources"] for n in ray.nodes() if n["NodeID"] == node), {})
+        cpus, gpus = int(have.get("CPU", 0)), int(have.get("GPU", 0))
+        where = "of this process's node of the running Ray, which keeps the run's checkpoints"
     else:
-        cpus = local_cpus()
-        where = "one CPU per worker on this machine, where a local Ray starts"
+        cpus, gpus = local_cpus(), 0
+        if cfg.device != "cpu":  # torch only where GPUs may be used: a CPU run's driver never needs it
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        where = "of this machine, where a local Ray starts"
+    workers = cfg.workers
+    gpu = 1 if cfg.device == "cuda" or (cfg.device == "auto" and gpus > 0) else 0
+    if gpu and workers > gpus:
+        raise ConfigError.single("workers", workers, f"allowed: <= {gpus} (GPUs {where}: one a worker for device "
+                                 f"{cfg.device}; device: cpu runs the workers on CPUs)")
     if workers > cpus:
-        raise ConfigError.single("workers", workers, f"allowed: <= {cpus} ({where})")
+        raise ConfigError.single("workers", workers, f"allowed: <= {cpus} (CPUs {where}: one a worker)")
+    return {"cpu": 1, "gpu": gpu}
 
 
-def train_on_workers(cfg, resume, report) -> tuple[dict, list[dict]]:
-    """``cfg`` on its ``workers`` data-parallel workers of a local Ray (Ray Train), each epoch handed to
+def train_on_workers(cfg, resources: dict, resume, report) -> tuple[dict, list[dict]]:
+    """``cfg`` on its ``workers`` data-parallel workers (``resources`` each, as ``check_workers`` gave them) of a
+    local Ray or of this process's node (Ray Train), each epoch handed to
     ``report(metrics, save)`` as it ends (``save(folder)`` copies that epoch's checkpoint there), as the engine
     hands its epochs to ``train``'s reporter; returns the summary metrics and the per-epoch history."""
     import shutil
@@ -56,7 +70,7 @@ def train_on_workers(cfg, resume, report) -> tuple[dict, list[dict]]:
     scratch.remove_stale()
     with tempfile.TemporaryDirectory(prefix=scratch.prefix()) as storage:
         try:
-            return train_epoch_by_epoch(cfg, {"cpu": 1, "gpu": 0, "max_failures": 0, "this_node": True}, storage,
+            return train_epoch_by_epoch(cfg, {**resources, "max_failures": 0, "this_node": True}, storage,
                                         report_epoch, resume)
         except RuntimeError as err:  # a worker's error past its restarts: the run failed, not its input
             raise TrainingFailed(f"the run on {cfg.workers} workers failed: {err}") from None

@@ -100,8 +100,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     cfg = lineage.resolve_config(experiment_config(config, overrides, data_dir), tracking_uri)
     _check_run(cfg, None, lambda: cfg.init)  # as validate checks it, before the line that says training starts
     check_available(cfg.data)
-    if cfg.workers > 1:
-        check_workers(cfg.workers)
+    resources = check_workers(cfg) if cfg.workers > 1 else None
     # every output path and the checkpoint to resume from are checked before any work; files are opened only
     # once the first epoch is done (a refused resume leaves the history file as it was); history is appended to
     history_file = check_output_file("--history", history) if history else None
@@ -133,7 +132,7 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
              f"seed {cfg.seed}" + (f", {cfg.workers} data-parallel workers" if cfg.workers > 1 else ""))
     try:
         if cfg.workers > 1:
-            metrics, epochs = train_on_workers(cfg, resume, report)
+            metrics, epochs = train_on_workers(cfg, resources, resume, report)
             return TrainResult.of(cfg.name, metrics, epochs)
         from engine.train import train_and_evaluate  # torch: loaded once the run is known to be able to start
 

@@ -4,7 +4,10 @@ and exit code, the rest through the same entry point in this process (``main``: 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -139,6 +142,38 @@ def test_train_refuses_workers_it_cannot_have_in_one_line(tmp_path, capsys, work
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(f"fractune train: error: {line}"), err
     assert not (tmp_path / "ck").exists()
+
+
+_GPU_NODE = """
+import json, ray
+from engine.config.experiment import ExperimentConfig
+from engine.errors import ConfigError
+from orchestrator._data_parallel import check_workers
+ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR")  # a node declaring one GPU
+out = {}
+for device, workers in (("auto", 1), ("cpu", 2), ("auto", 2), ("cuda", 2)):
+    cfg = ExperimentConfig.model_validate({"device": device, "workers": workers, "model": {"name": "tiny"},
+                                           "data": {"dataset": "digits"}})
+    try:
+        out[f"{device} {workers}"] = check_workers(cfg)
+    except ConfigError as err:
+        out[f"{device} {workers}"] = str(err)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_train_on_workers_gives_each_worker_a_gpu_where_its_device_asks_for_one_and_the_node_has_them():
+    """On a node of one GPU (a Ray declaring it: no GPU is needed to check the decision), device auto gives a
+    worker that GPU, two workers are refused naming the GPUs (each would take the same GPU otherwise), and device
+    cpu keeps two workers on the CPUs."""
+    r = subprocess.run([sys.executable, "-c", _GPU_NODE], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "RAY_ADDRESS": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["auto 1"] == {"cpu": 1, "gpu": 1} and out["cpu 2"] == {"cpu": 1, "gpu": 0}, out
+    for key in ("auto 2", "cuda 2"):
+        assert out[key].startswith("workers: got 2; allowed: <= 1 (GPUs of this process's node of the running Ray"), out
 
 
 def test_train_set_override(tmp_path):
