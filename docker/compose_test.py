@@ -13,10 +13,12 @@ always taken down):
               mlflow container runs none of MLflow's GenAI job runner (MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false)
  6. sweep     ``fractune submit search_spaces/demo.yaml --follow`` from the host (this checkout's .venv): every
               trial a FINISHED run in the MLflow server and in PostgreSQL, trials on more than one worker
- 7. kill      docker/kill_sweep.yaml submitted; once every trial has logged two epochs, the worker running most
+ 7. dp        docker/dp_sweep.yaml submitted: two trials on two Ray Train workers each, one worker a container;
+              both trials FINISHED (every node reaches the run's checkpoints in the shared storage)
+ 8. kill      docker/kill_sweep.yaml submitted; once every trial has logged two epochs, the worker running most
               of them is killed (docker kill); its trials must be retried (tag fractune.retried) and the sweep
               must finish with every trial FINISHED and none errored
- 8. down      ``docker compose down -v``; the daemon is stopped if this script started it
+ 9. down      ``docker compose down -v``; the daemon is stopped if this script started it
 
 Run as root from the repository root with the project's venv: ``.venv/bin/python docker/compose_test.py``.
 Logs (job logs, compose logs, the daemon's log) and summary.json go to a fresh folder under /tmp; no secret is
@@ -435,6 +437,18 @@ def sweep_demo(stack: Stack, out: Path, summary: dict) -> None:
                        "runs": [{k: r[k] for k in ("name", "status", "node", "accuracy")} for r in rows]}
 
 
+def sweep_data_parallel(stack: Stack, out: Path, summary: dict) -> None:
+    t = time.monotonic()
+    proc = stack.submit("docker/dp_sweep.yaml", out / "sweep_dp.log")
+    result = finish(proc, 1800, "data-parallel sweep")
+    took = round(time.monotonic() - t, 1)
+    rows = check_runs(stack, "compose_dp", result, node_names(stack), 2)
+    say(f"   job {result['job_id']}: SUCCEEDED in {took}s; 2 trials on two workers each FINISHED, trials on "
+        + ", ".join(sorted({r["node"] for r in rows})))
+    summary["data_parallel"] = {"job_id": result["job_id"], "seconds": took, "errored": result["result"]["errored"],
+                                "runs": [{k: r[k] for k in ("name", "status", "node", "accuracy")} for r in rows]}
+
+
 def sweep_kill(stack: Stack, out: Path, summary: dict) -> None:
     t = time.monotonic()
     names_before = node_names(stack)
@@ -516,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
             check_backend(stack)
         with step("sweep", times):
             sweep_demo(stack, out, summary)
+        with step("dp", times):
+            sweep_data_parallel(stack, out, summary)
         with step("kill", times):
             sweep_kill(stack, out, summary)
         ok = True
