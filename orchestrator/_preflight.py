@@ -83,9 +83,10 @@ def load_for_cluster(spec: PathLike | Mapping[str, Any], address: str | None, da
     except (ValidationError, ConfigError, AttributeError):
         res = None
     ray_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
-    if res is not None and (ray_up or address is None):
+    if res is not None and (ray_up or not attaches(address)):
         # reported with the spec's other errors: against the running Ray, or against what a local Ray would
-        # get (this machine's CPUs and GPUs) without starting one
+        # get (this machine's CPUs and GPUs) without starting one; a cluster (--address, or the RAY_ADDRESS a
+        # Ray job's driver is given) is asked once attached, below, never this machine
         gather(check_resources if ray_up else check_local_resources, res.cpu, res.gpu, res.workers)
     if problems:
         raise ConfigError(problems)

@@ -1,7 +1,7 @@
 """Cluster execution against a real two-node Ray cluster started on this machine (issue 7).
 
 The head (`ray start --head`, dashboard and Jobs API on 127.0.0.1) and a second node (`ray start --address`,
-its own CPU and a custom resource) each run with `--block` in their own session, so the test stops exactly
+its own CPU and a GPU it declares, which no process can use: a resource this machine lacks) each run with `--block` in their own session, so the test stops exactly
 what it started (never `ray stop`, which would also stop the suite's own local Ray). The second node runs in
 a private mount namespace where one folder, ``blind/``, is covered by a tmpfs: a storage folder that node
 cannot see, as on a real cluster without a shared filesystem. Token authentication is on, with the token in
@@ -143,7 +143,7 @@ class Cluster:
                      "--disable-usage-stats"], "head")
         wait_for(lambda: _http_ok(f"{dashboard}/api/version"), timeout=120, what="ray head dashboard")
         worker = (f"mount -t tmpfs tmpfs {folder / 'blind'} && exec {BIN / 'ray'} start --block --address={gcs} "
-                  f"--node-ip-address=127.0.0.1 --num-cpus=1 --temp-dir={node_tmp} {self._own_ports()} "
+                  f"--node-ip-address=127.0.0.1 --num-cpus=1 --num-gpus=1 --temp-dir={node_tmp} {self._own_ports()} "
                   "--disable-usage-stats")
         self._start(["unshare", "--mount", "--propagation", "private", "sh", "-c", worker], "worker")
         wait_for(lambda: int(_ray("print(len([n for n in ray.nodes() if n['Alive']]))", gcs)) == 2, timeout=120,
@@ -285,6 +285,31 @@ def test_attaching_refuses_storage_that_a_node_cannot_see(cluster):
     assert len(lines) == 1 and "--storage" in lines[0] and "not shared by every node" in lines[0], lines
     assert TOKEN not in r.stdout + r.stderr
     assert not list(blind.glob("cluster_sweep-*"))  # no sweep started
+
+
+@pytest.mark.slow
+@needs_root
+def test_a_sweep_attached_through_ray_address_is_checked_against_the_cluster_not_this_machine(cluster):
+    """As a Ray job's driver is (``fractune submit``): no --address, ``RAY_ADDRESS`` naming the cluster. A trial
+    asking for a GPU, which this machine lacks and the cluster's second node has, runs there: the resources are
+    the cluster's to refuse, not this machine's."""
+    spec = cluster["folder"] / "gpu.yaml"
+    spec.write_text(yaml.safe_dump({"name": "gpu_node", "base": {"model": {"name": "tiny"}, "optim": {"epochs": 1},
+                                                                 "data": {"dataset": "digits", "batch_size": 64}},
+                                    "resources": {"cpu": 1, "gpu": 1}}))
+    shared = cluster["folder"] / "shared"
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--storage", str(shared),
+                        "--tracking-uri", cluster["tracking"], "--quiet", "--no-report", "--json"],
+                       capture_output=True, text=True, timeout=300, env=_env(RAY_ADDRESS=cluster["gcs"]),
+                       cwd=cluster["folder"])
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    assert json.loads(r.stdout.strip().splitlines()[-1])["trials"] == 1
+    gpu_node = json.loads(_ray("print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive'] and "
+                               "n['Resources'].get('GPU')]))", cluster["gcs"]))
+    c = store.client(cluster["tracking"])
+    (run,) = store.child_runs(c, store.sweep_parent(c, "gpu_node"))
+    assert run.info.status == "FINISHED" and [run.data.tags["fractune.node_id"]] == gpu_node
+    assert run.data.tags["fractune.device"] == "cpu"  # the declared GPU is no CUDA device: device auto used the CPU
 
 
 def test_train_on_workers_attached_to_a_cluster_counts_only_its_own_nodes_cpus(cluster):
