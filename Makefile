@@ -69,7 +69,7 @@ docker-engine:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	else echo "error: needs$$missing and apt-get is unavailable" >&2; exit 1; fi
 
-# The compose cluster of docker/ for real (opt-in, root, about half an hour from cold; not part of `make test`):
+# The compose cluster of docker/ for real (opt-in, root, about 11 minutes from cold; not part of `make test`):
 # builds the images with no image registry, brings the stack up with two workers, runs the demo sweep with
 # `fractune submit`, kills a worker during a second sweep, then `docker compose down -v` (docker/compose_test.py).
 compose-test: install docker-engine
