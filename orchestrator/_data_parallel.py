@@ -1,5 +1,6 @@
 """``train(workers=N)``: one experiment on N data-parallel workers (Ray Train) of a local Ray, or of this
-process's node of the Ray it runs on, refused before anything starts where that has too few CPUs for them."""
+process's node of the Ray it runs on, refused before anything starts where that has too few CPUs (or GPUs, for
+GPU workers) for them."""
 
 from __future__ import annotations
 
