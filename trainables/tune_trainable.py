@@ -30,6 +30,14 @@ from search_spaces import trial
 from trainables import scratch
 
 PLACEMENT_KEYS = ("node_id", "device", "torch_threads")  # added to every result by this adapter, not the engine
+RAY_TRAIN_DIR = "data_parallel"  # in a data-parallel trial's folder of the sweep's storage: its Ray Train run
+
+
+def remove_ray_train_runs(experiment: Path) -> None:
+    """The Ray Train runs data-parallel trials left in the sweep's folder ``experiment``: a trial removes its own
+    as it ends, but not one whose process was killed and never ran again; called once every trial has ended."""
+    for folder in experiment.glob(f"*/{RAY_TRAIN_DIR}"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def trial_threads() -> int:
@@ -83,7 +91,7 @@ def train_trial(config: dict) -> None:
         # its checkpoints there from whichever node it runs on, and this trial reads them from its own. (The
         # trial's own folder is a path on this node's disk alone.) A new attempt of the trial restarts from
         # Tune's checkpoint, so an earlier attempt's run is removed, and this one once it ends.
-        storage = Path(tune.get_context().get_storage().trial_fs_path) / "data_parallel"
+        storage = Path(tune.get_context().get_storage().trial_fs_path) / RAY_TRAIN_DIR
         shutil.rmtree(storage, ignore_errors=True)
         try:
             train_epoch_by_epoch(cfg, workers, str(storage), report_epoch, resume_from)

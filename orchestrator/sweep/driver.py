@@ -153,6 +153,9 @@ def run_plain(loaded: LoadedSpec, opts: SweepOptions, uri: str, root: Path, swee
         resume = "" if "--resume" in cause else "; rerun with --resume"
         raise SweepError(cause + (resume if started_any or tracker is None else
                                   "; no trial started (the parent run is marked FAILED)")) from None
+    from trainables.tune_trainable import remove_ray_train_runs
+
+    remove_ray_train_runs(exp_path)  # every trial has ended: no Ray Train run is resumed from these
     # the tracker's own report when it ran in this process, else the one it wrote beside the experiment
     report = getattr(tracker, "last_report", None) if not opts.resume else None
     return finish(loaded, grid, uri, sweep_id, exp_path, time.perf_counter() - started, report)

@@ -77,6 +77,25 @@ def test_a_sweep_on_two_workers_per_trial_survives_a_killed_worker_with_every_ep
     assert not list(Path(tempfile.gettempdir()).glob(f"{scratch.PREFIX}{victim}-*"))
 
 
+def test_a_sweeps_end_removes_the_ray_train_runs_of_trials_killed_without_a_retry(tmp_path):
+    """A data-parallel trial whose process was killed, never run again, leaves its Ray Train run (checkpoints
+    included) in the sweep's folder; the sweep removes such runs once every trial has ended, and nothing else."""
+    from trainables.tune_trainable import RAY_TRAIN_DIR, remove_ray_train_runs
+
+    exp = tmp_path / "dp_sweep-20260101-000000"
+    left = exp / "train_trial_a" / RAY_TRAIN_DIR / "run-1" / "checkpoint_000000"
+    left.mkdir(parents=True)
+    (left / "state.pt").write_bytes(b"x")
+    kept = [exp / "train_trial_a" / "checkpoint_000001" / "state.pt", exp / "train_trial_b" / "result.json",
+            exp / "tuner.pkl", exp / RAY_TRAIN_DIR / "a-file-of-the-user"]
+    for path in kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"y")
+    remove_ray_train_runs(exp)
+    assert not (exp / "train_trial_a" / RAY_TRAIN_DIR).exists()
+    assert all(path.read_bytes() == b"y" for path in kept)
+
+
 @pytest.mark.parametrize("resources, base, line", [
     ({"workers": 0}, {}, "resources.workers: got 0"),
     ({"workers": 3, "cpu": 1}, {}, "resources.workers: got 3; allowed: <= 2"),
