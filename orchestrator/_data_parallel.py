@@ -20,7 +20,7 @@ def check_workers(cfg) -> dict:
     (``RAY_ADDRESS``): the run keeps its checkpoints on this node's disk, so its workers run here."""
     import ray
 
-    from orchestrator.sweep.ray_cluster import attaches, init_ray, local_cpus
+    from orchestrator.sweep.ray_cluster import attaches, init_ray, local_cpus, local_gpus
 
     if ray.is_initialized() or attaches(None):
         init_ray(None)
@@ -29,11 +29,8 @@ def check_workers(cfg) -> dict:
         cpus, gpus = int(have.get("CPU", 0)), int(have.get("GPU", 0))
         where = "of this process's node of the running Ray, which keeps the run's checkpoints"
     else:
-        cpus, gpus = local_cpus(), 0
-        if cfg.device != "cpu":  # torch only where GPUs may be used: a CPU run's driver never needs it
-            import torch
-
-            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        # torch only where GPUs may be used: a CPU run's driver never needs it
+        cpus, gpus = local_cpus(), local_gpus() if cfg.device != "cpu" else 0
         where = "of this machine, where a local Ray starts"
     workers = cfg.workers
     gpu = 1 if cfg.device == "cuda" or (cfg.device == "auto" and gpus > 0) else 0

@@ -153,15 +153,19 @@ def local_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def local_gpus() -> int:
+    """The GPUs torch sees here: what a local Ray started here gets (imports torch: call it only where GPUs may be
+    used)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def check_local_resources(cpu: float, gpu: float, workers: int = 1) -> None:
     """``check_resources`` against the local Ray that would start here (this process's CPUs, the GPUs torch
     sees), without starting it; the check on the started Ray follows."""
     cpus = local_cpus()
-    gpus = 0
-    if gpu > 0:  # torch only where GPUs are asked for: a CPU sweep's driver never imports it
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = local_gpus() if gpu > 0 else 0  # torch only where GPUs are asked for: a CPU sweep's driver never imports it
     problems = []
     if cpu > cpus:
         problems.append(("resources.cpu", cpu, f"allowed: <= {cpus:g} (CPUs of this machine, where a local Ray "
