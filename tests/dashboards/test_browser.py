@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -27,12 +27,26 @@ def _shots_folder():
 
 
 def _wait(driver, condition, what: str, timeout: float = WAIT):
+    # React replaces elements as the page renders: one found a moment before may be gone when its text is read,
+    # which is a reason to poll again, not a failure of the page.
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.5).until(condition)
+        return WebDriverWait(driver, timeout, poll_frequency=0.5,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(condition)
     except TimeoutException:
         shot = SHOTS / f"timeout-{what.replace(' ', '_')}.png"
         driver.save_screenshot(str(shot))
         pytest.fail(f"waited {timeout} s for {what}; screenshot {shot}", pytrace=False)
+
+
+def _click(driver, find, what: str) -> None:
+    """Click the element `find` returns once it is there, finding it again if React replaced it before the click."""
+    def click(d):
+        element = find(d)
+        if element is None:
+            return False
+        element.click()
+        return True
+    _wait(driver, click, what)
 
 
 def _texts(driver, css: str) -> list[str]:
@@ -157,10 +171,9 @@ def _open_from_experiment_list(driver, base: str, experiment_id: str) -> str:
     """Click the experiment's name in MLflow's own experiment list; the page it lands on, once drawn."""
     driver.get(f"{base}/#/experiments")
     driver.refresh()  # a new page: the UI reads the switch from local storage once, when it starts
-    link = _wait(driver, lambda d: next((a for a in d.find_elements(By.CSS_SELECTOR, "a[href]")
-                                         if a.get_attribute("href").endswith(f"/experiments/{experiment_id}")), None),
-                 "the experiment in MLflow's experiment list")
-    link.click()
+    _click(driver, lambda d: next((a for a in d.find_elements(By.CSS_SELECTOR, "a[href]")
+                                   if a.get_attribute("href").endswith(f"/experiments/{experiment_id}")), None),
+           "the experiment in MLflow's experiment list")
     _wait(driver, lambda d: any(e.text in ("Runs", "Overview") for e in d.find_elements(By.TAG_NAME, "h2")),
           "the experiment's first page")
     return driver.current_url
@@ -182,9 +195,8 @@ def test_an_experiment_opened_from_mlflows_list_shows_its_runs_in_model_training
         # if this fails, MLflow reads the kind tag again: docs/usage.md's note on the switch can go
         assert "/overview" in landed and "workflowType=genai" in landed, landed
         browser.get(f"{base}/#/experiments")
-        switch = _wait(browser, lambda d: next((e for e in d.find_elements(By.XPATH, "//*[text()='Model training']")
-                                                if e.is_displayed()), None), "the Model training switch")
-        switch.click()
+        _click(browser, lambda d: next((e for e in d.find_elements(By.XPATH, "//*[text()='Model training']")
+                                        if e.is_displayed()), None), "the Model training switch")
         assert browser.execute_script(f"return window.localStorage.getItem('{WORKFLOW_KEY}')") == '"machine_learning"'
         landed = _open_from_experiment_list(browser, base, exp_id)
         assert f"/experiments/{exp_id}/runs" in landed and "workflowType=machine_learning" in landed, landed
