@@ -267,8 +267,9 @@ def stop_ui(proc: subprocess.Popen) -> int:
 @pytest.fixture(scope="session")
 def store_template(tmp_path_factory) -> Path:
     """An empty MLflow sqlite store, created once per session. MLflow migrates a new database through its whole
-    schema history (about a second of CPU in every process that opens it first); tests that only need an empty
-    store copy this one. Creating a store from nothing stays covered by the CLI, bad-input and demo tests."""
+    schema history (seconds of CPU in every process that opens it first); tests that only need an empty store
+    copy this one. Creating a store from nothing stays covered by `fractune ablate`'s test, the full-disk test and
+    the demo."""
     from results import store_checks
 
     path = tmp_path_factory.mktemp("store_template") / "mlflow.db"

@@ -15,7 +15,6 @@ import errno
 import os
 import re
 import shlex
-import shutil
 import time
 
 import pytest
@@ -27,7 +26,7 @@ from engine.errors import FractuneError
 from orchestrator.cli.main import main
 from search_spaces.ablation import parse_ablation
 from search_spaces.spec import parse_spec
-from tests.conftest import ROOT, snapshot
+from tests.conftest import ROOT, copy_store, snapshot
 
 BAD_DIR = ROOT / "tests" / "data" / "bad"
 BAD = sorted(BAD_DIR.glob("*.yaml"))
@@ -49,24 +48,14 @@ def argv_of(path) -> list[str]:
     return [a.replace("{file}", str(path)).replace("{bad}", str(BAD_DIR)) for a in shlex.split(text)]
 
 
-@pytest.fixture(scope="session")
-def empty_store(tmp_path_factory):
-    """An MLflow sqlite store with its tables (made once): copied into every case's folder."""
-    from results import store_checks
-
-    folder = tmp_path_factory.mktemp("store")
-    store_checks.preflight(f"sqlite:///{folder}/mlflow.db")
-    return folder / "mlflow.db"
-
-
 @pytest.fixture
-def case_dir(tmp_path, empty_store, monkeypatch):
+def case_dir(tmp_path, store_template, monkeypatch):
     (tmp_path / "adir").mkdir()
     (tmp_path / "adir" / "keep.txt").write_text("keep")
     (tmp_path / "afile").write_text("not a folder")
     (tmp_path / "history.jsonl").write_text('{"epoch": 1}\n')
     os.mkfifo(tmp_path / "FIFO")
-    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    copy_store(store_template, tmp_path / "mlflow.db")  # an MLflow store with its tables
     for var in ("MLFLOW_TRACKING_URI", "FRACTUNE_STORAGE", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
