@@ -71,7 +71,10 @@ def test_train_on_two_workers_stops_on_ctrl_c_resumes_and_counts_what_one_worker
     history and its checkpoint copied as it ends; Ctrl-C after the first ends it with code 130 and one line, and
     `--resume` (a relative path: Ray Train runs its workers in folders of their own) finishes the run. Two Ray
     Train workers at batch 32 take the steps and count the BitOPs of one worker at batch 64."""
-    cfg = write_yaml(tmp_path / "dp.yaml", DATA_PARALLEL + "debug: {sleep_per_iteration: 0.1}\n")
+    # three epochs: on a busy machine an epoch may reach this process seconds after its workers ended it, and
+    # the interrupt must still find the run going
+    cfg = write_yaml(tmp_path / "dp.yaml", DATA_PARALLEL.replace("epochs: 2", "epochs: 3")
+                     + "debug: {sleep_per_iteration: 0.1}\n")
     history = tmp_path / "h.jsonl"
     args = ("train", str(cfg), "--workers", "2", "--checkpoint-dir", "ck", "--history", str(history))
     proc = start_cli(*args, cwd=tmp_path, env={"RAY_ADDRESS": ray_local.get_runtime_context().gcs_address})
@@ -84,13 +87,14 @@ def test_train_on_two_workers_stops_on_ctrl_c_resumes_and_counts_what_one_worker
         kill_session(proc.pid)
     err = (tmp_path / "stderr.log").read_text()
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "fractune train: interrupted", err[-3000:]
-    assert [json.loads(x)["epoch"] for x in history.read_text().splitlines()] == [1]
-    assert torch.load(tmp_path / "ck" / "state.pt", weights_only=True)["epoch"] == 1
+    done = [json.loads(x)["epoch"] for x in history.read_text().splitlines()]
+    assert done in ([1], [1, 2]), done  # the epochs handed over before the interrupt, each with its checkpoint
+    assert torch.load(tmp_path / "ck" / "state.pt", weights_only=True)["epoch"] == done[-1]
     monkeypatch.chdir(tmp_path)
     code, text, two = run_main(*args, "--resume", "ck", "--json")
     assert code == 0, text[-2000:] + capsys.readouterr().err[-2000:]
-    assert [json.loads(x)["epoch"] for x in history.read_text().splitlines()] == [1, 2]  # each epoch once
-    assert torch.load(tmp_path / "ck" / "state.pt", weights_only=True)["epoch"] == 2
+    assert [json.loads(x)["epoch"] for x in history.read_text().splitlines()] == [1, 2, 3]  # each epoch once
+    assert torch.load(tmp_path / "ck" / "state.pt", weights_only=True)["epoch"] == 3
     code, _, one = run_main("train", str(cfg), "--set", "data.batch_size=64", "--set", "debug.sleep_per_iteration=0",
                             "--json")
     assert two["workers"] == 2 and one["workers"] == 1
