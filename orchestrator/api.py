@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import CheckpointError, ConfigError, DataError, FractuneError, TrainingDiverged
+from orchestrator import _interrupts as interrupts
 from orchestrator._data_parallel import check_workers, train_on_workers
 from orchestrator._inputs import (
     PathLike,
@@ -117,13 +118,16 @@ def train(config: PathLike | Mapping[str, Any] | ExperimentConfig, *, overrides:
     def report(metrics: dict, save) -> None:
         for line in epoch_lines(metrics) if progress else ():
             info(line)
-        if history_file is not None:
-            if not opened:
-                opened.append(open(history_file, "a"))  # noqa: SIM115  closed after training
-            opened[0].write(json_text(metrics) + "\n")
-            opened[0].flush()
-        if ckpt_dir is not None:
-            save(ckpt_dir)
+        # the checkpoint before the history line, and a Ctrl-C held until both are written: the history never
+        # names an epoch that --resume would train again
+        with interrupts.held():
+            if ckpt_dir is not None:
+                save(ckpt_dir)
+            if history_file is not None:
+                if not opened:
+                    opened.append(open(history_file, "a"))  # noqa: SIM115  closed after training
+                opened[0].write(json_text(metrics) + "\n")
+                opened[0].flush()
         if on_epoch is not None:
             on_epoch(dict(metrics))
 

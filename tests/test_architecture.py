@@ -35,7 +35,7 @@ ORCHESTRATOR_LAYERS = (
     {"orchestrator.tracking", "orchestrator.cluster"},
     {"orchestrator.sweep"},
     {"orchestrator.api", "orchestrator._preflight", "orchestrator._reports", "orchestrator._inputs",
-     "orchestrator._result_types", "orchestrator._data_parallel"},
+     "orchestrator._result_types", "orchestrator._data_parallel", "orchestrator._interrupts"},
     {"orchestrator.cli"},
 )
 # orchestrator modules that import Ray at module level: the Tune callbacks, imported lazily by the sweep driver
@@ -132,8 +132,8 @@ def orchestrator_layer(module: str) -> int | None:
 def test_every_orchestrator_module_has_a_layer():
     assert [m for m in IMPORTS if m.startswith("orchestrator.") and orchestrator_layer(m) is None] == []
     loose = sorted(p.name for p in (ROOT / "orchestrator").glob("*.py"))
-    assert loose == ["__init__.py", "_data_parallel.py", "_inputs.py", "_preflight.py", "_reports.py",
-                     "_result_types.py", "api.py"]
+    assert loose == ["__init__.py", "_data_parallel.py", "_inputs.py", "_interrupts.py", "_preflight.py",
+                     "_reports.py", "_result_types.py", "api.py"]
 
 
 def orchestrator_upward_imports(imports) -> list[str]:
