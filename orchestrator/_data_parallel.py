@@ -47,12 +47,11 @@ def train_on_workers(cfg, resources: dict, resume, report) -> tuple[dict, list[d
     local Ray or of this process's node (Ray Train), each epoch handed to
     ``report(metrics, save)`` as it ends (``save(folder)`` copies that epoch's checkpoint there), as the engine
     hands its epochs to ``train``'s reporter; returns the summary metrics and the per-epoch history."""
-    import os
-    import shutil
     import tempfile
     from pathlib import Path
 
     from orchestrator.sweep.ray_cluster import init_ray
+    from results.output import write_atomic
 
     init_ray(None)
     from trainables import scratch
@@ -62,15 +61,13 @@ def train_on_workers(cfg, resources: dict, resume, report) -> tuple[dict, list[d
         def save(dest) -> None:
             if folder is None:
                 return
-            # each file copied beside its place, then moved into it: a copy killed midway never leaves a
+            # each file written beside its place, then moved into it: a copy killed midway never leaves a
             # half-written checkpoint where --resume looks
             for src in Path(folder).rglob("*"):
                 if src.is_file():
                     target = Path(dest) / src.relative_to(folder)
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = target.with_name(target.name + ".tmp")
-                    shutil.copyfile(src, tmp)
-                    os.replace(tmp, target)
+                    write_atomic(target, src.read_bytes())
 
         report(metrics, save)
 
