@@ -24,5 +24,6 @@ def held() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if caught:
         if callable(previous):
-            previous(signal.SIGINT, None)  # Python's own handler raises KeyboardInterrupt
-        raise KeyboardInterrupt  # the default action (SIG_DFL) would have ended the process
+            previous(signal.SIGINT, None)  # what it would have done at once (Python's own raises KeyboardInterrupt)
+        else:
+            raise KeyboardInterrupt  # the default action (SIG_DFL) would have ended the process

@@ -36,3 +36,15 @@ def test_without_a_ctrl_c_nothing_changes_and_other_threads_run_the_block_as_it_
     t.start()
     t.join()
     assert seen == [signal.default_int_handler]
+
+
+def test_a_handler_of_the_callers_gets_the_held_ctrl_c_and_decides_what_it_does():
+    seen = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        with held():
+            os.kill(os.getpid(), signal.SIGINT)
+            assert seen == []  # held
+        assert seen == [signal.SIGINT]  # handed over as the block ended, and no KeyboardInterrupt of our own
+    finally:
+        signal.signal(signal.SIGINT, previous)
