@@ -284,6 +284,12 @@ def copy_store(template: Path, dest: Path) -> str:
     return f"sqlite:///{dest}"
 
 
+@pytest.fixture
+def sqlite_uri(tmp_path, store_template):
+    """A fresh, empty sqlite store (a copy of the session's template)."""
+    return copy_store(store_template, tmp_path / "mlflow.db")
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory, store_template):
     """`fractune ui` serving a sqlite store on 127.0.0.1; at the end, Ctrl-C must stop all of it."""

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli.main import main
-from tests.conftest import ROOT, copy_store, write_yaml
+from tests.conftest import ROOT, write_yaml
 
 TINY = """
 name: hostile_tiny
@@ -203,12 +203,12 @@ def test_output_path_refused_before_the_work(tmp_path, flag, monkeypatch):
     assert time.perf_counter() - started < 5  # before any training
 
 
-def test_a_sweep_tune_gives_up_on_leaves_its_parent_run_failed_with_the_cause(tmp_path, store_template):
+def test_a_sweep_tune_gives_up_on_leaves_its_parent_run_failed_with_the_cause(sqlite_uri):
     from orchestrator.sweep.driver import mark_failed
     from orchestrator.tracking.tracker import MLflowTracker
     from results import store
 
-    uri = copy_store(store_template, tmp_path / "m.db")
+    uri = sqlite_uri
     tracker = MLflowTracker(uri, "refused", "refused-20261124-000000", {"spec": "refused"}, {"name": "refused"})
     tracker.setup()  # what Tune's fit() does first: the parent run exists, RUNNING
     parent_id = tracker.state["parent_run_id"]

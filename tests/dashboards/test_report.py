@@ -15,7 +15,7 @@ from dashboards.data import bit_allocation, load_sweep
 from results import store
 from results.objectives import ACCURACY_OBJECTIVE as ACC
 from results.pareto import pareto_rows
-from tests.conftest import copy_store, run_main
+from tests.conftest import run_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -68,10 +68,10 @@ def test_the_page_is_self_contained():
     assert page.count('class="plotly-graph-div"') == 1
 
 
-def test_bit_allocation_falls_back_to_the_per_block_metrics(tmp_path, store_template):
+def test_bit_allocation_falls_back_to_the_per_block_metrics(sqlite_uri):
     from mlflow.entities import Metric
 
-    c = store.client(copy_store(store_template, tmp_path / "m.db"))
+    c = store.client(sqlite_uri)
     run = c.create_run(c.create_experiment("alloc"))
     rid = run.info.run_id
     metrics = [Metric(f"alloc_{p}_b{b:02d}", v + b, 0, epoch) for epoch, v in ((1, 3.0), (2, 4.0))

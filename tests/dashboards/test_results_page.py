@@ -205,9 +205,9 @@ def _lm_rows() -> list[dict]:
             for schedule, ppls, acc, ops in LM_METHODS.values() for seed, ppl in enumerate(ppls)]
 
 
-def test_language_model_results_page_ranks_on_perplexity(tmp_path, store_template, monkeypatch):
+def test_language_model_results_page_ranks_on_perplexity(tmp_path, sqlite_uri, monkeypatch):
     from dashboards import pngs
-    uri = copy_store(store_template, tmp_path / "lm.db")
+    uri = sqlite_uri
     _lm_sweep(uri)
     labels = {}
     save = pngs._save
@@ -258,13 +258,13 @@ def test_language_model_results_page_ranks_on_perplexity(tmp_path, store_templat
                       "title": "Test perplexity vs training cost (bitops) per method"}
 
 
-def test_an_infinite_perplexity_is_read_back_as_infinite_and_kept_off_the_front(tmp_path, store_template):
+def test_an_infinite_perplexity_is_read_back_as_infinite_and_kept_off_the_front(tmp_path, sqlite_uri):
     """MLflow's SQL store keeps an infinite metric as the largest float. A diverged language model's perplexity
     (engine.run_metrics: infinite once the loss is beyond exp's range), on the cheapest trial, comes back as
     infinite: never on the front, and the report's analysis runs over the other trials."""
     from mlflow.entities import Metric
 
-    uri = copy_store(store_template, tmp_path / "lm.db")
+    uri = sqlite_uri
     _lm_sweep(uri)
     c = store.client(uri)
     parent = store.sweep_parent(c, "lm_mini")
@@ -290,8 +290,8 @@ def test_an_infinite_perplexity_is_read_back_as_infinite_and_kept_off_the_front(
     assert code == 0 and rid not in {p["run_id"] for p in out["pareto"]}
 
 
-def test_the_report_of_a_running_sweep_says_it_is_partial(tmp_path, store_template, capsys):
-    uri = copy_store(store_template, tmp_path / "lm.db")
+def test_the_report_of_a_running_sweep_says_it_is_partial(tmp_path, sqlite_uri, capsys):
+    uri = sqlite_uri
     _lm_sweep(uri, params={"planned_trials": 12})
     c = store.client(uri)
     c.update_run(store.sweep_parent(c, "lm_mini").info.run_id, "RUNNING")
@@ -303,12 +303,12 @@ def test_the_report_of_a_running_sweep_says_it_is_partial(tmp_path, store_templa
     assert line[0].upper() + line[1:] in (tmp_path / "rep" / "report.html").read_text()
 
 
-def test_a_folder_where_a_page_or_its_figure_goes_is_refused_before_anything_is_written(tmp_path, store_template, capsys):
+def test_a_folder_where_a_page_or_its_figure_goes_is_refused_before_anything_is_written(tmp_path, sqlite_uri, capsys):
     """``results``, ``compare`` and ``report`` write figures beside (or into) their ``--out``: a folder in the
     way of any of them is one line naming ``--out``, exit 2, and nothing written, not a failure midway."""
     from dashboards.report import REPORT_FILES
 
-    uri = copy_store(store_template, tmp_path / "lm.db")
+    uri = sqlite_uri
     _lm_sweep(uri)
     _lm_sweep(uri, "lm_other")
     capsys.readouterr()
@@ -327,13 +327,13 @@ def test_a_folder_where_a_page_or_its_figure_goes_is_refused_before_anything_is_
     assert {p.name for p in (out / "rep").iterdir()} <= set(REPORT_FILES)  # the list the check reads is whole
 
 
-def test_a_method_whose_config_is_unread_keeps_its_name_and_a_trial_without_metrics_is_named(tmp_path, store_template):
+def test_a_method_whose_config_is_unread_keeps_its_name_and_a_trial_without_metrics_is_named(tmp_path, sqlite_uri):
     """A store moved without its artifacts: a method's ``config.yaml`` cannot be read, so the page names it by its
     trials' method tag and says so, never as the default config's FP32. A trial that finished without a finite
     objective is named with what it lacks, not dropped in silence."""
     from urllib.parse import urlparse
 
-    uri = copy_store(store_template, tmp_path / "lm.db")
+    uri = sqlite_uri
     _lm_sweep(uri)
     c = store.client(uri)
     children = store.child_runs(c, store.sweep_parent(c, "lm_mini"))
@@ -352,10 +352,10 @@ def test_a_method_whose_config_is_unread_keeps_its_name_and_a_trial_without_metr
     assert "left out: cpt s0 (perplexity no value)" in page
 
 
-def test_results_page_names_the_spec_file_that_made_it(tmp_path, store_template):
+def test_results_page_names_the_spec_file_that_made_it(tmp_path, sqlite_uri):
     """The Setting's first line: the parent run's ``spec_file``; a sweep that predates it, the spec of its name in
     search_spaces/ or docs/studies/, said to be found by name; no line when there is none."""
-    uri = copy_store(store_template, tmp_path / "lm.db")
+    uri = sqlite_uri
     _lm_sweep(uri, "lm_recorded", {"spec_file": "docs/studies/lm_recorded.yaml"})
     _lm_sweep(uri, "lm_demo")  # a preset's name, no spec_file param: an older sweep
     _lm_sweep(uri, "study_fmnist_routed_half")  # a one-off spec's name

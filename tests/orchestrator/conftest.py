@@ -7,14 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import copy_store
-
-
-@pytest.fixture
-def sqlite_uri(tmp_path, store_template):
-    """A fresh, empty sqlite store (a copy of the session's template)."""
-    return copy_store(store_template, tmp_path / "mlflow.db")
-
 
 @pytest.fixture
 def tiny_mount(tmp_path):
