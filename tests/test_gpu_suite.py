@@ -9,9 +9,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow
 def test_the_gpu_suite_runs_its_smoke_test_on_the_cpu_and_reports_every_path():
     r = subprocess.run([sys.executable, "bench/gpu_suite.py", "--quick", "--skip-accuracy", "--device", "cpu",
                         "--models", "transformer_tiny"], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -30,6 +33,7 @@ def test_the_gpu_suite_runs_its_smoke_test_on_the_cpu_and_reports_every_path():
     assert out["bit_check_differing_values"] == {"skipped": "the kernels do not run on cpu here"}
 
 
+@pytest.mark.slow
 def test_every_kernel_variant_compiles_for_a_hopper_gpu_without_one():
     """bench/triton_aot.py: the kernels through Triton's compiler to sm_90 machine code, every variant the
     wrappers launch; the interpreter that runs them in the other tests never compiles them."""

@@ -7,6 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from ray import tune
 
 from orchestrator.sweep import tune_checkpoints as checkpoints
@@ -66,6 +67,7 @@ class KillPoints(tune.Callback):
                 shutil.rmtree(self.snapshot, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_driver_killed_at_any_checkpoint_leaves_a_state_that_restores(ray_local, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "0.3")  # several state saves during the short run
     # the pruner looks every 0.2 s instead of 2 s, so it prunes while the trials run (moments below), however
