@@ -16,6 +16,7 @@ restore it, then train epoch by epoch and summarise.
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -263,7 +264,7 @@ class Trainer:
             out = self.runner.step(x, y, self.iteration)
         except TrainingDiverged as err:
             raise TrainingDiverged(f"{err} (epoch {self.epoch + 1}, iteration {self.iteration})") from None
-        if debug.sleep_per_iteration:
+        if debug.sleep_per_iteration and (debug.sleep_while is None or os.path.exists(debug.sleep_while)):
             time.sleep(debug.sleep_per_iteration)
         return out
 

@@ -28,6 +28,9 @@ class DebugConfig(Strict):
     nan_loss_at_iteration: int | None = Field(None, ge=0, le=MAX_ITERATIONS)  # the loss becomes NaN at this iteration
     nan_loss_seeds: list[Seed] | None = Field(None, max_length=10000)  # ... only in runs of these seeds (null: every seed)
     sleep_per_iteration: float = Field(0.0, ge=0.0, le=10.0)  # slow a run down (to kill it mid-epoch)
+    # ... only while this file exists: a fault test slows its runs until the fault has landed, then removes the
+    # file, and what follows (the retry, the resume) runs at full speed
+    sleep_while: str | None = Field(None, min_length=1, max_length=4096)
 
 
 class EngineConfig(Strict):

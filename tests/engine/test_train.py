@@ -116,3 +116,28 @@ def test_iteration_budget_overrides_epochs():
     cfg = parse_config({**BASE, "optim": {"epochs": 1, "iterations": 30}})
     m = train_and_evaluate(cfg).metrics
     assert m["iterations"] == 30 and m["epochs"] == 2  # 21 iterations per epoch
+
+
+def test_a_run_sleeps_per_iteration_only_while_its_sleep_while_file_exists(tmp_path, monkeypatch):
+    """``debug.sleep_while``: a fault test's run is slow until the test removes the file, then runs at full speed
+    (here the file goes after the fifth sleep; without the option every iteration sleeps)."""
+    import engine.train
+
+    gate = tmp_path / "pace"
+    slept = []
+
+    def sleep(seconds):  # time.sleep itself (the module's attribute): only the run's own sleeps of 0.5 s count
+        if seconds == 0.5:
+            slept.append(seconds)
+        if len(slept) == 5:
+            gate.unlink(missing_ok=True)
+
+    monkeypatch.setattr(engine.train.time, "sleep", sleep)
+    one_epoch = {**BASE, "data": {**BASE["data"], "train_subset": 640}, "optim": {"epochs": 1}}  # 10 iterations
+    gate.touch()
+    m = train_and_evaluate(parse_config({**one_epoch, "debug": {"sleep_per_iteration": 0.5,
+                                                                "sleep_while": str(gate)}})).metrics
+    assert slept == [0.5] * 5 and m["iterations"] > 5
+    slept.clear()
+    train_and_evaluate(parse_config({**one_epoch, "debug": {"sleep_per_iteration": 0.5}}))
+    assert len(slept) == m["iterations"]
