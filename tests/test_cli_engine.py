@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, run_main, write_yaml
-from tests.orchestrator.procs import kill_session, start_cli, wait_for
+from tests.orchestrator.procs import Pace, kill_session, start_cli, wait_for
 
 TINY = """
 name: cli_tiny
@@ -73,8 +73,9 @@ def test_train_on_two_workers_stops_on_ctrl_c_resumes_and_counts_what_one_worker
     Train workers at batch 32 take the steps and count the BitOPs of one worker at batch 64."""
     # three epochs: on a busy machine an epoch may reach this process seconds after its workers ended it, and
     # the interrupt must still find the run going
+    pace = Pace(tmp_path, 0.1)
     cfg = write_yaml(tmp_path / "dp.yaml", DATA_PARALLEL.replace("epochs: 2", "epochs: 3")
-                     + "debug: {sleep_per_iteration: 0.1}\n")
+                     + f"debug: {json.dumps(pace.debug)}\n")
     history = tmp_path / "h.jsonl"
     args = ("train", str(cfg), "--workers", "2", "--checkpoint-dir", "ck", "--history", str(history))
     proc = start_cli(*args, cwd=tmp_path, env={"RAY_ADDRESS": ray_local.get_runtime_context().gcs_address})
@@ -85,6 +86,7 @@ def test_train_on_two_workers_stops_on_ctrl_c_resumes_and_counts_what_one_worker
         assert proc.wait(timeout=120) == 130, (tmp_path / "stderr.log").read_text()[-3000:]
     finally:
         kill_session(proc.pid)
+        pace.release()  # the resume runs at full speed
     err = (tmp_path / "stderr.log").read_text()
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "fractune train: interrupted", err[-3000:]
     done = [json.loads(x)["epoch"] for x in history.read_text().splitlines()]

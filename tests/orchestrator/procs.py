@@ -20,6 +20,20 @@ SLOW = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 6
         "debug": {"sleep_per_iteration": 0.04}}
 
 
+class Pace:
+    """Runs slowed until the test releases them: ``debug`` makes each iteration sleep while the file exists, so a
+    sweep is still running when the test's fault lands; ``release()`` once it has, and the rest (the retry, the
+    resume) runs at full speed instead of sleeping."""
+
+    def __init__(self, folder: Path, seconds: float = 0.04):
+        self.file = folder / "pace"
+        self.file.touch()
+        self.debug = {"sleep_per_iteration": seconds, "sleep_while": str(self.file)}
+
+    def release(self) -> None:
+        self.file.unlink(missing_ok=True)
+
+
 def histories(uri: str, name: str) -> dict[str, dict]:
     c = store.client(uri)
     parent = store.sweep_parent(c, name)

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,16 +27,12 @@ import yaml
 
 from results import store
 from tests.conftest import ROOT, needs_root
-from tests.orchestrator.procs import kill_session, wait_for
+from tests.orchestrator.procs import Pace, kill_session, wait_for
 
 BIN = Path(sys.executable).parent
 TOKEN = "ftk" + "5e7a" * 10
 SPEC = {"name": "cluster_sweep", "base": {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64},
-                                     "optim": {"epochs": 2},
-                                     # about 16 s a trial: long enough that the second trial's actor has started
-                                     # on the other node before the first ends, even on a loaded machine (Tune
-                                     # would otherwise run it on the first trial's freed CPU)
-                                     "debug": {"sleep_per_iteration": 0.3}},
+                                     "optim": {"epochs": 2}},
         # two one-CPU trials at once on two one-CPU nodes: one runs on each node
         "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}]}},
         "seeds": [0], "budget": {"max_concurrent_trials": 2}, "resources": {"cpu": 1}}
@@ -220,8 +217,31 @@ def cluster(_cluster):
 @needs_root  # the second node runs in its own mount namespace
 def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(cluster):
     shared = cluster["folder"] / "shared"
-    r = _cli("submit", str(cluster["spec"]), "--address", cluster["dashboard"], "--tracking-uri",
+    # the trials are slow until both have trained an epoch: the second trial's actor must start on the other node
+    # before the first ends, even on a loaded machine (Tune would otherwise run it on the first trial's freed CPU)
+    pace = Pace(cluster["folder"], 0.3)
+    spec = cluster["folder"] / "paced.yaml"
+    spec.write_text(yaml.safe_dump({**SPEC, "base": {**SPEC["base"], "debug": pace.debug}}, sort_keys=False))
+
+    def release_once_both_trained_an_epoch():
+        def both():
+            try:
+                c = store.client(cluster["tracking"])
+                runs = store.child_runs(c, store.sweep_parent(c, "cluster_sweep"))
+            except Exception:  # nothing logged yet
+                return False
+            return len(runs) == 2 and all(c.get_metric_history(r.info.run_id, "accuracy") for r in runs)
+
+        try:
+            wait_for(both, timeout=400, interval=1, what="both trials' first epochs")
+        finally:
+            pace.release()
+
+    pacer = threading.Thread(target=release_once_both_trained_an_epoch, daemon=True)
+    pacer.start()
+    r = _cli("submit", str(spec), "--address", cluster["dashboard"], "--tracking-uri",
              cluster["tracking"], "--storage", str(shared), "--follow", "--json", timeout=420)
+    pacer.join(timeout=10)
     assert TOKEN not in r.stdout + r.stderr
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -15,7 +15,15 @@ import yaml
 
 from results import store
 from tests.conftest import run_main
-from tests.orchestrator.procs import SLOW, histories, kill_session, our_ray_processes, start_cli, wait_for
+from tests.orchestrator.procs import (
+    SLOW,
+    Pace,
+    histories,
+    kill_session,
+    our_ray_processes,
+    start_cli,
+    wait_for,
+)
 from trainables import scratch
 
 EPOCHS = 3
@@ -25,10 +33,11 @@ EPOCHS = 3
 def test_a_sweep_on_two_workers_per_trial_survives_a_killed_worker_with_every_epoch_once(ray_local, tmp_path,
                                                                                           sqlite_uri):
     spec = tmp_path / "dp.yaml"
+    pace = Pace(tmp_path, 0.05)
     spec.write_text(yaml.safe_dump({
         "name": "dp_sweep",
         "base": {**SLOW, "data": {"dataset": "digits", "batch_size": 32}, "optim": {"epochs": EPOCHS},
-                 "debug": {"sleep_per_iteration": 0.05}},
+                 "debug": pace.debug},
         # one trial: every Ray Train group costs a controller, helper actors and two workers, each a process
         "parameters": {"schedule": {"grid": [{"kind": "static", "fw": 4, "bw": 8}]}},
         "budget": {"max_concurrent_trials": 1, "max_failures": 1},
@@ -52,6 +61,7 @@ def test_a_sweep_on_two_workers_per_trial_survives_a_killed_worker_with_every_ep
         victim = wait_for(rank0_holding_a_checkpoint_folder, timeout=60, interval=0.1, what="rank 0's folder")[0]
         os.kill(victim, signal.SIGKILL)
         seen_in_storage = list((tmp_path / "runs").glob("*/train_trial_*/data_parallel/run-*/checkpoint_*"))
+        pace.release()  # the restarted group trains at full speed
         assert proc.wait(timeout=400) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
     finally:
         kill_session(proc.pid)

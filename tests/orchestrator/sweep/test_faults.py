@@ -22,6 +22,7 @@ from search_spaces.spec import parse_spec
 from tests.conftest import needs_root, run_main
 from tests.orchestrator.procs import (
     SLOW,
+    Pace,
     histories,
     kill_session,
     our_ray_processes,
@@ -63,7 +64,9 @@ def test_a_nan_loss_errors_its_trial_and_the_others_finish(ray_local, tmp_path, 
 
 @pytest.mark.slow
 def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, tmp_path, sqlite_uri):
-    spec = {"name": "kill_trial", "base": {**SLOW, "optim": {"epochs": 4}}, "parameters": {"schedule": {"grid": FOUR[:2]}},
+    pace = Pace(tmp_path)
+    spec = {"name": "kill_trial", "base": {**SLOW, "optim": {"epochs": 4}, "debug": pace.debug},
+            "parameters": {"schedule": {"grid": FOUR[:2]}},
             "budget": {"max_concurrent_trials": 1, "max_failures": 2}, "resources": {"cpu": 1}}
     killed: list[int] = []
 
@@ -80,6 +83,7 @@ def test_a_killed_trial_is_retried_from_its_checkpoint_without_gaps(ray_local, t
         pids = wait_for(lambda: our_ray_processes(b"ray::ImplicitFunc.train"), timeout=30, interval=0.05, what="a trial process inside train()")
         os.kill(pids[0], signal.SIGKILL)
         killed.append(pids[0])
+        pace.release()  # the retry and the second trial run at full speed
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
@@ -114,7 +118,9 @@ def test_a_killed_trials_checkpoint_folder_is_removed_and_a_live_ones_kept(tmp_p
 @pytest.mark.slow
 def test_a_killed_driver_resumes_every_trial_exactly_once(ray_local, tmp_path, sqlite_uri):
     spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"name": "kill_driver", "base": {**SLOW, "optim": {"epochs": 3}},
+    pace = Pace(tmp_path)
+    spec.write_text(yaml.safe_dump({"name": "kill_driver",
+                                    "base": {**SLOW, "optim": {"epochs": 3}, "debug": pace.debug},
                                     "parameters": {"schedule": {"grid": FOUR[:3]}},
                                     "budget": {"max_concurrent_trials": 1}, "resources": {"cpu": 1}}))
     uri = sqlite_uri  # the tables exist: this test polls the store while the sweep writes it
@@ -139,6 +145,7 @@ def test_a_killed_driver_resumes_every_trial_exactly_once(ray_local, tmp_path, s
         killed_at = time.time() * 1000
         kill_session(proc.pid)
         proc.wait(timeout=30)
+        pace.release()  # the resume runs at full speed
     code, text, out = run_main(*args, "--resume", "--json")
     assert code == 0, text[-3000:]
     after = histories(uri, "kill_driver")

@@ -13,14 +13,15 @@ import yaml
 
 from results import store
 from tests.conftest import ROOT, needs_root, run_main, snapshot
-from tests.orchestrator.procs import SLOW, histories, kill_session, start_cli, wait_for
+from tests.orchestrator.procs import SLOW, Pace, histories, kill_session, start_cli, wait_for
 
 GRID = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}, {"kind": "static", "fw": 4, "bw": 8}]
 
 
-def _spec(tmp_path, name: str, epochs: int, grid: list[dict]):
+def _spec(tmp_path, name: str, epochs: int, grid: list[dict], pace: Pace | None = None):
     spec = tmp_path / f"{name}.yaml"
-    spec.write_text(yaml.safe_dump({"name": name, "base": {**SLOW, "optim": {"epochs": epochs}},
+    debug = pace.debug if pace else SLOW["debug"]
+    spec.write_text(yaml.safe_dump({"name": name, "base": {**SLOW, "optim": {"epochs": epochs}, "debug": debug},
                                     "parameters": {"schedule": {"grid": grid}},
                                     "budget": {"max_concurrent_trials": 1}, "resources": {"cpu": 1}}))
     return spec
@@ -72,7 +73,8 @@ def test_an_interrupted_sweep_says_so_and_resumes_every_trial_once(ray_local, tm
     every trial once and every epoch once, and a trial finished before the signal is not run again (resumed after
     SIGINT only: the state either signal leaves is the same)."""
     name = f"stop_{signum.name.lower()}"
-    spec = _spec(tmp_path, name, 5, GRID)
+    pace = Pace(tmp_path)
+    spec = _spec(tmp_path, name, 5, GRID, pace)
     args = _args(spec, tmp_path, sqlite_uri, ray_local)
     proc = start_cli(*args, cwd=tmp_path, env={"RAY_ADDRESS": ""})
     try:
@@ -95,6 +97,7 @@ def test_an_interrupted_sweep_says_so_and_resumes_every_trial_once(ray_local, tm
         assert proc.wait(timeout=120) == code
     finally:
         kill_session(proc.pid)
+        pace.release()  # the resume below runs at full speed
     err = (tmp_path / "stderr.log").read_text()
     line = next(x for x in err.splitlines() if f"interrupted by {signum.name}" in x)
     assert "Traceback" not in err
@@ -211,7 +214,8 @@ def test_storage_that_fills_or_turns_read_only_mid_sweep_leaves_a_resumable_swee
     import subprocess
 
     name = "storage_faults"
-    spec = _spec(tmp_path, name, 4, GRID[:1])  # one trial: each phase starts a trial process of its own
+    pace = Pace(tmp_path)
+    spec = _spec(tmp_path, name, 4, GRID[:1], pace)  # one trial: each phase starts a trial process of its own
     storage = ext4.mount()
     args = ("sweep", str(spec), "--storage", str(storage), "--tracking-uri", sqlite_uri, "--quiet", "--no-report",
             "--address", ray_local.get_runtime_context().gcs_address)
@@ -242,6 +246,7 @@ def test_storage_that_fills_or_turns_read_only_mid_sweep_leaves_a_resumable_swee
     filler.unlink()
     fault_mid_sweep("read-only", "--resume", fault=ext4.fail, cause="Read-only file system")
     ext4.repair()
+    pace.release()
     code, text, _ = run_main(*args, "--resume", "--json")  # in this process, on the session's Ray
     assert code == 0, text[-3000:]
     after = histories(sqlite_uri, name)

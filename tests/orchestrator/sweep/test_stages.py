@@ -11,7 +11,7 @@ import yaml
 
 from results import store
 from tests.conftest import run_main
-from tests.orchestrator.procs import kill_session, start_cli, wait_for
+from tests.orchestrator.procs import Pace, kill_session, start_cli, wait_for
 
 BASE = {"model": {"name": "tiny"}, "data": {"dataset": "digits", "batch_size": 64}, "optim": {"epochs": 1}}
 METHODS = [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}]
@@ -209,8 +209,9 @@ def check_starting_from_a_run_id(tmp_path, sqlite_uri, pre, capsys):
 @pytest.mark.slow
 def test_a_killed_driver_resumes_the_retrain_stage_without_repeating_the_pretrain(ray_local, tmp_path, sqlite_uri,
                                                                                   capsys):
+    pace = Pace(tmp_path, 0.03)
     spec = staged("kill_staged", pretrain_set={"optim.epochs": 1},
-                  retrain_set={"optim.epochs": 3, "debug.sleep_per_iteration": 0.03})
+                  retrain_set={"optim.epochs": 3, **{f"debug.{k}": v for k, v in pace.debug.items()}})
     spec["seeds"] = [0]
     uri = sqlite_uri  # the tables exist: this test polls the store while the sweep writes it
     # the killed driver attaches to the session's Ray (a driver's death ends its trials' actors, as a local Ray's
@@ -234,6 +235,7 @@ def test_a_killed_driver_resumes_the_retrain_stage_without_repeating_the_pretrai
     finally:
         kill_session(proc.pid)
         proc.wait(timeout=30)
+        pace.release()  # the resume runs at full speed
     pretrain_before = {r.info.run_id: r.info.end_time for r in before if r.data.tags["fractune.stage"] == "pretrain"}
     assert len(pretrain_before) == 1
     # the killed sweep is listed as it was left: not FINISHED, its trials planned, its outcome not yet written

@@ -20,7 +20,7 @@ from orchestrator.tracking.tracker import NOT_METRICS, is_metric
 from results import store
 from search_spaces.spec import parse_spec
 from tests.conftest import needs_root
-from tests.orchestrator.procs import SLOW, Relay, histories, wait_for
+from tests.orchestrator.procs import SLOW, Pace, Relay, histories, wait_for
 
 
 def _engine_history(storage: Path, trial_id: str) -> list[dict]:
@@ -94,7 +94,8 @@ def test_tracking_store_unreachable_mid_sweep_is_backfilled(ray_local, mlflow_se
     Training goes on, the writes queue up and are backfilled in order: every history is complete."""
     relay = Relay(int(mlflow_server["uri"].rsplit(":", 1)[1]))
     uri = f"http://127.0.0.1:{relay.port}"
-    spec = {"name": "store_down", "base": {**SLOW, "optim": {"epochs": 6}},
+    pace = Pace(tmp_path)
+    spec = {"name": "store_down", "base": {**SLOW, "optim": {"epochs": 6}, "debug": pace.debug},
             "parameters": {"schedule": {"grid": [{"kind": "fp32"}, {"kind": "static", "fw": 8, "bw": 8}]}},
             "budget": {"max_concurrent_trials": 1}, "resources": {"cpu": 1}}
     storage = tmp_path / "r"
@@ -112,6 +113,7 @@ def test_tracking_store_unreachable_mid_sweep_is_backfilled(ray_local, mlflow_se
         # trials keep training and reporting while the store is unreachable: two more epochs of each trial
         wait_for(lambda: _tune_results(storage) >= before + 4, timeout=120, what="epochs reported to Tune")
         relay.restore()
+        pace.release()  # the backfill and the rest of the sweep at full speed
 
     t = threading.Thread(target=outage, daemon=True)
     t.start()
