@@ -223,8 +223,12 @@ def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(clust
     spec = cluster["folder"] / "paced.yaml"
     spec.write_text(yaml.safe_dump({**SPEC, "base": {**SPEC["base"], "debug": pace.debug}}, sort_keys=False))
 
+    ended = threading.Event()
+
     def release_once_both_trained_an_epoch():
         def both():
+            if ended.is_set():  # the submit returned (or failed) first: nothing left to release
+                return True
             try:
                 c = store.client(cluster["tracking"])
                 runs = store.child_runs(c, store.sweep_parent(c, "cluster_sweep"))
@@ -239,9 +243,12 @@ def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(clust
 
     pacer = threading.Thread(target=release_once_both_trained_an_epoch, daemon=True)
     pacer.start()
-    r = _cli("submit", str(spec), "--address", cluster["dashboard"], "--tracking-uri",
-             cluster["tracking"], "--storage", str(shared), "--follow", "--json", timeout=420)
-    pacer.join(timeout=10)
+    try:
+        r = _cli("submit", str(spec), "--address", cluster["dashboard"], "--tracking-uri",
+                 cluster["tracking"], "--storage", str(shared), "--follow", "--json", timeout=420)
+    finally:
+        ended.set()
+        pacer.join(timeout=10)
     assert TOKEN not in r.stdout + r.stderr
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     out = json.loads(r.stdout.strip().splitlines()[-1])
