@@ -73,6 +73,18 @@ def _cli(*args: str, timeout: float = 300, cwd: Path = ROOT) -> subprocess.Compl
                           timeout=timeout, env=_env(), cwd=cwd)
 
 
+def _alive_nodes(dashboard: str) -> set[str]:
+    """The ids of the cluster's alive nodes, from its dashboard's state API: one GET, where ``ray.nodes()`` takes a
+    Python process that imports Ray and joins the cluster."""
+    try:
+        body = json.loads(_get(f"{dashboard}/api/v0/nodes?limit=100", timeout=10)[1])
+    except (OSError, ValueError):  # not serving yet
+        return set()
+    if body.get("result") is not True:  # the state API not ready yet
+        return set()
+    return {n["node_id"] for n in body["data"]["result"]["result"] if n["state"] == "ALIVE"}
+
+
 def _ray(code: str, gcs: str) -> str:
     out = subprocess.run([sys.executable, "-c", f"import json, ray; ray.init(address={gcs!r}, "
                           f"logging_level='ERROR'); {code}"], capture_output=True, text=True, timeout=120,
@@ -143,8 +155,7 @@ class Cluster:
                   f"--node-ip-address=127.0.0.1 --num-cpus=1 --num-gpus=1 --temp-dir={node_tmp} {self._own_ports()} "
                   "--disable-usage-stats")
         self._start(["unshare", "--mount", "--propagation", "private", "sh", "-c", worker], "worker")
-        wait_for(lambda: int(_ray("print(len([n for n in ray.nodes() if n['Alive']]))", gcs)) == 2, timeout=120,
-                 interval=2, what="two alive Ray nodes")
+        wait_for(lambda: len(_alive_nodes(dashboard)) == 2, timeout=120, what="two alive Ray nodes")
         spec = folder / "spec.yaml"
         spec.write_text(yaml.safe_dump(SPEC, sort_keys=False))
         self.info.update({"folder": folder, "gcs": gcs, "dashboard": dashboard, "spec": spec,
@@ -255,8 +266,7 @@ def test_submit_follow_runs_the_sweep_on_both_nodes_into_the_mlflow_server(clust
     assert out["status"] == "SUCCEEDED" and out["job_id"].startswith("raysubmit_")
     assert out["result"]["trials"] == 2 and out["result"]["errored"] == 0
 
-    nodes = set(json.loads(_ray("print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))",
-                                cluster["gcs"])))
+    nodes = _alive_nodes(cluster["dashboard"])
     c = store.client(cluster["tracking"])
     parent = store.sweep_parent(c, "cluster_sweep")
     children = store.child_runs(c, parent)
