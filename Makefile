@@ -78,15 +78,20 @@ compose-test: install docker-engine
 demo: install
 	$(BIN)/fractune sweep search_spaces/demo.yaml
 
+# The suite starts some two hundred Python processes (CLI runs, Ray workers, servers), each importing the
+# project: its bytecode is written by the first and read by the rest, also where the environment turns writing
+# off (PYTHONDONTWRITEBYTECODE, common in container images), which would have every process compile it again.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
+
 test: install browser docker-tools
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 --durations=15
+	$(PYTEST) -q -n 2 --durations=15
 
 # The engine, reference-code, spec, results-layer and naming tests that take under a second or so (no Ray, MLflow
 # server, browser, subprocess or real training: those are marked slow and run in `make test`): the quick loop while
 # editing.
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests/engine tests/reference tests/test_spec.py tests/results \
+	$(PYTEST) -q -n 2 -m "not slow" tests/engine tests/reference tests/test_spec.py tests/results \
 	  tests/search_spaces tests/test_architecture.py
 
 bench: install
