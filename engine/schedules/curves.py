@@ -117,6 +117,8 @@ def cyclic_bits(t: int, lo: int, hi: int, period: float, rounding: str = "rint")
     ranges) the two algebraically equal forms land on either side of the half in double, and rint then picks
     different widths.
     """
+    if lo == hi:  # a fixed width (CPT's gradients, as the papers run it): the formula gives lo exactly
+        return lo
     x = lo + 0.5 * (hi - lo) * (1.0 + math.cos(math.pi * ((t % period) / period) + math.pi))
     if rounding == "ceil":
         return int(math.ceil(x - 1e-9))
@@ -146,13 +148,19 @@ class CPT(RunSchedule):
         # run's end, so the final iterations (and the final evaluation) would run at fw_min (reference runs
         # have 64000 / 32 = 2000 exactly, where both agree)
         self.period = run.total_iterations / cfg.num_cycles
+        # one Precision per (fw, bw) pair the cycle visits, built and validated once: a preview asks for
+        # hundreds of thousands of iterations (engine/preview.py), each otherwise a new, checked object
+        self._widths: dict[tuple[int, int], Precision] = {}
         super().__init__(self.precision(0))
 
     def precision(self, iteration: int) -> Precision:
         c = self.cfg
         fw = cyclic_bits(iteration, self.fw_min, c.fw_max, self.period, c.rounding)
         bw = cyclic_bits(iteration, c.bw_min, c.bw_max, self.period, c.rounding)
-        return Precision.fwbw(fw, bw, c.weight_bits)
+        prec = self._widths.get((fw, bw))
+        if prec is None:
+            prec = self._widths[fw, bw] = Precision.fwbw(fw, bw, c.weight_bits)
+        return prec
 
     def epoch_metrics(self) -> dict[str, float]:
         return {"cpt_fw_min": float(self.fw_min)}
