@@ -177,17 +177,27 @@ MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}
 def _check_mlflow_tables(db: Path, shown: str, mode: str) -> None:
     """An existing sqlite file is MLflow's store, or (for a writer) an empty database MLflow may fill. MLflow
     itself would write its schema into any sqlite file it is pointed at: a user's own database, or an empty
-    file a reader was given by mistake. Read through a read-only connection, so nothing is changed."""
+    file a reader was given by mistake. Read through a read-only connection, so nothing is changed, unless the
+    file holds a transaction its writer never ended (a sweep's driver killed as it logged, say): its journal
+    must be rolled back before anyone reads, which a read-only connection cannot do. A writable one does it,
+    restoring the last committed state, as MLflow's own connection would the moment it opened the file."""
     import sqlite3
 
     from engine.errors import ConfigError
 
     try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
         try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        finally:
-            con.close()
+            tables = _table_names(db, "ro")
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":
+                raise
+            try:
+                tables = _table_names(db, "rw")
+            except sqlite3.Error as again:
+                raise ConfigError.single("--tracking-uri", shown, f"{db} holds a transaction its writer never ended "
+                                         f"(the journal beside it), which cannot be rolled back here "
+                                         f"({one_line_error(str(again))[:200]}); allowed: a store this user may "
+                                         "write") from None
     except sqlite3.Error as exc:
         raise ConfigError.single("--tracking-uri", shown, f"{db} cannot be read as a sqlite database "
                                  f"({one_line_error(str(exc))[:200]})") from None
@@ -197,6 +207,16 @@ def _check_mlflow_tables(db: Path, shown: str, mode: str) -> None:
     allowed = "the store a sweep wrote" if mode == "read" else "an MLflow store, or a new file"
     raise ConfigError.single("--tracking-uri", shown, f"{db} is {what}, not an MLflow tracking store; "
                              f"allowed: {allowed}")
+
+
+def _table_names(db: Path, mode: str) -> set[str]:
+    import sqlite3
+
+    con = sqlite3.connect(f"{db.resolve().as_uri()}?mode={mode}", uri=True)
+    try:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        con.close()
 
 
 def check_writable(uri: str, instead: str = "") -> None:

@@ -209,6 +209,77 @@ def test_a_read_only_store_is_refused_before_any_work_by_whatever_writes_to_it(r
     assert code == 0 and (tmp_path / "r.md").is_file(), capsys.readouterr().err
 
 
+_CUT_OFF_WRITER = """
+import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA cache_size = 2")  # the transaction's pages reach the file before it commits
+con.execute("BEGIN")
+con.execute("CREATE TABLE scratch (x, y)")
+con.executemany("INSERT INTO scratch VALUES (?, ?)", ((i, "x" * 200) for i in range(20000)))
+print("written", flush=True)
+time.sleep(600)
+"""
+
+
+def _cut_off_mid_write(db) -> None:
+    """A real sqlite writer killed inside its transaction (as a sweep's driver may be while it logs): its journal
+    stays beside the file, which holds pages of the transaction until someone rolls it back."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _CUT_OFF_WRITER, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "written\n"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert db.with_name(db.name + "-journal").stat().st_size > 0
+
+
+def test_a_store_left_mid_write_by_a_killed_process_reads_as_it_was_last_committed(tmp_path, store_template, capsys):
+    """A read-only connection cannot roll back the transaction a killed writer left; the readers' check used to
+    refuse such a store as no sqlite database until a writer opened it."""
+    from results import store
+
+    db = tmp_path / "mlflow.db"
+    shutil.copy(store_template, db)
+    hand_logged_sweep(store.client(f"sqlite:///{db}"), "demo", "demo-20261129-000000",
+                      {"accuracy": 0.8, "train_bitops": 1e9})
+    _cut_off_mid_write(db)
+    code, _, listed = run_main("sweeps", "--tracking-uri", f"sqlite:///{db}", "--json")
+    assert code == 0 and [s["sweep_id"] for s in listed["sweeps"]] == ["demo-20261129-000000"], capsys.readouterr()
+    assert not db.with_name("mlflow.db-journal").exists()  # rolled back: the killed transaction's table is gone
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    assert "scratch" not in {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+    con.close()
+
+
+def test_a_store_left_mid_write_on_a_read_only_file_system_is_named_so(tmp_path, store_template, capsys):
+    import subprocess
+
+    written = tmp_path / "w" / "mlflow.db"
+    written.parent.mkdir()
+    shutil.copy(store_template, written)
+    _cut_off_mid_write(written)
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        for f in written.parent.iterdir():
+            shutil.copy(f, folder / f.name)
+        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+        code = run_main("sweeps", "--tracking-uri", f"sqlite:///{folder / 'mlflow.db'}")[0]
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1 and "holds a transaction its writer never ended" in err[0], err
+    assert err[0].endswith("allowed: a store this user may write"), err
+
+
 def test_a_store_that_fails_a_write_after_the_checks_gives_one_line_not_mlflows_traceback(
         read_only_store, tmp_path, capsys, monkeypatch):
     from results import store_checks
