@@ -4,11 +4,17 @@ that starts failing after that check gives one line and exit 1, never a tracebac
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -165,12 +171,25 @@ def test_a_sqlite_file_that_is_no_mlflow_store_is_refused_and_left_as_it_was(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "people.db", "s.yaml"]
 
 
+@contextlib.contextmanager
+def _read_only_copy(source: Path, folder: Path):
+    """The files of the folder ``source`` copied to ``folder``, a tmpfs mounted read-only (root ignores file
+    modes)."""
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        for f in source.iterdir():
+            shutil.copy(f, folder / f.name)
+        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)  # lazily: the client may hold it open
+
+
 @pytest.fixture
 def read_only_store(tmp_path, store_template):
-    """A copy of a real store on a file system mounted read-only (a tmpfs: root ignores file modes)."""
-    import shutil
-    import subprocess
-
+    """A copy of a real store on a file system mounted read-only."""
     from results import store
 
     written = tmp_path / "w" / "mlflow.db"
@@ -178,16 +197,8 @@ def read_only_store(tmp_path, store_template):
     shutil.copy(store_template, written)
     hand_logged_sweep(store.client(f"sqlite:///{written}"), "demo", "demo-20261129-000000",
                       {"accuracy": 0.8, "train_bitops": 1e9})
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(folder)], capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        shutil.copy(written, folder / "mlflow.db")
-        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+    with _read_only_copy(written.parent, tmp_path / "ro") as folder:
         yield f"sqlite:///{folder / 'mlflow.db'}"
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)  # lazily: the client may hold it open
 
 
 def test_a_read_only_store_is_refused_before_any_work_by_whatever_writes_to_it(read_only_store, tmp_path, capsys):
@@ -224,10 +235,6 @@ time.sleep(600)
 def _cut_off_mid_write(db) -> None:
     """A real sqlite writer killed inside its transaction (as a sweep's driver may be while it logs): its journal
     stays beside the file, which holds pages of the transaction until someone rolls it back."""
-    import signal
-    import subprocess
-    import sys
-
     proc = subprocess.Popen([sys.executable, "-c", _CUT_OFF_WRITER, str(db)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "written\n"
@@ -250,31 +257,18 @@ def test_a_store_left_mid_write_by_a_killed_process_reads_as_it_was_last_committ
     code, _, listed = run_main("sweeps", "--tracking-uri", f"sqlite:///{db}", "--json")
     assert code == 0 and [s["sweep_id"] for s in listed["sweeps"]] == ["demo-20261129-000000"], capsys.readouterr()
     assert not db.with_name("mlflow.db-journal").exists()  # rolled back: the killed transaction's table is gone
-    import sqlite3
-
     con = sqlite3.connect(db)
     assert "scratch" not in {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
     con.close()
 
 
 def test_a_store_left_mid_write_on_a_read_only_file_system_is_named_so(tmp_path, store_template, capsys):
-    import subprocess
-
     written = tmp_path / "w" / "mlflow.db"
     written.parent.mkdir()
     shutil.copy(store_template, written)
     _cut_off_mid_write(written)
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(folder)], capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        for f in written.parent.iterdir():
-            shutil.copy(f, folder / f.name)
-        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+    with _read_only_copy(written.parent, tmp_path / "ro") as folder:
         code = run_main("sweeps", "--tracking-uri", f"sqlite:///{folder / 'mlflow.db'}")[0]
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
     err = capsys.readouterr().err.splitlines()
     assert code == 2 and len(err) == 1 and "holds a transaction its writer never ended" in err[0], err
     assert err[0].endswith("allowed: a store this user may write"), err
