@@ -186,21 +186,18 @@ def _check_mlflow_tables(db: Path, shown: str, mode: str) -> None:
     from engine.errors import ConfigError
 
     try:
-        try:
-            tables = _table_names(db, "ro")
-        except sqlite3.OperationalError as exc:
-            if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":
-                raise
-            try:
-                tables = _table_names(db, "rw")
-            except sqlite3.Error as again:
-                raise ConfigError.single("--tracking-uri", shown, f"{db} holds a transaction its writer never ended "
-                                         f"(the journal beside it), which cannot be rolled back here "
-                                         f"({one_line_error(str(again))[:200]}); allowed: a store this user may "
-                                         "write") from None
+        tables = _table_names(db, "ro")
     except sqlite3.Error as exc:
-        raise ConfigError.single("--tracking-uri", shown, f"{db} cannot be read as a sqlite database "
-                                 f"({one_line_error(str(exc))[:200]})") from None
+        if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":
+            raise ConfigError.single("--tracking-uri", shown, f"{db} cannot be read as a sqlite database "
+                                     f"({one_line_error(str(exc))[:200]})") from None
+        try:
+            tables = _table_names(db, "rw")
+        except sqlite3.Error as again:
+            raise ConfigError.single("--tracking-uri", shown, f"{db} holds a transaction its writer never ended (the "
+                                     f"journal beside it), which cannot be rolled back here "
+                                     f"({one_line_error(str(again))[:200]}); allowed: a store this user may "
+                                     "write") from None
     if MLFLOW_TABLES <= tables or (not tables and mode != "read"):
         return
     what = "an empty database" if not tables else f"a database of other tables ({', '.join(sorted(tables)[:5])})"
