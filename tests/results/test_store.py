@@ -140,8 +140,6 @@ def test_an_https_server_is_checked_with_the_tls_settings_mlflow_uses(serve, tmp
 
 
 def _sqlite_file(path, *tables: str):
-    import sqlite3
-
     con = sqlite3.connect(path)
     for t in tables:
         con.execute(f"CREATE TABLE {t} (x)")
@@ -285,8 +283,6 @@ def test_a_store_that_fails_a_write_after_the_checks_gives_one_line_not_mlflows_
 
 
 def test_a_sweep_id_the_sweep_does_not_have_is_named_as_the_flag(tmp_path, store_template, capsys):
-    import shutil
-
     from results import store
 
     shutil.copy(store_template, tmp_path / "mlflow.db")
@@ -302,8 +298,6 @@ def test_a_sweep_id_the_sweep_does_not_have_is_named_as_the_flag(tmp_path, store
 
 def test_a_sweep_whose_experiment_was_renamed_opens_by_its_sweep_id(tmp_path, store_template, capsys):
     """MLflow's UI renames an experiment: the sweep id ``fractune sweeps`` lists still opens the sweep."""
-    import shutil
-
     from results import store
 
     shutil.copy(store_template, tmp_path / "mlflow.db")
@@ -324,9 +318,6 @@ def test_a_sweep_whose_experiment_was_renamed_opens_by_its_sweep_id(tmp_path, st
 def test_a_store_this_user_may_not_read_is_named_so(tmp_path, store_template):
     """A store file of mode 000: the line says it cannot be read, not that it is no sqlite database. Run without
     root's capability to read any file (``setpriv``), as a user's process is."""
-    import subprocess
-    import sys
-
     db = tmp_path / "mlflow.db"
     shutil.copy(store_template, db)
     db.chmod(0)
