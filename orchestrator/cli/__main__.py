@@ -2,6 +2,6 @@
 
 import sys
 
-from orchestrator.cli.main import main
+from orchestrator.cli.main import run
 
-sys.exit(main())
+sys.exit(run())
