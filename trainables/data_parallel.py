@@ -10,6 +10,7 @@ that imports ``ray.train`` (tests/test_architecture.py): Tune trainables use ``r
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import tempfile
@@ -28,6 +29,8 @@ def worker_loop(config: dict) -> None:
     from engine.train import train_and_evaluate
     from trainables import scratch
 
+    if not gc.get_freeze_count():  # as a Tune trial does (trainables.tune_trainable.train_trial)
+        gc.freeze()
     cfg = ExperimentConfig.model_validate(config["experiment"])
     scratch.remove_stale()  # the folders of workers killed while they held one (a lost worker restarts the group)
     torch.set_num_threads(int(config.get("threads", 1)))

@@ -17,6 +17,7 @@ while they had one.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import shutil
@@ -56,6 +57,10 @@ def train_trial(config: dict) -> None:
 
     from engine.train import pick_device, train_and_evaluate
 
+    # what the imports made lives as long as the process: frozen, the garbage collections of training and of the
+    # actor's exit skip it (orchestrator.cli.main.run); once, so a reused actor's later trials are collected whole
+    if not gc.get_freeze_count():
+        gc.freeze()
     if (reason := trial.init_error(config)) is not None:
         raise DependencyFailed(f"not run: {reason}")
     cfg = trial.decode(config)
