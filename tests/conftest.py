@@ -6,6 +6,7 @@ logged over HTTP (``served_sweep``: the report, UI, tracker and browser tests re
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import io
 import json
@@ -83,6 +84,12 @@ def pytest_xdist_make_scheduler(config, log):
             return _scope(nodeid)
 
     return SharedServerScheduling(config, log)
+
+
+def pytest_unconfigure(config):
+    """The session's process ends next: its last garbage collections skip what the tests left, as the ``fractune``
+    process's do (orchestrator.cli.main.run)."""
+    gc.freeze()
 
 
 @pytest.hookimpl(hookwrapper=True)
