@@ -99,6 +99,7 @@ bench: install
 	$(BIN)/python bench/dfq_step.py
 	$(BIN)/python bench/dfq_modes_accuracy.py
 	$(BIN)/python bench/sweep_overhead.py
+	$(BIN)/python bench/process_exit.py
 	$(BIN)/python bench/data_parallel.py
 	$(BIN)/python bench/cuda_check.py
 
