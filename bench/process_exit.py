@@ -44,7 +44,7 @@ def main() -> None:
         variants = {
             "cli_run": [sys.executable, "-m", "orchestrator.cli", *train],
             "cli_main_only": [sys.executable, "-c", "import sys; from orchestrator.cli.main import main; "
-                              "sys.argv[0] = 'fractune'; sys.exit(main())", *train],
+                              "sys.exit(main())", *train],
             "imports_frozen": [sys.executable, "-c", f"{IMPORTS}, gc; gc.freeze()"],
             "imports_plain": [sys.executable, "-c", IMPORTS],
         }
